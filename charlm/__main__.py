@@ -1,0 +1,3 @@
+from charlm.cli.app import main
+
+main()
