@@ -1,0 +1,1 @@
+"""The command-line interface: thin typer commands over the library."""

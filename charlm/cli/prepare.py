@@ -1,0 +1,5 @@
+"""`charlm prepare` and `charlm corpora`."""
+
+
+def register(app):
+    pass
