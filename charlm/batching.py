@@ -1,0 +1,63 @@
+"""Arranging a token split into parallel streams and cutting them into BPTT windows."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from charlm.errors import CharlmError
+
+IGNORE = -100  # target id that the loss skips (padding at the end of the last evaluation stream)
+
+
+@dataclass
+class Window:
+    index: int
+    inputs: torch.Tensor  # [B, T] int64
+    targets: torch.Tensor  # [B, T] int64, IGNORE where padded
+
+
+class TokenStreams:
+    """A 1-D token array laid out as ``batch_size`` contiguous streams, read ``bptt`` steps at a time.
+
+    Training (``cover_all=False``) drops the remainder that does not fill every stream, as
+    truncated BPTT does. Evaluation (``cover_all=True``) pads the last stream and masks the
+    padding, so that every symbol after the first is scored exactly once.
+    """
+
+    def __init__(self, tokens: np.ndarray, batch_size: int, bptt: int, cover_all: bool = False):
+        if batch_size < 1 or bptt < 1:
+            raise CharlmError(f"batch size and bptt must be at least 1 (got {batch_size} and {bptt})")
+        predictions = len(tokens) - 1
+        if predictions < batch_size:
+            raise CharlmError(f"a split of {len(tokens)} tokens is too short for batch size {batch_size}")
+        self.batch_size, self.bptt = batch_size, bptt
+        if cover_all:
+            length = math.ceil(predictions / batch_size)
+            padded = np.full(batch_size * length + 1, IGNORE, dtype=np.int64)
+            padded[: len(tokens)] = tokens
+            inputs = padded[:-1].copy()
+            inputs[inputs == IGNORE] = 0
+            targets = padded[1:]
+        else:
+            length = predictions // batch_size
+            inputs = np.asarray(tokens[: batch_size * length])
+            targets = np.asarray(tokens[1 : batch_size * length + 1])
+        self.stream_length = length
+        self._inputs = inputs.reshape(batch_size, length)
+        self._targets = targets.reshape(batch_size, length)
+        self.num_windows = math.ceil(length / bptt)
+        self.tokens_scored = int((self._targets != IGNORE).sum()) if cover_all else batch_size * length
+
+    def __len__(self) -> int:
+        return self.num_windows
+
+    def windows(self, start: int = 0, device=None):
+        for index in range(start, self.num_windows):
+            columns = slice(index * self.bptt, (index + 1) * self.bptt)
+            inputs = torch.from_numpy(self._inputs[:, columns].astype(np.int64))
+            targets = torch.from_numpy(self._targets[:, columns].astype(np.int64))
+            yield Window(index, inputs.to(device), targets.to(device))

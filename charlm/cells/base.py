@@ -1,0 +1,104 @@
+"""The interface every recurrent cell follows, and the initialisers cells share.
+
+A cell is one recurrent layer. It reads a whole window of inputs, time-major ``[T, B, d]``,
+together with the time state it carried from the previous window, and returns its depth output
+for every step, ``[T, B, output_size]``, with the new time state. The model stacks cells layer
+by layer (layer l runs over all T steps before layer l + 1 starts), so a cell is free to compute
+the input-dependent part of its pre-activations for the whole window in one matrix product.
+
+To write a cell of your own, subclass :class:`RecurrentCell`, set the class attributes, and
+implement ``initial_state`` and ``step`` (the equations, one time step). ``forward`` defaults to
+looping ``step`` over the window; override it with a faster path when there is one, and the test
+suite's reference check will hold the two to the same function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+State = tuple[Tensor, ...]
+
+
+@dataclasses.dataclass
+class NoOptions:
+    """The options of a cell that has none."""
+
+
+class RecurrentCell(nn.Module):
+    """Base class of every cell: one recurrent layer over a time-major window."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    formula: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+
+    def __init__(self, input_size: int, hidden_size: int, config=None):
+        super().__init__()
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.config = config if config is not None else self.Config()
+
+    @property
+    def output_size(self) -> int:
+        """Width of the depth output that goes up to the next layer (and to the softmax)."""
+        return self.hidden_size
+
+    @classmethod
+    def required_input_size(cls, hidden_size: int, config) -> int | None:
+        """The embedding width the bottom layer needs, or None to accept any."""
+        return None
+
+    @classmethod
+    def make_stack(cls, input_size: int, hidden_size: int, num_layers: int, config) -> list["RecurrentCell"]:
+        """The layers of a model built from this cell; cells that tie weights across depth override it."""
+        layers = []
+        for _ in range(num_layers):
+            layer = cls(input_size, hidden_size, config)
+            layers.append(layer)
+            input_size = layer.output_size
+        return layers
+
+    def initial_state(self, batch_size: int, device=None, dtype=None) -> State:
+        """The time state at the start of a sequence (zeros)."""
+        return (self._zeros(batch_size, device, dtype),)
+
+    def step(self, x: Tensor, state: State) -> tuple[Tensor, State]:
+        """One time step written from the cell's equations: ``x`` is ``[B, d]``."""
+        raise NotImplementedError
+
+    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+        outputs = []
+        for x in inputs:
+            output, state = self.step(x, state)
+            outputs.append(output)
+        return torch.stack(outputs), state
+
+    def _zeros(self, batch_size, device=None, dtype=None, width=None) -> Tensor:
+        reference = next(self.parameters(), None)
+        if reference is not None:
+            device = device or reference.device
+            dtype = dtype or reference.dtype
+        return torch.zeros(batch_size, width or self.hidden_size, device=device, dtype=dtype)
+
+
+def glorot_uniform_(weight: Tensor, blocks: int = 1) -> Tensor:
+    """Glorot/Xavier uniform, applied to each of ``blocks`` equal row blocks (one per gate)."""
+    with torch.no_grad():
+        for block in weight.chunk(blocks, dim=0):
+            fan_out, fan_in = block.shape
+            bound = math.sqrt(6.0 / (fan_in + fan_out))
+            block.uniform_(-bound, bound)
+    return weight
+
+
+def uniform_all_(module: nn.Module, bound: float) -> None:
+    """Draw every parameter of ``module`` from U(-bound, bound)."""
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.uniform_(-bound, bound)

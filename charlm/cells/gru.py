@@ -1,0 +1,90 @@
+"""Gated recurrent unit (Cho et al. 2014), in the form the Lattice Recurrent Unit paper writes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+
+from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+
+
+@dataclasses.dataclass
+class GRUConfig:
+    reset_after: bool = False  # cuDNN form: ĥ = tanh(W_h x + r ⊙ (U_h h + b_hn)); a different function
+
+
+class GRU(RecurrentCell):
+    r"""Gated recurrent unit.
+
+        z_t = σ(W_z x_t + U_z h_{t−1} + b_z)
+        r_t = σ(W_r x_t + U_r h_{t−1} + b_r)
+        ĥ_t = tanh(W_h x_t + U_h (r_t ⊙ h_{t−1}) + b_h)
+        h_t = z_t ⊙ h_{t−1} + (1 − z_t) ⊙ ĥ_t
+
+    Option ``reset_after`` computes ĥ_t = tanh(W_h x_t + b_h + r_t ⊙ (U_h h_{t−1} + b_hn)), the
+    function of cuDNN and PyTorch's fused GRU (one extra bias b_hn); it then uses that kernel.
+    Rows are stored in PyTorch's order (r, z, h).
+    """
+
+    name = "gru"
+    description = "Gated recurrent unit, reset before the recurrent product (option: reset_after)"
+    paper = "Cho et al. 2014; form of Ahuja & Morency 2017 (LRU paper)"
+    formula = "3(dn + n² + n) (+n with reset_after)"
+    Config = GRUConfig
+
+    def __init__(self, input_size: int, hidden_size: int, config: GRUConfig | None = None):
+        super().__init__(input_size, hidden_size, config)
+        n = hidden_size
+        self.weight_input = nn.Parameter(torch.empty(3 * n, input_size))
+        self.weight_hidden = nn.Parameter(torch.empty(3 * n, n))
+        self.bias = nn.Parameter(torch.zeros(3 * n))
+        if self.config.reset_after:
+            self.bias_hidden_candidate = nn.Parameter(torch.zeros(n))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        glorot_uniform_(self.weight_input, blocks=3)
+        glorot_uniform_(self.weight_hidden, blocks=3)
+        with torch.no_grad():
+            self.bias.zero_()
+            if self.config.reset_after:
+                self.bias_hidden_candidate.zero_()
+
+    def step(self, x: Tensor, state: State) -> tuple[Tensor, State]:
+        (h,) = state
+        W_r, W_z, W_h = self.weight_input.chunk(3)
+        U_r, U_z, U_h = self.weight_hidden.chunk(3)
+        b_r, b_z, b_h = self.bias.chunk(3)
+        r = torch.sigmoid(x @ W_r.T + h @ U_r.T + b_r)
+        z = torch.sigmoid(x @ W_z.T + h @ U_z.T + b_z)
+        if self.config.reset_after:
+            h_hat = torch.tanh(x @ W_h.T + b_h + r * (h @ U_h.T + self.bias_hidden_candidate))
+        else:
+            h_hat = torch.tanh(x @ W_h.T + (r * h) @ U_h.T + b_h)
+        h = z * h + (1 - z) * h_hat
+        return h, (h,)
+
+    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+        if self.config.reset_after:
+            return self._fused_forward(inputs, state)
+        n = self.hidden_size
+        pre_input = inputs @ self.weight_input.T + self.bias
+        U_rz, U_h = self.weight_hidden[: 2 * n], self.weight_hidden[2 * n :]
+        (h,) = state
+        outputs = []
+        for pre_t in pre_input:
+            r, z = torch.sigmoid(pre_t[:, : 2 * n] + h @ U_rz.T).chunk(2, dim=-1)
+            h_hat = torch.tanh(pre_t[:, 2 * n :] + (r * h) @ U_h.T)
+            h = z * h + (1 - z) * h_hat
+            outputs.append(h)
+        return torch.stack(outputs), (h,)
+
+    def _fused_forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+        (h,) = state
+        n = self.hidden_size
+        hidden_bias = torch.cat([self.bias.new_zeros(2 * n), self.bias_hidden_candidate])
+        weights = [self.weight_input, self.weight_hidden, self.bias, hidden_bias]
+        outputs, h_n = torch.gru(inputs, h.unsqueeze(0), weights, True, 1, 0.0, self.training, False, False)
+        return outputs, (h_n.squeeze(0),)

@@ -1,0 +1,94 @@
+"""Long short-term memory (Hochreiter & Schmidhuber 1997; forget gate: Gers et al. 2000)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+
+from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+
+
+@dataclasses.dataclass
+class LSTMConfig:
+    peephole: bool = False  # i and f also see p ⊙ c_{t-1}, o sees p ⊙ c_t
+
+
+class LSTM(RecurrentCell):
+    r"""Long short-term memory.
+
+        i, f, o = σ(W_* x_t + U_* h_{t−1} + b_*)
+        g       = tanh(W_g x_t + U_g h_{t−1} + b_g)
+        c_t     = f ⊙ c_{t−1} + i ⊙ g
+        h_t     = o ⊙ tanh(c_t)
+
+    With ``peephole``: i, f add p_i ⊙ c_{t−1}, p_f ⊙ c_{t−1}; o adds p_o ⊙ c_t.
+    Gate rows are stored in PyTorch's order (i, f, g, o) so that, without peepholes, the fused
+    library kernel computes exactly this function with these weights. Forget bias starts at +1.
+    """
+
+    name = "lstm"
+    description = "Long short-term memory (forget bias +1; option: peepholes)"
+    paper = "Hochreiter & Schmidhuber 1997; Gers et al. 2000"
+    formula = "4(dn + n² + n) (+3n with peepholes)"
+    Config = LSTMConfig
+
+    def __init__(self, input_size: int, hidden_size: int, config: LSTMConfig | None = None):
+        super().__init__(input_size, hidden_size, config)
+        n = hidden_size
+        self.weight_input = nn.Parameter(torch.empty(4 * n, input_size))
+        self.weight_hidden = nn.Parameter(torch.empty(4 * n, n))
+        self.bias = nn.Parameter(torch.empty(4 * n))
+        if self.config.peephole:
+            self.peephole = nn.Parameter(torch.zeros(3, n))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        n = self.hidden_size
+        glorot_uniform_(self.weight_input, blocks=4)
+        glorot_uniform_(self.weight_hidden, blocks=4)
+        with torch.no_grad():
+            self.bias.zero_()
+            self.bias[n : 2 * n].fill_(1.0)
+            if self.config.peephole:
+                self.peephole.zero_()
+
+    def initial_state(self, batch_size, device=None, dtype=None) -> State:
+        return (self._zeros(batch_size, device, dtype), self._zeros(batch_size, device, dtype))
+
+    def step(self, x: Tensor, state: State) -> tuple[Tensor, State]:
+        h, c = state
+        pre = x @ self.weight_input.T + h @ self.weight_hidden.T + self.bias
+        return self._gates_to_output(pre, c)
+
+    def _gates_to_output(self, pre: Tensor, c: Tensor) -> tuple[Tensor, State]:
+        i, f, g, o = pre.chunk(4, dim=-1)
+        if self.config.peephole:
+            i = i + self.peephole[0] * c
+            f = f + self.peephole[1] * c
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        if self.config.peephole:
+            o = o + self.peephole[2] * c
+        h = torch.sigmoid(o) * torch.tanh(c)
+        return h, (h, c)
+
+    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+        if not self.config.peephole:
+            return self._fused_forward(inputs, state)
+        pre_input = inputs @ self.weight_input.T + self.bias
+        h, c = state
+        outputs = []
+        for pre_t in pre_input:
+            h, (h, c) = self._gates_to_output(pre_t + h @ self.weight_hidden.T, c)
+            outputs.append(h)
+        return torch.stack(outputs), (h, c)
+
+    def _fused_forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+        h, c = state
+        no_second_bias = torch.zeros_like(self.bias)
+        weights = [self.weight_input, self.weight_hidden, self.bias, no_second_bias]
+        outputs, h_n, c_n = torch.lstm(
+            inputs, (h.unsqueeze(0), c.unsqueeze(0)), weights, True, 1, 0.0, self.training, False, False
+        )
+        return outputs, (h_n.squeeze(0), c_n.squeeze(0))

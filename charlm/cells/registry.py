@@ -1,0 +1,121 @@
+"""Name → cell class, plus turning ``key=value`` strings into a cell's typed config."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import typing
+
+from charlm.cells.base import RecurrentCell
+from charlm.errors import CharlmError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class CellRegistry:
+    """The cells ``charlm train --cell NAME`` accepts; ``module:Class`` names a user's own cell."""
+
+    def __init__(self, cells=()):
+        self._cells: dict[str, type[RecurrentCell]] = {}
+        for cell in cells:
+            self.register(cell)
+
+    def register(self, cell: type[RecurrentCell]) -> type[RecurrentCell]:
+        _check_cell_class(cell, cell.__name__)
+        if cell.name in self._cells:
+            raise ValueError(f"cell name {cell.name!r} registered twice")
+        self._cells[cell.name] = cell
+        return cell
+
+    def names(self) -> list[str]:
+        return list(self._cells)
+
+    def __iter__(self):
+        return iter(self._cells.values())
+
+    def get(self, name: str) -> type[RecurrentCell]:
+        if ":" in name:
+            return _import_cell(name)
+        try:
+            return self._cells[name]
+        except KeyError:
+            raise CharlmError(
+                f"unknown cell {name!r}; known cells: {', '.join(self._cells)} (or module:Class for your own)"
+            ) from None
+
+
+def _check_cell_class(cell, label: str) -> None:
+    if not (isinstance(cell, type) and issubclass(cell, RecurrentCell)):
+        raise CharlmError(f"{label} is not a subclass of charlm.cells.RecurrentCell")
+    if not cell.name:
+        raise CharlmError(f"{label} has no `name` class attribute")
+    if not dataclasses.is_dataclass(cell.Config):
+        raise CharlmError(f"{label}.Config must be a dataclass")
+
+
+def _import_cell(reference: str) -> type[RecurrentCell]:
+    module_name, _, class_name = reference.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise CharlmError(f"cannot import {module_name!r} for cell {reference!r}: {error}") from None
+    cell = getattr(module, class_name, None)
+    if cell is None:
+        raise CharlmError(f"module {module_name!r} has no class {class_name!r}")
+    _check_cell_class(cell, reference)
+    return cell
+
+
+def parse_cell_options(cell: type[RecurrentCell], options: dict) -> object:
+    """Build ``cell.Config`` from a dict whose values may be strings from the command line."""
+    hints = typing.get_type_hints(cell.Config)
+    fields = {field.name for field in dataclasses.fields(cell.Config)}
+    values = {}
+    for key, raw in options.items():
+        key = key.replace("-", "_")
+        if key not in fields:
+            known = ", ".join(sorted(fields)) or "none"
+            raise CharlmError(f"cell {cell.name!r} has no option {key!r} (its options: {known})")
+        values[key] = _convert(raw, hints[key], key)
+    try:
+        return cell.Config(**values)
+    except (TypeError, ValueError) as error:
+        raise CharlmError(f"bad option for cell {cell.name!r}: {error}") from None
+
+
+def cell_options_dict(config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def _convert(raw, kind, key: str):
+    if not isinstance(raw, str):
+        return raw
+    if typing.get_origin(kind) is typing.Union or type(kind).__name__ == "UnionType":
+        choices = [k for k in typing.get_args(kind) if k is not type(None)]
+        if raw.lower() in ("none", "null"):
+            return None
+        kind = choices[0]
+    try:
+        if kind is bool:
+            if raw.lower() in _TRUE:
+                return True
+            if raw.lower() in _FALSE:
+                return False
+            raise ValueError
+        if kind in (int, float):
+            return kind(raw)
+    except ValueError:
+        raise CharlmError(f"option {key}={raw!r} is not a valid {kind.__name__}") from None
+    return raw
+
+
+def parse_key_values(pairs: list[str]) -> dict[str, str]:
+    """``["a=1", "b=x"]`` → ``{"a": "1", "b": "x"}`` (for ``--cell-opt``)."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CharlmError(f"cell option {pair!r} is not of the form key=value")
+        options[key.strip()] = value.strip()
+    return options

@@ -1,0 +1,155 @@
+"""The language model: embedding → a stack of recurrent cells → linear softmax layer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from charlm.cells import CELLS, glorot_uniform_, parse_cell_options
+from charlm.errors import CharlmError
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    cell: str
+    vocab_size: int
+    hidden_size: int
+    layers: int = 1
+    embed_size: int | None = None  # None: what the cell needs, else the hidden size; 0: one-hot input
+    dropout: float = 0.0  # between layers and on the softmax input
+    cell_options: dict = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "ModelConfig":
+        return cls(**values)
+
+
+class OneHot(nn.Module):
+    """Feeds the symbol straight in as a one-hot vector (no trainable embedding)."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return F.one_hot(tokens.long(), self.vocab_size).float()
+
+
+class LanguageModel(nn.Module):
+    """Predicts the next symbol at every position of a window, carrying each layer's time state."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.hidden_size < 1 or config.layers < 1 or config.vocab_size < 1:
+            raise CharlmError("hidden size, layers and vocabulary size must all be at least 1")
+        if not 0.0 <= config.dropout < 1.0:
+            raise CharlmError(f"dropout must be in [0, 1), not {config.dropout}")
+        self.config = config
+        cell_class = CELLS.get(config.cell)
+        cell_config = parse_cell_options(cell_class, config.cell_options)
+        required = cell_class.required_input_size(config.hidden_size, cell_config)
+        embed_size = config.embed_size
+        if embed_size is None:
+            embed_size = required if required is not None else config.hidden_size
+        elif required is not None and embed_size != required:
+            raise CharlmError(f"cell {config.cell!r} needs --embed-size {required} at hidden size {config.hidden_size}")
+        if embed_size == 0:
+            self.embedding = OneHot(config.vocab_size)
+            input_size = config.vocab_size
+        else:
+            self.embedding = nn.Embedding(config.vocab_size, embed_size)
+            input_size = embed_size
+        try:
+            self.layers = nn.ModuleList(cell_class.make_stack(input_size, config.hidden_size, config.layers, cell_config))
+        except ValueError as error:
+            raise CharlmError(f"cannot build cell {config.cell!r}: {error}") from None
+        self.dropout = nn.Dropout(config.dropout)
+        self.head = nn.Linear(self.layers[-1].output_size, config.vocab_size)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        if isinstance(self.embedding, nn.Embedding):
+            glorot_uniform_(self.embedding.weight)
+        glorot_uniform_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def initial_state(self, batch_size: int, device=None) -> list[tuple[Tensor, ...]]:
+        return [layer.initial_state(batch_size, device=device) for layer in self.layers]
+
+    def forward(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
+        """``tokens`` is ``[B, T]``; returns logits ``[B, T, V]`` and the new state."""
+        hidden = self.embedding(tokens.t())
+        new_state = []
+        for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
+            if index > 0:
+                hidden = self.dropout(hidden)
+            hidden, layer_state = layer(hidden, layer_state)
+            new_state.append(layer_state)
+        logits = self.head(self.dropout(hidden))
+        return logits.transpose(0, 1), new_state
+
+    def layer_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by layer, for per-layer gradient norms (tied layers count once)."""
+        groups = {"embedding": list(self.embedding.parameters())}
+        seen = set()
+        for index, layer in enumerate(self.layers):
+            if id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            groups[f"layer{index}"] = list(layer.parameters())
+        groups["softmax"] = list(self.head.parameters())
+        return {name: params for name, params in groups.items() if params}
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def detach_state(state):
+    return [tuple(tensor.detach() for tensor in layer_state) for layer_state in state]
+
+
+def parse_budget(text: str) -> int:
+    """``"10M"``, ``"2.5e6"``, ``"800k"`` → a parameter count."""
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9}
+    cleaned = text.strip().lower().replace("_", "").replace(",", "")
+    try:
+        if cleaned and cleaned[-1] in scale:
+            value = float(cleaned[:-1]) * scale[cleaned[-1]]
+        else:
+            value = float(cleaned)
+    except ValueError:
+        raise CharlmError(f"parameter budget {text!r} is not a number like 1M, 2.5e6 or 800k") from None
+    if value < 1:
+        raise CharlmError(f"parameter budget {text!r} must be positive")
+    return int(round(value))
+
+
+def size_for_budget(config: ModelConfig, budget: int, max_hidden: int = 16384) -> tuple[int, int]:
+    """The hidden size whose total parameter count is closest to ``budget``, and that count.
+
+    Counts are taken from models built on the meta device, so every cell, tied and two-stream
+    ones and a user's own included, is sized by what it really allocates.
+    """
+
+    def total(hidden: int) -> int:
+        with torch.device("meta"):
+            return count_parameters(LanguageModel(dataclasses.replace(config, hidden_size=hidden)))
+
+    low, high = 1, 1
+    while total(high) < budget and high < max_hidden:
+        low, high = high, min(high * 2, max_hidden)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if total(middle) < budget:
+            low = middle
+        else:
+            high = middle
+    best = min((low, high), key=lambda hidden: abs(total(hidden) - budget))
+    return best, total(best)
