@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from charlm.batching import IGNORE, TokenStreams
+from charlm.errors import CharlmError
 from charlm.model import detach_state
 
 LN2 = math.log(2.0)
@@ -90,3 +91,14 @@ def score_split(model, corpus, split: str, *, batch_size: int, bptt: int, device
         chars_per_token=characters_per_token(corpus, split),
         progress=progress,
     )
+
+
+def corpus_for_checkpoint(payload: dict, data_dir=None):
+    """The prepared corpus a checkpoint was trained on, checked to have the same vocabulary."""
+    from charlm.corpora import load_corpus
+
+    name = payload["config"]["corpus"]
+    corpus = load_corpus(name, data_dir if data_dir is not None else payload["config"].get("data_dir"))
+    if list(corpus.tokenizer.vocab) != list(payload["tokenizer"]["vocab"]):
+        raise CharlmError(f"the prepared corpus {name!r} has another vocabulary than the checkpoint {payload['path']}")
+    return corpus

@@ -32,9 +32,10 @@ def _root(
 
 
 def _register_commands():
-    from charlm.cli import prepare
+    from charlm.cli import bench, cells, demo, evaluate, prepare, sample, train
 
-    prepare.register(app)
+    for module in (prepare, cells, train, evaluate, sample, demo, bench):
+        module.register(app)
 
 
 _register_commands()

@@ -1,0 +1,29 @@
+"""`charlm cells`: the registry as a table."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import typer
+
+from charlm.cells import CELLS
+from charlm.cli.output import print_table
+
+
+def cells():
+    """List every registered cell: name, description, paper, parameters per layer, options."""
+    rows = []
+    for cell in CELLS:
+        options = ", ".join(f"{field.name}={_default(field)}" for field in dataclasses.fields(cell.Config)) or "-"
+        rows.append([cell.name, cell.description, cell.paper, cell.formula, options])
+    print_table("Registered cells (d: input size, n: hidden size; per layer)", ["name", "description", "paper", "params", "options"], rows)
+
+
+def _default(field: dataclasses.Field):
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(cells)

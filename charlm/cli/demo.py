@@ -1,0 +1,35 @@
+"""`charlm demo`: the whole pipeline on the embedded corpus in a couple of minutes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from charlm.cli.output import print_summary
+from charlm.demo import DemoSettings, run_demo
+
+
+def demo(
+    minutes: float = typer.Option(DemoSettings.minutes, "--minutes", help="Training time budget in minutes."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Root of prepared corpora [default: $CHARLM_DATA or ./data]."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where to write the run [default: runs/pydoc-lru-demo-TIME]."),
+):
+    """Prepare the embedded `pydoc` corpus, train a small LRU, report bits per character, sample."""
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    summary = {}
+    settings = DemoSettings(minutes=minutes)
+    sys.stdout.write("sample:\n")
+    summary = run_demo(settings, data_dir=data_dir, run_dir=run_dir, write=write)
+    sys.stdout.write("\n\n")
+    print_summary(summary)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(demo)

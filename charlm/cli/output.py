@@ -1,0 +1,33 @@
+"""Printing results on stdout (diagnostics go to stderr elsewhere)."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+stdout = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+
+
+def print_summary(summary: dict) -> None:
+    test = summary.get("test_bpc_at_best")
+    lines = [
+        ("run", summary["run_dir"]),
+        ("parameters", f"{summary['parameters']:,} (hidden {summary['hidden_size']})"),
+        ("epochs", str(summary["epochs"])),
+        ("best epoch", str(summary["best_epoch"])),
+        ("best valid bpc", f"{summary['best_valid_bpc']:.4f}"),
+        ("test bpc", "-" if test is None else f"{test:.4f} (best-validation checkpoint)"),
+    ]
+    for key, value in lines:
+        stdout.print(f"{key:<15} {value}")
+
+
+def print_table(title: str | None, columns: list[str], rows: list[list[str]]) -> None:
+    table = Table(title=title, show_lines=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    stdout.print(table)

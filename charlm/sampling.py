@@ -1,0 +1,95 @@
+"""Sampling text from a trained model: temperature, top-k and nucleus (top-p) filtering, streamed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from charlm.checkpoints import load_checkpoint
+from charlm.corpora import Tokenizer
+from charlm.devices import resolve_device
+from charlm.errors import CharlmError
+from charlm.model import LanguageModel, ModelConfig
+
+
+@dataclass
+class SamplingOptions:
+    length: int = 500  # tokens to generate after the prime
+    temperature: float = 1.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if self.length < 0:
+            raise CharlmError("--length must be zero or positive")
+        if self.temperature <= 0:
+            raise CharlmError("--temperature must be positive")
+        if self.top_k < 0:
+            raise CharlmError("--top-k must be zero (off) or positive")
+        if not 0 < self.top_p <= 1:
+            raise CharlmError("--top-p must be in (0, 1]")
+
+
+def load_model(reference: str, device: str = "auto") -> tuple[LanguageModel, Tokenizer, dict]:
+    """Rebuild the model and tokenizer from a checkpoint alone."""
+    target = resolve_device(device)
+    payload = load_checkpoint(reference, map_location=target)
+    model = LanguageModel(ModelConfig.from_dict(payload["model_config"]))
+    model.load_state_dict(payload["model"])
+    model.to(target).eval()
+    return model, Tokenizer.from_state(payload["tokenizer"]), payload
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Set to −inf every logit outside the top k and outside the smallest set with mass ≥ top_p."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1, None]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probabilities = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probabilities, dim=-1) - probabilities
+        drop_sorted = mass_before >= top_p  # the most likely token always stays
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(model: LanguageModel, prime_ids: list[int], options: SamplingOptions) -> Iterator[int]:
+    """Yield ``options.length`` token ids, each drawn given the prime and everything drawn before."""
+    options.validate()
+    if not prime_ids:
+        raise CharlmError("the prime is empty: give at least one symbol")
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device)
+    if options.seed is not None:
+        generator.manual_seed(options.seed)
+    else:
+        generator.seed()
+    state = model.initial_state(1, device=device)
+    logits, state = model(torch.tensor([prime_ids], device=device), state)
+    for _ in range(options.length):
+        last = filter_logits(logits[0, -1].float() / options.temperature, options.top_k, options.top_p)
+        token = torch.multinomial(torch.softmax(last, dim=-1), 1, generator=generator)
+        yield int(token)
+        logits, state = model(token.view(1, 1), state)
+
+
+def stream_text(tokenizer: Tokenizer, ids: Iterator[int], write: Callable[[str], None]) -> str:
+    """Decode as tokens arrive and write only the new text (subword pieces may merge)."""
+    drawn: list[int] = []
+    written = ""
+    for token in ids:
+        drawn.append(token)
+        text = tokenizer.decode(drawn)
+        if text.startswith(written) and len(text) > len(written):
+            write(text[len(written) :])
+            written = text
+    final = tokenizer.decode(drawn)
+    if final != written and final.startswith(written):
+        write(final[len(written) :])
+    return final
