@@ -1,5 +1,83 @@
-"""`charlm prepare` and `charlm corpora`."""
+"""`charlm prepare` and `charlm corpora`: thin commands over ``charlm.corpora``.
+
+Results go to stdout; progress bars and diagnostics to stderr.
+"""
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from charlm.corpora import PreparedCorpus, data_root, list_corpora, prepare_corpus
+from charlm.corpora.splits import SPLITS, parse_fractions
+
+
+def prepare(
+    corpus: str = typer.Argument(..., help="Corpus to prepare: ptb, ptb-subword, wp, text8, enwik8, imdb-subword, "
+                                           "pydoc, or `text` for your own files (see `charlm corpora`)."),
+    paths: Optional[list[Path]] = typer.Argument(None, help="For `text`: UTF-8 files or directories, read in order."),
+    source: Optional[Path] = typer.Option(None, "--source", help="Prepare from a local copy instead of downloading: "
+                                          "the archive itself, or a directory or file holding its members."),
+    url: Optional[str] = typer.Option(None, "--url", help="Download from this address (a mirror) instead of the "
+                                      "canonical one."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Data root for prepared corpora and the "
+                                            "download cache (default: $CHARLM_DATA, else ./data)."),
+    subword: Optional[str] = typer.Option(None, "--subword", help="Train a sentencepiece model on the training "
+                                          "split: bpe or unigram. A character corpus becomes <corpus>-<kind><N>."),
+    vocab_size: int = typer.Option(2000, "--vocab-size", help="Pieces in the subword model (with --subword and "
+                                   "the *-subword corpora)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Name of the prepared corpus (required for `text`)."),
+    split: Optional[str] = typer.Option(None, "--split", help="For `text`: train,valid,test fractions, contiguous "
+                                        "(default 0.9,0.05,0.05)."),
+    no_verify: bool = typer.Option(False, "--no-verify", help="Use files whose size or checksum differ from the "
+                                   "published ones (with a warning) instead of stopping."),
+    unknown: str = typer.Option("error", "--unknown", help="Valid/test symbols absent from the training split: "
+                                "`error` stops, `unk` maps them to an <unk> entry."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+):
+    """Download (or read from --source), verify, split and encode a corpus into the data root."""
+    prepared = prepare_corpus(
+        corpus, data_dir=data_dir, source=source, url=url, verify=not no_verify, subword=subword,
+        vocab_size=vocab_size, paths=paths or None, output_name=name,
+        split=parse_fractions(split) if split is not None else None, unknown=unknown, progress=not quiet,
+    )
+    typer.echo(summary(prepared))
+
+
+def summary(corpus: PreparedCorpus) -> str:
+    """``ptb: 5,017,482 / 393,042 / 442,423 tokens (train / valid / test), char vocabulary 50, in data/ptb``."""
+    tokens = " / ".join(f"{corpus.tokens(s):,}" for s in SPLITS)
+    text = f"{corpus.name}: {tokens} tokens (train / valid / test), {corpus.unit} vocabulary {corpus.vocab_size:,}"
+    if corpus.unit == "subword":
+        characters = " / ".join(f"{corpus.characters(s):,}" for s in SPLITS)
+        text += f", {characters} characters"
+    return f"{text}, in {corpus.path}"
+
+
+def corpora(
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Data root to look in (default: "
+                                            "$CHARLM_DATA, else ./data)."),
+):
+    """List the known corpora, and which are prepared with their split sizes and vocabulary."""
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), title=f"corpora in {data_root(data_dir)}/")
+    for column in ("corpus", "prepared", "unit"):
+        table.add_column(column, no_wrap=True)
+    for column in ("vocab", *SPLITS):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("description", min_width=10)
+    for entry in list_corpora(data_dir):
+        corpus = entry.corpus
+        if corpus is None:
+            table.add_row(entry.name, "no", entry.unit, "", "", "", "", entry.description, style="dim")
+        else:
+            sizes = [f"{corpus.tokens(s):,}" for s in SPLITS]
+            table.add_row(entry.name, "yes", corpus.unit, f"{corpus.vocab_size:,}", *sizes, entry.description)
+    Console().print(table)
 
 
 def register(app):
-    pass
+    app.command("prepare")(prepare)
+    app.command("corpora")(corpora)

@@ -1,0 +1,61 @@
+"""Finding corpora: the recipes by name, and the prepared corpora in a data root."""
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from charlm.corpora.recipes import RECIPES, Recipe
+from charlm.corpora.store import META, PreparedCorpus, data_root, open_prepared
+from charlm.errors import CharlmError
+
+
+def get_recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise CharlmError(f"unknown corpus {name!r}: known corpora are {', '.join(RECIPES)}")
+    return RECIPES[name]
+
+
+def load_corpus(name: str, data_dir: str | Path | None = None) -> PreparedCorpus:
+    """The prepared corpus ``name``; a CharlmError saying which `charlm prepare` to run when it is missing."""
+    root = data_root(data_dir)
+    if (root / name / META).exists():
+        return open_prepared(root / name)
+    raise CharlmError(f"corpus {name!r} is not prepared in {root}/: {_how_to_prepare(name)}")
+
+
+def _how_to_prepare(name: str) -> str:
+    if name in RECIPES and name != "text":
+        return f"run `charlm prepare {name}`"
+    subword = re.fullmatch(r"(.+)-(bpe|unigram)(\d+)", name)
+    if subword and subword[1] in RECIPES and subword[1] != "text":
+        return f"run `charlm prepare {subword[1]} --subword {subword[2]} --vocab-size {subword[3]}`"
+    return (f"it is not a built-in corpus either (those are {', '.join(n for n in RECIPES if n != 'text')}); "
+            f"prepare your own text with `charlm prepare text PATH... --name {name}`")
+
+
+@dataclass
+class CorpusEntry:
+    """A row of `charlm corpora`: a known or prepared corpus, and its prepared form if there is one."""
+
+    name: str
+    description: str
+    unit: str
+    corpus: PreparedCorpus | None
+
+
+def list_corpora(data_dir: str | Path | None = None) -> list[CorpusEntry]:
+    """Every recipe, then every other corpus prepared in the data root, with its prepared form if any."""
+    root = data_root(data_dir)
+    prepared = {}
+    if root.is_dir():
+        for path in sorted(root.iterdir()):
+            if not path.name.startswith(".") and (path / META).exists():
+                try:
+                    prepared[path.name] = open_prepared(path)
+                except CharlmError:
+                    continue  # an unreadable or older-format corpus is listed as not prepared
+    entries = [CorpusEntry(name, recipe.description, recipe.unit, prepared.pop(name, None))
+               for name, recipe in RECIPES.items()]
+    entries += [CorpusEntry(name, corpus.meta.get("description", ""), corpus.unit, corpus)
+                for name, corpus in prepared.items()]
+    return entries

@@ -1,0 +1,200 @@
+"""Fetching a remote file into the download cache: progress bar, HTTP Range resume, retries, verification.
+
+A download is written to ``<name>.part`` and renamed to ``<name>`` only once it is complete and
+matches its expected size and checksums. A file that fails verification is never used and never
+deleted: it is moved aside to ``<name>.bad-<first 8 hex digits of its sha256>``.
+"""
+
+import hashlib
+import http.client
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from charlm import __version__
+from charlm.errors import CharlmError
+
+BLOCK = 1 << 16
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A file a recipe downloads, and what it must look like once complete (None: not known)."""
+
+    url: str
+    filename: str
+    size: int | None = None
+    sha256: str | None = None
+    md5: str | None = None
+    note: str = ""  # provenance of the expected values, or why some are missing
+
+
+@dataclass(frozen=True)
+class DownloadPolicy:
+    """How hard to try: ``attempts`` in all, waiting ``backoff`` seconds, then twice that, and so on."""
+
+    attempts: int = 5
+    backoff: float = 1.0
+    timeout: float = 60.0
+
+    @classmethod
+    def from_environment(cls, environ=os.environ) -> "DownloadPolicy":
+        """Defaults, overridden by CHARLM_DOWNLOAD_ATTEMPTS, CHARLM_DOWNLOAD_BACKOFF, CHARLM_DOWNLOAD_TIMEOUT."""
+        default = cls()
+        return cls(
+            attempts=int(environ.get("CHARLM_DOWNLOAD_ATTEMPTS", default.attempts)),
+            backoff=float(environ.get("CHARLM_DOWNLOAD_BACKOFF", default.backoff)),
+            timeout=float(environ.get("CHARLM_DOWNLOAD_TIMEOUT", default.timeout)),
+        )
+
+
+class _Incomplete(Exception):
+    """The server closed the connection before sending the length it announced."""
+
+
+def file_digests(path: Path) -> tuple[str, str]:
+    """The sha256 and md5 hex digests of a file, read once."""
+    sha256, md5 = hashlib.sha256(), hashlib.md5()
+    with open(path, "rb") as file:
+        while block := file.read(1 << 20):
+            sha256.update(block)
+            md5.update(block)
+    return sha256.hexdigest(), md5.hexdigest()
+
+
+def mismatches(expected: RemoteFile, size: int, sha256: str, md5: str) -> list[str]:
+    """One phrase per expected property that the actual file lacks: ``size: expected 3, got 2``."""
+    actual = {"size": size, "sha256": sha256, "md5": md5}
+    return [
+        f"{name}: expected {getattr(expected, name)}, got {actual[name]}"
+        for name in ("size", "sha256", "md5")
+        if getattr(expected, name) is not None and getattr(expected, name) != actual[name]
+    ]
+
+
+def move_aside(path: Path, sha256: str, name: str | None = None) -> Path:
+    """Rename a bad file to ``<name>.bad-<sha8>`` next to it, so that it is kept but never used."""
+    aside = path.with_name(f"{name or path.name}.bad-{sha256[:8]}")
+    os.replace(path, aside)
+    return aside
+
+
+def verify_download(path: Path, expected: RemoteFile, final: Path) -> None:
+    """Check a downloaded file against ``expected``; on a mismatch move it aside and raise."""
+    sha256, md5 = file_digests(path)
+    problems = mismatches(expected, path.stat().st_size, sha256, md5)
+    if problems:
+        aside = move_aside(path, sha256, final.name)
+        raise CharlmError(
+            f"{final.name} from {expected.url} does not match: {'; '.join(problems)}; "
+            f"moved aside to {aside} (not used)"
+        )
+
+
+def fetch(remote: RemoteFile, cache_dir: Path, *, url: str | None = None, verify: bool = True,
+          policy: DownloadPolicy | None = None, progress: bool = True, log=None) -> Path:
+    """The verified local copy of ``remote`` in ``cache_dir``, downloading (from ``url`` if given) when absent."""
+    log = log or _stderr
+    policy = policy or DownloadPolicy.from_environment()
+    url = url or remote.url
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    final = cache_dir / remote.filename
+    expected = remote if verify else RemoteFile(url, remote.filename)
+    if not verify:
+        log(f"warning: --no-verify: not checking the size and checksum of {remote.filename}")
+
+    if final.exists():
+        verify_download(final, expected, final)
+        log(f"using cached {final}")
+        return final
+
+    part = final.with_name(final.name + ".part")
+    _download_with_retries(url, part, policy, progress, log)
+    verify_download(part, expected, final)
+    os.replace(part, final)
+    return final
+
+
+def _download_with_retries(url: str, part: Path, policy: DownloadPolicy, progress: bool, log) -> None:
+    host = urllib.parse.urlsplit(url).netloc or url
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            _transfer(url, part, policy.timeout, progress)
+            return
+        except urllib.error.HTTPError as error:
+            if error.code < 500:
+                raise CharlmError(
+                    f"{url}: HTTP {error.code} {error.reason}; check the address (--url), "
+                    "or pass a local copy with --source PATH"
+                ) from None
+            failure = f"HTTP {error.code} {error.reason}"
+        except urllib.error.URLError as error:
+            failure = f"cannot reach {host} ({_reason(error.reason)})"
+        except (_Incomplete, http.client.HTTPException, OSError) as error:
+            failure = f"transfer from {host} broke off ({_reason(error)})"
+        if attempt < policy.attempts:
+            wait = policy.backoff * 2 ** (attempt - 1)
+            log(f"{failure}; retrying in {wait:g}s (attempt {attempt + 1} of {policy.attempts})")
+            time.sleep(wait)
+    kept = f"; the partial file {part} is kept and resumed next time" if part.exists() else ""
+    raise CharlmError(
+        f"{failure} after {policy.attempts} attempts{kept}. Download {url} another way and pass "
+        "it with --source PATH, or use a mirror with --url URL"
+    )
+
+
+def _transfer(url: str, part: Path, timeout: float, progress: bool) -> None:
+    """Download ``url`` into ``part``, continuing a partial file with an HTTP Range request."""
+    offset = part.stat().st_size if part.exists() else 0
+    headers = {"User-Agent": f"charlm/{__version__}"}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    try:
+        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+    except urllib.error.HTTPError as error:
+        if error.code == 416 and offset:  # nothing after offset: the part is complete (verification decides)
+            return
+        raise
+    with response:
+        resumed = offset > 0 and response.status == 206 and _range_start(response) == offset
+        if not resumed:
+            offset = 0
+        announced = response.headers.get("Content-Length")
+        total = offset + int(announced) if announced is not None else None
+        received = 0
+        with open(part, "ab" if resumed else "wb") as file, tqdm(
+            total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
+            desc=part.name.removesuffix(".part"), disable=not progress, file=sys.stderr, leave=False,
+        ) as bar:
+            while block := response.read(BLOCK):
+                file.write(block)
+                received += len(block)
+                bar.update(len(block))
+        if announced is not None and received < int(announced):
+            raise _Incomplete(f"got {offset + received:,} of {total:,} bytes")
+
+
+def _range_start(response) -> int | None:
+    """The first byte position of a 206 response's ``Content-Range: bytes START-END/TOTAL``."""
+    content_range = response.headers.get("Content-Range", "")
+    try:
+        return int(content_range.split()[1].split("-")[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def _reason(error) -> str:
+    if isinstance(error, http.client.IncompleteRead):
+        return f"connection closed after {len(error.partial):,} bytes of a block"
+    return str(error) or type(error).__name__
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)

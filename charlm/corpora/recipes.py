@@ -1,0 +1,277 @@
+"""The corpus recipes: where each corpus comes from, how its text is read, and how it is split.
+
+One ``Recipe`` per corpus, registered explicitly in ``RECIPES`` (read-only). The figures quoted in
+the descriptions are those of the corpus specification, which the tests reproduce.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from types import MappingProxyType
+
+from charlm.corpora.download import RemoteFile
+from charlm.corpora.inputs import LocalTextFiles, PythonDocumentation, RemoteInputs
+from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS, describe_fractions, split_contiguous
+from charlm.errors import CharlmError
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to make one corpus.
+
+    ``parse`` turns the gathered files (``{name: bytes}``; it may pop them to free memory) and the
+    split fractions into ``{"train": ..., "valid": ..., "test": ...}``: text, or bytes for a byte
+    corpus.
+    """
+
+    name: str
+    description: str
+    unit: str  # "char", "byte" or "subword": what one token is
+    inputs: RemoteInputs | LocalTextFiles | PythonDocumentation
+    parse: Callable[[dict[str, bytes], tuple | None], dict]
+    fractions: tuple[float, float, float] | None = None  # contiguous split of one text; None: given files
+    user_split: bool = False  # whether --split applies
+    space_symbol: str | None = None  # the vocabulary symbol that stands for a space (PTB's "_")
+    subword_kind: str = "bpe"  # the default model of a subword recipe
+
+    def split_rule(self, fractions=None) -> str:
+        """How the splits are made, in words, for meta.json and messages."""
+        fractions = fractions or self.fractions
+        if fractions is None:
+            return "the source's own train/valid/test files"
+        return f"contiguous {describe_fractions(fractions)} by {'bytes' if self.unit == 'byte' else 'characters'}"
+
+
+# --- reading text ------------------------------------------------------------------------------
+
+def decode_utf8(data: bytes, name: str) -> str:
+    """``data`` as text; a clear error naming the file and the first bad byte when it is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CharlmError(f"{name} is not UTF-8 text: byte 0x{data[error.start]:02x} at offset "
+                          f"{error.start:,} ({error.reason})") from None
+
+
+def normalize_newlines(text: str) -> str:
+    """Strip a byte-order mark and turn CRLF (and lone CR) line endings into LF."""
+    return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def lines_of(text: str) -> list[str]:
+    """The lines of ``text``, without a whitespace-only remainder after the last newline."""
+    lines = text.split("\n")
+    if not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
+def ptb_symbols(text: str, name: str) -> str:
+    """A Penn Treebank char file as one character per token: each line's symbols, then ``\\n``."""
+    out = []
+    for number, line in enumerate(lines_of(text), start=1):
+        symbols = line.split()
+        joined = "".join(symbols)
+        if len(joined) != len(symbols):
+            raise CharlmError(f"{name} line {number} has a symbol longer than one character")
+        out.append(joined + "\n")
+    return "".join(out)
+
+
+def sentences(text: str) -> str:
+    """One sentence per line, words separated by single spaces (a word-level PTB file as plain text)."""
+    return "".join(" ".join(line.split()) + "\n" for line in lines_of(text))
+
+
+# --- parsers, one per corpus --------------------------------------------------------------------
+
+def parse_ptb_chars(files, fractions):
+    return {s: ptb_symbols(decode_utf8(files.pop(f"ptb.char.{s}.txt"), f"ptb.char.{s}.txt"), f"ptb.char.{s}.txt")
+            for s in SPLITS}
+
+
+def parse_ptb_words(files, fractions):
+    return {s: sentences(decode_utf8(files.pop(f"ptb.{s}.txt"), f"ptb.{s}.txt")) for s in SPLITS}
+
+
+def parse_war_and_peace(files, fractions):
+    text = normalize_newlines(decode_utf8(files.pop("warpeace_input.txt"), "warpeace_input.txt"))
+    return split_contiguous(text, fractions)
+
+
+def parse_text8(files, fractions):
+    return split_contiguous(decode_utf8(files.pop("text8"), "text8"), fractions)
+
+
+def parse_enwik8(files, fractions):
+    return split_contiguous(memoryview(files.pop("enwik8")), fractions)
+
+
+def parse_imdb(files, fractions):
+    """Training reviews one per line (``<br />`` as a space); test reviews by path, halved into valid/test."""
+    def review(path):
+        text = decode_utf8(files.pop(path), path).replace("<br />", " ")
+        return " ".join(text.splitlines()) + "\n"
+
+    def part(path):
+        return PurePosixPath(path).parts[-3]  # aclImdb/<part>/<label>/<id>_<rating>.txt
+
+    paths = sorted(files)
+    test = [path for path in paths if part(path) == "test"]
+    if len(test) < 2:
+        raise CharlmError(f"the archive has {len(test)} test reviews: at least 2 are needed for valid and test")
+    half = len(test) // 2
+    return {
+        "train": "".join(review(path) for path in paths if part(path) == "train"),
+        "valid": "".join(review(path) for path in test[:half]),
+        "test": "".join(review(path) for path in test[half:]),
+    }
+
+
+def parse_text_files(files, fractions):
+    """The files in the order given, each ending with a newline, split contiguously."""
+    texts = []
+    for name in list(files):
+        text = normalize_newlines(decode_utf8(files.pop(name), name))
+        texts.append(text if text.endswith("\n") or not text else text + "\n")
+    return split_contiguous("".join(texts), fractions)
+
+
+def parse_pydoc(files, fractions):
+    return split_contiguous(files.pop("pydoc_data.topics").decode("utf-8"), fractions)
+
+
+# --- the registry -------------------------------------------------------------------------------
+
+PTB_ARCHIVE = RemoteFile(
+    url="http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",
+    filename="simple-examples.tgz",
+    note="no trusted checksum for the archive (a mirror's MD5 30177ea32e27c525793142b6bf2c8e2d is "
+         "unverified); its members are checked instead",
+)
+
+PTB_SHA256 = {
+    "ptb.char.train.txt": "e313d91425e06c4f0a8fb6e881dcce0c291f2a0e9f4dda54833069b122f91da9",
+    "ptb.char.valid.txt": "21661f63ec355085879458b6524644d4add5573541b4be14fb52ab2e2e995eb8",
+    "ptb.char.test.txt": "1ef5607ac3c463b16e38bfe7900dd3bfc91de5a96e0f21e7eab5188b465b8ebe",
+    "ptb.train.txt": "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf",
+    "ptb.valid.txt": "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2",
+    "ptb.test.txt": "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0",
+}
+
+
+def _ptb_inputs(members):
+    return RemoteInputs(PTB_ARCHIVE, members, {name: PTB_SHA256[name] for name in members})
+
+
+PTB = Recipe(
+    name="ptb",
+    description="Penn Treebank, characters (Mikolov's files)",
+    unit="char",
+    inputs=_ptb_inputs(tuple(f"ptb.char.{s}.txt" for s in SPLITS)),
+    parse=parse_ptb_chars,
+    space_symbol="_",
+)
+
+PTB_SUBWORD = Recipe(
+    name="ptb-subword",
+    description="Penn Treebank, subwords of the word-level files",
+    unit="subword",
+    inputs=_ptb_inputs(tuple(f"ptb.{s}.txt" for s in SPLITS)),
+    parse=parse_ptb_words,
+)
+
+WP = Recipe(
+    name="wp",
+    description="War and Peace (char-rnn), split 90/5/5",
+    unit="char",
+    inputs=RemoteInputs(
+        RemoteFile(
+            url="https://cs.stanford.edu/people/karpathy/char-rnn/warpeace_input.txt",
+            filename="warpeace_input.txt",
+            size=3_258_246,
+            sha256="fb66ba999dafe24017cdd59e04c56d385a9c8466993d374fd4c6f08b2142985e",
+        ),
+        members=("warpeace_input.txt",),
+        member_sha256={"warpeace_input.txt": "fb66ba999dafe24017cdd59e04c56d385a9c8466993d374fd4c6f08b2142985e"},
+    ),
+    parse=parse_war_and_peace,
+    fractions=DEFAULT_FRACTIONS,
+)
+
+TEXT8 = Recipe(
+    name="text8",
+    description="text8: cleaned Wikipedia, 27 symbols",
+    unit="char",
+    inputs=RemoteInputs(
+        RemoteFile(
+            url="http://mattmahoney.net/dc/text8.zip",
+            filename="text8.zip",
+            size=31_344_016,
+            note="no published sha256; the zip reader checks the member's CRC-32 (0x7d6be66f)",
+        ),
+        members=("text8",),
+    ),
+    parse=parse_text8,
+    fractions=DEFAULT_FRACTIONS,
+)
+
+ENWIK8 = Recipe(
+    name="enwik8",
+    description="enwik8: Wikipedia XML, bytes",
+    unit="byte",
+    inputs=RemoteInputs(
+        RemoteFile(
+            url="http://mattmahoney.net/dc/enwik8.zip",
+            filename="enwik8.zip",
+            size=36_445_475,
+            sha256="547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc",
+        ),
+        members=("enwik8",),
+    ),
+    parse=parse_enwik8,
+    fractions=DEFAULT_FRACTIONS,
+)
+
+IMDB_SUBWORD = Recipe(
+    name="imdb-subword",
+    description="IMDB movie reviews, subwords",
+    unit="subword",
+    inputs=RemoteInputs(
+        RemoteFile(
+            url="https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",
+            filename="aclImdb_v1.tar.gz",
+            size=84_125_825,
+            sha256="c40f74a18d3b61f90feba1e17730e0d38e8b97c05fde7008942e91923d1658fe",
+            md5="7c2ac02c03563afcf9b574c7e56c153a",
+            note="size and sha256 as published in the Hugging Face imdb metadata, md5 as in torchtext",
+        ),
+        members=tuple(f"*{part}/{label}/*.txt"
+                      for part, label in (("train", "pos"), ("train", "neg"), ("train", "unsup"),
+                                          ("test", "pos"), ("test", "neg"))),
+    ),
+    parse=parse_imdb,
+)
+
+TEXT = Recipe(
+    name="text",
+    description="your text: prepare text PATH... --name NAME",
+    unit="char",
+    inputs=LocalTextFiles(),
+    parse=parse_text_files,
+    fractions=DEFAULT_FRACTIONS,
+    user_split=True,
+)
+
+PYDOC = Recipe(
+    name="pydoc",
+    description="Python's own documentation, offline",
+    unit="char",
+    inputs=PythonDocumentation(),
+    parse=parse_pydoc,
+    fractions=DEFAULT_FRACTIONS,
+)
+
+RECIPES: Mapping[str, Recipe] = MappingProxyType(
+    {recipe.name: recipe for recipe in (PTB, PTB_SUBWORD, WP, TEXT8, ENWIK8, IMDB_SUBWORD, TEXT, PYDOC)}
+)

@@ -1,0 +1,119 @@
+"""A prepared corpus on disk: ``<data root>/<name>/`` with ``meta.json`` and one ``.npy`` array per split.
+
+The directory is written under a temporary name inside the data root and renamed into place when
+complete, so a reader never sees half a corpus. Split arrays are memory-mapped when read.
+"""
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from charlm.corpora.splits import SPLITS
+from charlm.corpora.tokenizer import Tokenizer
+from charlm.errors import CharlmError
+
+FORMAT_VERSION = 1
+META = "meta.json"
+SUBWORD_MODEL = "tokenizer.model"  # the sentencepiece model of a subword corpus
+DEFAULT_DATA_ROOT = "data"
+
+
+def data_root(data_dir: str | Path | None = None) -> Path:
+    """Where prepared corpora live: ``data_dir``, else ``$CHARLM_DATA``, else ``./data``."""
+    if data_dir:
+        return Path(data_dir)
+    return Path(os.environ.get("CHARLM_DATA") or DEFAULT_DATA_ROOT)
+
+
+class PreparedCorpus:
+    """A prepared corpus: its metadata, its tokenizer, and memory-mapped token ids per split."""
+
+    def __init__(self, path: Path, meta: dict, tokenizer: Tokenizer):
+        self.name = meta["name"]
+        self.path = Path(path)
+        self.meta = meta
+        self.tokenizer = tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @property
+    def unit(self) -> str:
+        """``"char"``, ``"byte"`` or ``"subword"``."""
+        return self.meta["unit"]
+
+    def split(self, which: str) -> np.ndarray:
+        """The token ids of split ``which`` ("train", "valid" or "test"), memory-mapped."""
+        return np.load(self.path / f"{_check_split(which)}.npy", mmap_mode="r")
+
+    def tokens(self, which: str) -> int:
+        return self.meta["splits"][_check_split(which)]["tokens"]
+
+    def characters(self, which: str) -> int:
+        """Characters of original text in the split (bytes for a byte corpus): the bits-per-character divisor."""
+        return self.meta["splits"][_check_split(which)]["characters"]
+
+    def __repr__(self):
+        sizes = " / ".join(f"{self.tokens(s):,}" for s in SPLITS)
+        return f"PreparedCorpus({self.name!r}, unit={self.unit!r}, vocab_size={self.vocab_size}, tokens={sizes})"
+
+
+def _check_split(which: str) -> str:
+    if which not in SPLITS:
+        raise CharlmError(f"unknown split {which!r}: choose one of {', '.join(SPLITS)}")
+    return which
+
+
+def read_meta(path: Path) -> dict | None:
+    """The metadata of the prepared corpus at ``path``, or None if there is none (or it is unreadable)."""
+    try:
+        return json.loads((Path(path) / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def open_prepared(path: Path) -> PreparedCorpus:
+    """The prepared corpus at ``path``."""
+    path = Path(path)
+    meta = read_meta(path)
+    if meta is None:
+        raise CharlmError(f"{path} is not a prepared corpus (no readable {META})")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CharlmError(f"{path} was prepared in format {meta.get('format_version')}, this charlm reads "
+                          f"format {FORMAT_VERSION}: prepare it again")
+    state = dict(meta["tokenizer"])
+    if state["kind"] == "subword":
+        state["model"] = (path / SUBWORD_MODEL).read_bytes()
+    return PreparedCorpus(path, meta, Tokenizer.from_state(state))
+
+
+def write_prepared(root: Path, name: str, arrays: dict[str, np.ndarray], meta: dict, tokenizer: Tokenizer) -> Path:
+    """Write a corpus to ``root/name`` atomically, replacing any earlier version; returns its path."""
+    meta = {**meta, "tokenizer": tokenizer.plain_state()}
+    extra_files = {SUBWORD_MODEL: tokenizer.model} if tokenizer.model is not None else {}
+    root.mkdir(parents=True, exist_ok=True)
+    staging = root / f".{name}.partial-{uuid.uuid4().hex[:8]}"
+    try:
+        staging.mkdir()
+        for which, array in arrays.items():
+            np.save(staging / f"{which}.npy", array)
+        for filename, data in extra_files.items():
+            (staging / filename).write_bytes(data)
+        (staging / META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        target = root / name
+        if target.exists():
+            previous = root / f".{name}.previous-{uuid.uuid4().hex[:8]}"
+            os.replace(target, previous)
+            os.replace(staging, target)
+            shutil.rmtree(previous)
+        else:
+            os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
