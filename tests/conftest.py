@@ -2,3 +2,76 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+# --- corpora: the shared reference corpora, and a local HTTP server for download tests -----------
+
+import http.server  # noqa: E402
+import threading  # noqa: E402
+
+import pytest  # noqa: E402
+
+SHARED_CORPORA_DIR = Path(__file__).resolve().parents[2] / "shared" / "corpora"
+
+
+@pytest.fixture
+def shared_corpora() -> Path:
+    """../shared/corpora next to the repository (PTB, War and Peace, a text8 prefix); skip if absent."""
+    if not SHARED_CORPORA_DIR.is_dir():
+        pytest.skip(f"the reference corpora are not at {SHARED_CORPORA_DIR}")
+    return SHARED_CORPORA_DIR
+
+
+class CorpusServer:
+    """An HTTP server on 127.0.0.1 serving in-memory files, honouring Range, with injectable faults.
+
+    ``files``: URL path → bytes. ``cut_short``: URL path → how many more responses to cut off
+    halfway (the announced Content-Length is then a lie). ``requests``: (path, Range header) seen.
+    """
+
+    def __init__(self):
+        self.files, self.cut_short, self.requests = {}, {}, []
+        state = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                path = self.path.lstrip("/")
+                state.requests.append((path, self.headers.get("Range")))
+                if path not in state.files:
+                    self.send_error(404)
+                    return
+                data, start = state.files[path], 0
+                if self.headers.get("Range", "").startswith("bytes="):
+                    start = int(self.headers["Range"][len("bytes="):].split("-")[0])
+                    if start >= len(data):
+                        self.send_error(416)
+                        return
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                else:
+                    self.send_response(200)
+                body = data[start:]
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if state.cut_short.get(path, 0) > 0:
+                    state.cut_short[path] -= 1
+                    body = body[: len(body) // 2]
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/{path}"
+
+
+@pytest.fixture
+def corpus_server():
+    server = CorpusServer()
+    server.thread.start()
+    yield server
+    server.httpd.shutdown()
+    server.httpd.server_close()

@@ -36,7 +36,8 @@ def prepare(
                                    "published ones (with a warning) instead of stopping."),
     unknown: str = typer.Option("error", "--unknown", help="Valid/test symbols absent from the training split: "
                                 "`error` stops, `unk` maps them to an <unk> entry."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars or progress messages (warnings "
+                               "and errors still go to stderr)."),
 ):
     """Download (or read from --source), verify, split and encode a corpus into the data root."""
     prepared = prepare_corpus(

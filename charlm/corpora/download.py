@@ -112,7 +112,8 @@ def fetch(remote: RemoteFile, cache_dir: Path, *, url: str | None = None, verify
 
     if final.exists():
         verify_download(final, expected, final)
-        log(f"using cached {final}")
+        if progress:
+            log(f"using cached {final}")
         return final
 
     part = final.with_name(final.name + ".part")

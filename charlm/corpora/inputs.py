@@ -77,7 +77,7 @@ class RemoteInputs:
         request.log(f"warning: using a modified local copy {source}: {'; '.join(problems)}")
 
     def _gather_download(self, request: GatherRequest) -> Gathered:
-        if self.file.note and request.verify:
+        if self.file.note and request.verify and request.progress:
             request.log(f"note: {self.file.filename}: {self.file.note}")
         archive = fetch(self.file, request.data_root / "downloads", url=request.url, verify=request.verify,
                         policy=request.policy, progress=request.progress, log=request.log)

@@ -45,7 +45,7 @@ class PrepareOptions:
     def resolve(cls, recipe: Recipe, *, subword, vocab_size, split, unknown, output_name) -> "PrepareOptions":
         if unknown not in UNKNOWN_POLICIES:
             raise CharlmError(f"--unknown must be one of {', '.join(UNKNOWN_POLICIES)}, not {unknown!r}")
-        if split is not None and not recipe.user_split:
+        if split is not None and not recipe.user_split and tuple(map(float, split)) != recipe.fractions:
             raise CharlmError(f"{recipe.name} has a fixed split ({recipe.split_rule()}): --split applies to "
                               "`charlm prepare text` only")
         if recipe.user_split and not output_name:
@@ -78,9 +78,11 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
     a sentencepiece model ("bpe" or "unigram"); a character corpus becomes ``<name>-<kind><N>``.
     ``paths``, ``output_name`` and ``split`` (train, valid, test fractions; default 0.9, 0.05, 0.05)
     are for ``text``. ``unknown="unk"`` maps valid/test symbols absent from training to an unknown
-    entry instead of failing. Progress and diagnostics go to ``log`` (default: stderr).
+    entry instead of failing. Messages go to ``log`` (default: stderr); ``progress=False`` keeps only
+    warnings and the "nothing to do" notice, and no progress bars.
     """
     log = log or _stderr
+    say = log if progress else _silent  # progress messages; warnings and "nothing to do" always go to log
     recipe = name if isinstance(name, Recipe) else get_recipe(name)
     options = PrepareOptions.resolve(recipe, subword=subword, vocab_size=vocab_size, split=split,
                                      unknown=unknown, output_name=output_name)
@@ -101,13 +103,13 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
     if existing and existing.get("fingerprint") == fingerprint:
         return _nothing_to_do(target, log)
 
-    log(f"{options.name}: reading {gathered.origin}")
+    say(f"{options.name}: reading {gathered.origin}")
     origin, verified = gathered.origin, gathered.verified
     splits = recipe.parse(gathered.files, options.fractions)
     del gathered
     if options.unit == "subword":
         splits = {which: as_text(part) for which, part in splits.items()}
-    log(f"{options.name}: building the {options.unit} vocabulary from the training split")
+    say(f"{options.name}: building the {options.unit} vocabulary from the training split")
     tokenizer = build_tokenizer(recipe, options, splits["train"])
     arrays = encode_splits(tokenizer, splits)
     meta = {
@@ -133,7 +135,7 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
     }
     write_prepared(root, options.name, arrays, meta, tokenizer)
     corpus = open_prepared(target)
-    log(f"{options.name}: wrote {target}")
+    say(f"{options.name}: wrote {target}")
     return corpus
 
 
@@ -176,6 +178,10 @@ def as_text(part) -> str:
 def _nothing_to_do(target: Path, log) -> PreparedCorpus:
     log(f"{target.name} is already prepared in {target} from the same inputs: nothing to do")
     return open_prepared(target)
+
+
+def _silent(message: str) -> None:
+    pass
 
 
 def _stderr(message: str) -> None:

@@ -82,7 +82,8 @@ def _matching_files(source: Path, wanted):
         else:
             yield from _tar_members(source, wanted)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError) as error:
-        raise CharlmError(f"{source} is a corrupt or truncated archive ({error})") from None
+        reason = "; ".join(line.strip(" -") for line in str(error).splitlines() if line.strip())
+        raise CharlmError(f"{source} is a corrupt or truncated archive ({reason})") from None
 
 
 def _member_path(name: str) -> str:
