@@ -26,11 +26,13 @@ class CorpusServer:
     """An HTTP server on 127.0.0.1 serving in-memory files, honouring Range, with injectable faults.
 
     ``files``: URL path → bytes. ``cut_short``: URL path → how many more responses to cut off
-    halfway (the announced Content-Length is then a lie). ``requests``: (path, Range header) seen.
+    halfway (the announced Content-Length is then a lie). ``honour_range``: False to answer Range
+    requests with the whole file. ``requests``: (path, Range header) seen.
     """
 
     def __init__(self):
         self.files, self.cut_short, self.requests = {}, {}, []
+        self.honour_range = True
         state = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -41,7 +43,7 @@ class CorpusServer:
                     self.send_error(404)
                     return
                 data, start = state.files[path], 0
-                if self.headers.get("Range", "").startswith("bytes="):
+                if state.honour_range and self.headers.get("Range", "").startswith("bytes="):
                     start = int(self.headers["Range"][len("bytes="):].split("-")[0])
                     if start >= len(data):
                         self.send_error(416)

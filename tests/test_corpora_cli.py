@@ -12,9 +12,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import SHARED_CORPORA_DIR, CorpusServer
 
 from charlm.cli.app import main
-from conftest import SHARED_CORPORA_DIR, CorpusServer
 
 FAKE_WP = b"Not War and Peace at all.\n" * 1000
 

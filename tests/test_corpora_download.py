@@ -42,6 +42,14 @@ def test_partial_download_is_resumed_with_a_range_request(corpus_server, tmp_pat
     assert corpus_server.requests == [("payload.bin", "bytes=1000-")]
 
 
+def test_server_that_ignores_range_gets_the_whole_file_again(corpus_server, tmp_path):
+    remote = remote_for(corpus_server)
+    corpus_server.honour_range = False
+    (tmp_path / "payload.bin.part").write_bytes(b"stale bytes")
+    assert fetch(remote, tmp_path, policy=FAST, progress=False).read_bytes() == PAYLOAD
+    assert corpus_server.requests == [("payload.bin", "bytes=11-")]
+
+
 def test_connection_closed_early_is_retried_and_resumed(corpus_server, tmp_path):
     remote = remote_for(corpus_server)
     corpus_server.cut_short["payload.bin"] = 1  # announces 102,400 bytes, sends half, closes

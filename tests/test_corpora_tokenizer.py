@@ -68,8 +68,9 @@ def test_state_round_trip_through_a_weights_only_checkpoint(tokenizer):
     assert rebuilt.encode("the cat") == tokenizer.encode("the cat")
 
 
-def test_subword_tokenizer_is_lossless_and_survives_a_checkpoint():
-    tokenizer = train_subword_tokenizer(TEXT, "bpe", 40)
+@pytest.mark.parametrize("kind, pieces", [("bpe", 40), ("unigram", 18)])  # unigram: at most 18 on this text
+def test_subword_tokenizer_is_lossless_and_survives_a_checkpoint(kind, pieces):
+    tokenizer = train_subword_tokenizer(TEXT, kind, pieces)
     ids = tokenizer.encode("the cat sat on the log.\nthe dog")
     assert tokenizer.decode(ids) == "the cat sat on the log.\nthe dog"
     assert len(ids) < len("the cat sat on the log.\nthe dog")

@@ -48,11 +48,14 @@ class DownloadPolicy:
     def from_environment(cls, environ=os.environ) -> "DownloadPolicy":
         """Defaults, overridden by CHARLM_DOWNLOAD_ATTEMPTS, CHARLM_DOWNLOAD_BACKOFF, CHARLM_DOWNLOAD_TIMEOUT."""
         default = cls()
-        return cls(
-            attempts=int(environ.get("CHARLM_DOWNLOAD_ATTEMPTS", default.attempts)),
-            backoff=float(environ.get("CHARLM_DOWNLOAD_BACKOFF", default.backoff)),
-            timeout=float(environ.get("CHARLM_DOWNLOAD_TIMEOUT", default.timeout)),
-        )
+        try:
+            return cls(
+                attempts=max(1, int(environ.get("CHARLM_DOWNLOAD_ATTEMPTS", default.attempts))),
+                backoff=float(environ.get("CHARLM_DOWNLOAD_BACKOFF", default.backoff)),
+                timeout=float(environ.get("CHARLM_DOWNLOAD_TIMEOUT", default.timeout)),
+            )
+        except ValueError as error:
+            raise CharlmError(f"bad CHARLM_DOWNLOAD_* setting: {error}") from None
 
 
 class _Incomplete(Exception):

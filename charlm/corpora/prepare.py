@@ -19,7 +19,7 @@ from charlm.corpora.catalog import get_recipe
 from charlm.corpora.download import DownloadPolicy
 from charlm.corpora.inputs import GatherRequest
 from charlm.corpora.recipes import Recipe
-from charlm.corpora.splits import SPLITS, check_fractions
+from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS, check_fractions
 from charlm.corpora.store import FORMAT_VERSION, PreparedCorpus, data_root, open_prepared, read_meta, write_prepared
 from charlm.corpora.subword import SUBWORD_KINDS, train_subword_tokenizer
 from charlm.corpora.tokenizer import UNK, ByteTokenizer, CharTokenizer, Tokenizer
@@ -45,7 +45,8 @@ class PrepareOptions:
     def resolve(cls, recipe: Recipe, *, subword, vocab_size, split, unknown, output_name) -> "PrepareOptions":
         if unknown not in UNKNOWN_POLICIES:
             raise CharlmError(f"--unknown must be one of {', '.join(UNKNOWN_POLICIES)}, not {unknown!r}")
-        if split is not None and not recipe.user_split and tuple(map(float, split)) != recipe.fractions:
+        if split is not None and not recipe.user_split and tuple(map(float, split)) not in (recipe.fractions,
+                                                                                            DEFAULT_FRACTIONS):
             raise CharlmError(f"{recipe.name} has a fixed split ({recipe.split_rule()}): --split applies to "
                               "`charlm prepare text` only")
         if recipe.user_split and not output_name:
@@ -99,7 +100,7 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
         verify=verify, policy=download_policy, progress=progress, log=log,
     ))
     sources = {member: hashlib.sha256(data).hexdigest() for member, data in sorted(gathered.files.items())}
-    fingerprint = hashlib.sha256(json.dumps({"request": request, "sources": sources}, sort_keys=True).encode()).hexdigest()
+    fingerprint = sha256_of_json({"request": request, "sources": sources})
     if existing and existing.get("fingerprint") == fingerprint:
         return _nothing_to_do(target, log)
 
@@ -168,6 +169,10 @@ def encode_splits(tokenizer: Tokenizer, splits: dict) -> dict[str, np.ndarray]:
             raise CharlmError(f"the {which} split has symbols that the training split lacks: {shown}; "
                               "pass --unknown unk to map them to an unknown-symbol entry") from None
     return arrays
+
+
+def sha256_of_json(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def as_text(part) -> str:
