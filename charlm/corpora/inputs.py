@@ -55,6 +55,8 @@ class RemoteInputs:
     def gather(self, request: GatherRequest) -> Gathered:
         if request.paths:
             raise CharlmError("only `charlm prepare text` takes PATHS; pass a local copy with --source PATH")
+        if request.source is not None and request.url is not None:
+            raise CharlmError("pass either --source (a local copy) or --url (a mirror to download from), not both")
         if request.source is not None:
             return self._gather_local_copy(Path(request.source), request)
         return self._gather_download(request)

@@ -121,9 +121,9 @@ class _TableTokenizer(Tokenizer):
         super().__init__(vocab, unk)
         self._table = None
 
-    def symbol_codes(self) -> list[int]:
-        """The table index of each vocabulary entry except ``unk``, in id order."""
-        raise NotImplementedError
+    def symbol_code(self, symbol: str) -> int:
+        """The table index of a vocabulary entry (other than ``unk``)."""
+        return ord(symbol)
 
     def symbol_name(self, code: int) -> str:
         raise NotImplementedError
@@ -131,7 +131,9 @@ class _TableTokenizer(Tokenizer):
     def lookup_table(self) -> np.ndarray:
         if self._table is None:
             table = np.full(self.table_size, -1, dtype=np.int32)
-            table[self.symbol_codes()] = np.arange(len(self.symbol_codes()), dtype=np.int32)
+            for i, symbol in enumerate(self.vocab):
+                if symbol != self.unk:
+                    table[self.symbol_code(symbol)] = i
             self._table = table
         return self._table
 
@@ -170,9 +172,6 @@ class CharTokenizer(_TableTokenizer):
         """The vocabulary of ``text``: its sorted distinct characters, then ``unk`` if given."""
         return cls(distinct_characters(text) + ([unk] if unk else []), unk, space_symbol)
 
-    def symbol_codes(self):
-        return [ord(symbol) for symbol in self.vocab if symbol != self.unk]
-
     def symbol_name(self, code):
         return chr(code)
 
@@ -204,9 +203,6 @@ class ByteTokenizer(_TableTokenizer):
     def build(cls, data, unk=None):
         """The vocabulary of ``data`` (bytes): its sorted distinct byte values, then ``unk`` if given."""
         return cls([chr(byte) for byte in distinct_bytes(data)] + ([unk] if unk else []), unk)
-
-    def symbol_codes(self):
-        return [ord(symbol) for symbol in self.vocab if symbol != self.unk]
 
     def symbol_name(self, code):
         return chr(code) if code < 128 else f"byte 0x{code:02x}"
