@@ -16,21 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from charlm.config import BenchmarkSettings
 from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, size_for_budget
 from charlm.sampling import SamplingOptions, generate
-
-
-@dataclass
-class BenchmarkSettings:
-    budget: int = 1_000_000
-    layers: int = 1
-    vocab_size: int = 82
-    batch_size: int = 250
-    bptt: int = 50
-    steps: int = 5  # timed training steps after one warm-up step
-    sample_length: int = 200
-    device: str = "cpu"
-    seed: int = 0
 
 
 @dataclass

@@ -85,3 +85,33 @@ def read_config_file(path: str | Path) -> dict:
     if not isinstance(values, dict):
         raise CharlmError(f"config file {path} must hold a JSON object")
     return {key.replace("-", "_"): value for key, value in values.items()}
+
+
+@dataclasses.dataclass
+class BenchmarkSettings:
+    """`charlm bench`: models sized to one budget, timed on synthetic data."""
+
+    budget: int = 1_000_000
+    layers: int = 1
+    vocab_size: int = 82
+    batch_size: int = 250
+    bptt: int = 50
+    steps: int = 5  # timed training steps after one warm-up step
+    sample_length: int = 200
+    device: str = "cpu"
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class DemoSettings:
+    """`charlm demo`: a small LRU on the embedded pydoc corpus for a couple of minutes."""
+
+    minutes: float = 2.0
+    cell: str = "lru"
+    hidden: int = 192
+    layers: int = 1
+    batch_size: int = 32
+    bptt: int = 50
+    lr: float = 3e-3
+    sample_length: int = 400
+    seed: int = 1

@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from charlm.config import TrainConfig
+from charlm.config import DemoSettings, TrainConfig
 from charlm.corpora import prepare_corpus
 from charlm.runs import default_run_dir
 from charlm.sampling import SamplingOptions, generate, load_model, stream_text
 from charlm.training import Trainer
 
 DEMO_PRIME = "The "
-
-
-@dataclass
-class DemoSettings:
-    minutes: float = 2.0
-    cell: str = "lru"
-    hidden: int = 192
-    layers: int = 1
-    batch_size: int = 32
-    bptt: int = 50
-    lr: float = 3e-3
-    sample_length: int = 400
-    seed: int = 1
 
 
 def run_demo(settings: DemoSettings, data_dir=None, run_dir=None, write=print) -> dict:

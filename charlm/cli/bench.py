@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from charlm.benchmark import BenchmarkSettings, benchmark_cells
-from charlm.cells import CELLS
 from charlm.cli.output import print_table
-from charlm.devices import resolve_device
-from charlm.model import parse_budget
+from charlm.config import BenchmarkSettings
 
 DEFAULTS = BenchmarkSettings()
 
@@ -25,6 +22,11 @@ def bench(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
 ):
     """Measure training, evaluation and sampling throughput (characters per second)."""
+    from charlm.benchmark import benchmark_cells
+    from charlm.cells import CELLS
+    from charlm.devices import resolve_device
+    from charlm.model import parse_budget
+
     names = CELLS.names() if cells == "all" else [name.strip() for name in cells.split(",") if name.strip()]
     for name in names:
         CELLS.get(name)

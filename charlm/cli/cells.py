@@ -6,12 +6,13 @@ import dataclasses
 
 import typer
 
-from charlm.cells import CELLS
 from charlm.cli.output import print_table
 
 
 def cells():
     """List every registered cell: name, description, paper, parameters per layer, options."""
+    from charlm.cells import CELLS
+
     rows = []
     for cell in CELLS:
         options = ", ".join(f"{field.name}={_default(field)}" for field in dataclasses.fields(cell.Config)) or "-"

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from charlm.cli.output import print_summary
-from charlm.demo import DemoSettings, run_demo
+from charlm.config import DemoSettings
 
 
 def demo(
@@ -18,12 +18,12 @@ def demo(
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where to write the run [default: runs/pydoc-lru-demo-TIME]."),
 ):
     """Prepare the embedded `pydoc` corpus, train a small LRU, report bits per character, sample."""
+    from charlm.demo import run_demo
 
     def write(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    summary = {}
     settings = DemoSettings(minutes=minutes)
     sys.stdout.write("sample:\n")
     summary = run_demo(settings, data_dir=data_dir, run_dir=run_dir, write=write)

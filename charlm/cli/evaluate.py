@@ -6,13 +6,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from tqdm import tqdm
-
 from charlm.cli.output import stdout
 from charlm.errors import CharlmError
-from charlm.evaluation import corpus_for_checkpoint, score_split
-from charlm.runs import RunDirectory
-from charlm.sampling import load_model
 
 
 def evaluate(
@@ -24,6 +19,12 @@ def evaluate(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
 ):
     """Report bits per character and perplexity over a whole split, state carried across windows."""
+    from tqdm import tqdm
+
+    from charlm.evaluation import corpus_for_checkpoint, score_split
+    from charlm.runs import RunDirectory
+    from charlm.sampling import load_model
+
     if split not in ("valid", "test", "train"):
         raise CharlmError(f"--split must be valid or test, not {split!r}")
     model, _, payload = load_model(str(checkpoint), device)

@@ -9,7 +9,6 @@ from typing import Optional
 import typer
 
 from charlm.errors import CharlmError, OutOfVocabulary
-from charlm.sampling import SamplingOptions, generate, load_model, stream_text
 
 
 def sample(
@@ -25,6 +24,8 @@ def sample(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
 ):
     """Generate text from a checkpoint, streamed as it is drawn."""
+    from charlm.sampling import SamplingOptions, generate, load_model, stream_text
+
     if prime is not None and prime_file is not None:
         raise CharlmError("give --prime or --prime-file, not both")
     if num_samples < 1:

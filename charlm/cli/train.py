@@ -7,10 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from charlm.cells import parse_key_values
 from charlm.cli.output import print_summary
 from charlm.config import TrainConfig, read_config_file
-from charlm.training import Trainer, resume_training
 
 DEFAULTS = TrainConfig()
 
@@ -49,6 +47,9 @@ def train(
     config: Optional[Path] = typer.Option(None, "--config", help="JSON file of settings (keys as the options, e.g. \"cell_options\"); options given here win."),
 ):
     """Train a recurrent language model with truncated BPTT; keeps best.pt and last.pt."""
+    from charlm.cells import parse_key_values
+    from charlm.training import Trainer, resume_training
+
     if resume is not None:
         trainer = resume_training(str(resume), epochs=epochs, max_minutes=max_minutes)
     else:

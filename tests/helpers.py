@@ -1,0 +1,48 @@
+"""Shared helpers for tests that train small models: a prepared tiny corpus and CLI runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pydoc_data.topics
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_CORPORA = REPO.parent / "shared" / "corpora"
+
+
+def pydoc_text(characters: int) -> str:
+    text = "".join(pydoc_data.topics.topics[key] for key in sorted(pydoc_data.topics.topics))
+    return text[:characters]
+
+
+def prepare_tiny_corpus(data_dir: Path, name: str = "tiny", characters: int = 40_000) -> str:
+    """A `text` corpus of real prose, prepared through the library into ``data_dir``."""
+    from charlm.corpora import prepare_corpus
+
+    source = data_dir.parent / f"{name}.txt"
+    source.write_text(pydoc_text(characters), encoding="utf-8")
+    prepare_corpus("text", data_dir=data_dir, paths=[source], output_name=name, unknown="unk", progress=False)
+    return name
+
+
+def run_cli(*args, cwd=None, env=None, check_code=None, timeout=300) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    result = subprocess.run(
+        [sys.executable, "-m", "charlm", *map(str, args)],
+        cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout,
+    )
+    if check_code is not None:
+        assert result.returncode == check_code, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str, code: int = 2) -> None:
+    assert result.returncode == code, f"exit {result.returncode}\nstderr:\n{result.stderr}"
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("charlm: error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[-1], f"{fragment!r} not in {lines[-1]!r}"

@@ -1,0 +1,138 @@
+"""Static evaluation is exact over the whole split; sampling is reproducible and filtered right."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from charlm.batching import TokenStreams
+from charlm.config import TrainConfig
+from charlm.evaluation import score_tokens
+from charlm.model import LanguageModel, ModelConfig
+from charlm.sampling import SamplingOptions, filter_logits, generate
+from charlm.training import Trainer
+from helpers import assert_one_line_error, prepare_tiny_corpus, run_cli
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trained")
+    data_dir = root / "data"
+    prepare_tiny_corpus(data_dir)
+    run = root / "run"
+    config = TrainConfig(corpus="tiny", cell="lru", hidden=32, batch_size=16, bptt=25, epochs=2, lr=3e-3,
+                         eval_batch_size=4, data_dir=str(data_dir), run_dir=str(run))
+    Trainer(config).fit()
+    return run, data_dir
+
+
+def test_every_symbol_after_the_first_is_scored_once():
+    tokens = np.arange(103) % 7
+    for batch in (1, 4, 10):
+        streams = TokenStreams(tokens, batch, bptt=6, cover_all=True)
+        assert streams.tokens_scored == len(tokens) - 1
+
+
+def test_streamed_score_equals_one_pass_over_the_split():
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig("gru", vocab_size=9, hidden_size=12)).double()
+    tokens = np.random.default_rng(0).integers(0, 9, size=301)
+    logits, _ = model(torch.tensor(tokens[None, :-1]), model.initial_state(1))
+    log_probs = torch.log_softmax(logits[0], dim=-1)
+    expected = -log_probs[torch.arange(300), torch.tensor(tokens[1:])].sum().item()
+    score = score_tokens(model, tokens, batch_size=1, bptt=7, device="cpu")
+    assert score.tokens == 300
+    assert score.nats == pytest.approx(expected, rel=1e-9)
+    assert score.bpc == pytest.approx(expected / 300 / math.log(2), rel=1e-9)
+    assert score.perplexity == pytest.approx(math.exp(expected / 300), rel=1e-7)
+
+
+def test_eval_command_reports_bpc_and_records_it(trained_run):
+    run, data_dir = trained_run
+    result = run_cli("eval", run, "--split", "valid", "--batch-size", "1", check_code=0)
+    bpc = float(next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("bpc")))
+    assert 0.5 < bpc < 6
+    assert "perplexity" in result.stdout
+    assert '"event": "eval"' in (run / "metrics.jsonl").read_text()
+
+
+def test_sample_same_seed_same_text(trained_run):
+    run, _ = trained_run
+    first = run_cli("sample", run, "--prime", "The ", "--length", "80", "--seed", "3", check_code=0).stdout
+    second = run_cli("sample", run, "--prime", "The ", "--length", "80", "--seed", "3", check_code=0).stdout
+    other = run_cli("sample", run, "--prime", "The ", "--length", "80", "--seed", "4", check_code=0).stdout
+    assert first == second and first.startswith("The ")
+    assert first != other
+    assert len(first) == len("The ") + 80 + 1
+
+
+def test_sample_num_samples_prime_file_and_filters(trained_run, tmp_path):
+    run, _ = trained_run
+    prime = tmp_path / "prime.txt"
+    prime.write_text("def ", encoding="utf-8")
+    result = run_cli("sample", run, "--prime-file", prime, "--length", "30", "--num-samples", "2",
+                     "--top-k", "5", "--top-p", "0.9", "--temperature", "0.7", "--seed", "1", check_code=0)
+    assert result.stdout.startswith("def ")
+    assert "\n\ndef " in result.stdout  # the second sample starts after a blank line
+
+
+def test_prime_outside_vocabulary_names_the_characters(trained_run):
+    run, _ = trained_run
+    result = run_cli("sample", run, "--prime", "naïve ☃")
+    assert_one_line_error(result, "outside the model's vocabulary", "'☃'")
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--temperature", "0"], "--temperature must be positive"),
+        (["--top-p", "1.5"], "--top-p"),
+        (["--prime", "a", "--prime-file", "x"], "not both"),
+    ],
+)
+def test_bad_sampling_options(trained_run, args, fragment):
+    run, _ = trained_run
+    assert_one_line_error(run_cli("sample", run, *args), fragment)
+
+
+def test_not_a_checkpoint_and_wrong_version(tmp_path, trained_run):
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"this is not a checkpoint")
+    assert_one_line_error(run_cli("eval", junk), "not a readable charlm checkpoint")
+    assert_one_line_error(run_cli("sample", tmp_path / "missing.pt"), "no such checkpoint")
+    run, _ = trained_run
+    payload = torch.load(run / "best.pt", weights_only=True)
+    payload["format_version"] = 99
+    other = tmp_path / "other.pt"
+    torch.save(payload, other)
+    assert_one_line_error(run_cli("eval", other), "checkpoint format 99")
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    assert_one_line_error(run_cli("sample", foreign), "is not a charlm checkpoint")
+
+
+def test_top_k_one_is_greedy():
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig("lstm", vocab_size=6, hidden_size=8)).eval()
+    drawn = list(generate(model, [1, 2], SamplingOptions(length=10, top_k=1, seed=5)))
+    state = model.initial_state(1)
+    logits, state = model(torch.tensor([[1, 2]]), state)
+    greedy = []
+    for _ in range(10):
+        token = int(logits[0, -1].argmax())
+        greedy.append(token)
+        logits, state = model(torch.tensor([[token]]), state)
+    assert drawn == greedy
+
+
+def test_top_p_keeps_the_smallest_set_with_enough_mass():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept = torch.isfinite(filter_logits(logits, top_p=0.75))
+    assert kept.tolist() == [True, True, False, False]
+    kept = torch.isfinite(filter_logits(logits, top_p=0.1))
+    assert kept.tolist() == [True, False, False, False]
+    kept = torch.isfinite(filter_logits(logits, top_k=3))
+    assert kept.tolist() == [True, True, True, False]
