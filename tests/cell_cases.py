@@ -25,11 +25,34 @@ def same(n):
     return n
 
 
+def scrn_params(d, n, c):
+    return d * c + d * n + c * n + n * n
+
+
+def rhn_params(d, n, depth):
+    return 2 * d * n + 2 * depth * n * n + 2 * depth * n
+
+
 CASES = [
     CellCase("lstm", {}, lambda d, n: 4 * (d * n + n * n + n)),
     CellCase("lstm", {"peephole": True}, lambda d, n: 4 * (d * n + n * n + n) + 3 * n),
     CellCase("gru", {}, lambda d, n: 3 * (d * n + n * n + n)),
     CellCase("gru", {"reset_after": True}, lambda d, n: 3 * (d * n + n * n + n) + n),
+    CellCase("rnn", {}, lambda d, n: d * n + n * n + n),
+    # rnn activation=sigmoid trains too slowly for the 120-step overfit check: test_cells_baselines.py runs it.
+    CellCase("rnn", {"activation": "relu"}, lambda d, n: d * n + n * n + n),
+    CellCase("mgu", {}, lambda d, n: 2 * (d * n + n * n + n)),
+    CellCase("mi-rnn", {}, lambda d, n: d * n + n * n + 4 * n),
+    CellCase("scrn", {}, lambda d, n: scrn_params(d, n, max(1, n // 10))),
+    CellCase("scrn", {"context_size": 3}, lambda d, n: scrn_params(d, n, 3)),
+    CellCase("scrn", {"context_size": 3, "learnable_alpha": True}, lambda d, n: scrn_params(d, n, 3) + 3),
+    CellCase("scrn", {"bias": True}, lambda d, n: scrn_params(d, n, max(1, n // 10)) + n),
+    CellCase("rhn", {}, lambda d, n: rhn_params(d, n, 5)),
+    CellCase("rhn", {"depth": 2}, lambda d, n: rhn_params(d, n, 2)),
+    CellCase("delta-rnn", {}, lambda d, n: d * n + n * n + 5 * n),
+    CellCase("delta-rnn", {"inner": "first"}, lambda d, n: d * n + n * n + 2 * n),
+    CellCase("delta-rnn", {"outer": "tanh"}, lambda d, n: d * n + n * n + 5 * n),
+    # delta-rnn's `dropout` is stochastic in training mode: tests/test_cells_baselines.py covers it.
     CellCase("ps-lru", {}, lambda d, n: 8 * n * n + 4 * n, same),
     CellCase("rg-lru", {}, lambda d, n: 10 * n * n + 5 * n, same),
     CellCase("lru", {}, lambda d, n: 12 * n * n + 6 * n, same),

@@ -1,0 +1,121 @@
+"""The Delta-RNN of the Differential State Framework (Ororbia, Mikolov & Reitter 2017)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+from charlm.cells.multiplicative import MultiplicativeIntegration
+
+
+class AdditiveIntegration(nn.Module):
+    """The first-order inner function tanh(u + a + b), with the interface of MultiplicativeIntegration."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(size))
+
+    def reset_parameters(self):
+        with torch.no_grad():
+            self.bias.zero_()
+
+    def forward(self, a: Tensor, u: Tensor) -> Tensor:
+        return torch.tanh(u + a + self.bias)
+
+    def prepare(self, a: Tensor) -> Tensor:
+        return a + self.bias
+
+    def combine(self, u: Tensor, prepared: Tensor) -> Tensor:
+        return torch.tanh(u + prepared)
+
+
+INNER = {
+    "second": lambda size, config: MultiplicativeIntegration(size, alpha_init=config.alpha_init),
+    "first": lambda size, config: AdditiveIntegration(size),
+}
+OUTER = {"identity": lambda v: v, "tanh": torch.tanh}
+
+
+@dataclasses.dataclass
+class DeltaRNNConfig:
+    inner: str = "second"  # proposal z_t: "second" order (general MI block) or "first" order
+    outer: str = "identity"  # Φ: "identity" (character and word models) or "tanh" (subword models)
+    alpha_init: float = 2.0  # initial α of the second-order inner function (the paper's PTB value)
+    dropout: float = 0.0  # Delta-RNN-drop: dropout on z_t before mixing (training mode only)
+
+    def __post_init__(self):
+        if self.inner not in INNER:
+            raise ValueError(f"inner must be one of {', '.join(INNER)}, not {self.inner!r}")
+        if self.outer not in OUTER:
+            raise ValueError(f"outer must be one of {', '.join(OUTER)}, not {self.outer!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), not {self.dropout}")
+
+
+class DeltaRNN(RecurrentCell):
+    r"""Delta-RNN: a proposal z_t mixed with the old state by a gate driven by the data.
+
+    Shared projections a = W x_t and u = V h_{t−1} (no biases of their own).
+
+        z_t = tanh(α ⊙ u ⊙ a + β₁ ⊙ u + β₂ ⊙ a + b)    inner, second order (default)
+        z_t = tanh(u + a + b)                           inner, first order (``inner=first``)
+        r_t = σ(a + b_r)                                gate, through the same W
+        h_t = Φ((1 − r_t) ⊙ z_t + r_t ⊙ h_{t−1})        outer, Φ = identity (default) or tanh
+
+    α = ``alpha_init`` (2), β₁ = β₂ = 1, b = b_r = 0 at the start. With ``dropout`` p > 0, z_t is
+    dropped before mixing in training mode (inverted scaling: kept units are divided by 1 − p).
+    The paper's character models feed the one-hot symbol straight into W: use ``embed_size=0``.
+    """
+
+    name = "delta-rnn"
+    description = "Delta-RNN (Differential State Framework) (options: inner, outer, alpha_init, dropout)"
+    paper = "Ororbia, Mikolov & Reitter 2017, Learning simpler language models with the Delta-RNN"
+    formula = "dn + n² + 5n (second-order inner); dn + n² + 2n (first-order)"
+    Config = DeltaRNNConfig
+
+    def __init__(self, input_size: int, hidden_size: int, config: DeltaRNNConfig | None = None):
+        super().__init__(input_size, hidden_size, config)
+        n = hidden_size
+        self.weight_input = nn.Parameter(torch.empty(n, input_size))  # W
+        self.weight_hidden = nn.Parameter(torch.empty(n, n))  # V
+        self.inner = INNER[self.config.inner](n, self.config)
+        self.gate_bias = nn.Parameter(torch.zeros(n))  # b_r
+        self.outer = OUTER[self.config.outer]
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        glorot_uniform_(self.weight_input)
+        glorot_uniform_(self.weight_hidden)
+        self.inner.reset_parameters()
+        with torch.no_grad():
+            self.gate_bias.zero_()
+
+    def step(self, x: Tensor, state: State) -> tuple[Tensor, State]:
+        (h,) = state
+        a = x @ self.weight_input.T
+        u = h @ self.weight_hidden.T
+        z = F.dropout(self.inner(a, u), self.config.dropout, self.training)
+        r = torch.sigmoid(a + self.gate_bias)
+        h = self.outer((1 - r) * z + r * h)
+        return h, (h,)
+
+    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+        a = inputs @ self.weight_input.T
+        prepared = self.inner.prepare(a)
+        gates = torch.sigmoid(a + self.gate_bias)
+        masks = None
+        if self.training and self.config.dropout > 0:
+            masks = F.dropout(torch.ones_like(a), self.config.dropout, True)  # one draw for the whole window
+        (h,) = state
+        outputs = []
+        for t, (prepared_t, r) in enumerate(zip(prepared, gates)):
+            z = self.inner.combine(h @ self.weight_hidden.T, prepared_t)
+            if masks is not None:
+                z = z * masks[t]
+            h = self.outer((1 - r) * z + r * h)
+            outputs.append(h)
+        return torch.stack(outputs), (h,)

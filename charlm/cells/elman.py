@@ -1,0 +1,72 @@
+"""The Elman network (Elman 1990): the plain recurrent layer every other cell is compared with."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+
+from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+
+ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu}
+FUSED_KERNELS = {"tanh": torch.rnn_tanh, "relu": torch.rnn_relu}  # PyTorch's own loops for the same function
+
+
+@dataclasses.dataclass
+class ElmanConfig:
+    activation: str = "tanh"  # φ: tanh, sigmoid or relu
+
+    def __post_init__(self):
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, not {self.activation!r}")
+
+
+class Elman(RecurrentCell):
+    r"""Elman network (simple recurrent network).
+
+        h_t = φ(W x_t + U h_{t−1} + b),   φ ∈ {tanh, sigmoid, relu}
+
+    With tanh or relu, ``forward`` runs PyTorch's fused kernel, which computes exactly this
+    function with these weights; ``step`` is the equation itself.
+    """
+
+    name = "rnn"
+    description = "Elman network, h = φ(Wx + Uh + b) (option: activation tanh|sigmoid|relu)"
+    paper = "Elman 1990, Finding structure in time"
+    formula = "dn + n² + n"
+    Config = ElmanConfig
+
+    def __init__(self, input_size: int, hidden_size: int, config: ElmanConfig | None = None):
+        super().__init__(input_size, hidden_size, config)
+        n = hidden_size
+        self.weight_input = nn.Parameter(torch.empty(n, input_size))
+        self.weight_hidden = nn.Parameter(torch.empty(n, n))
+        self.bias = nn.Parameter(torch.zeros(n))
+        self.activation = ACTIVATIONS[self.config.activation]
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        glorot_uniform_(self.weight_input)
+        glorot_uniform_(self.weight_hidden)
+        with torch.no_grad():
+            self.bias.zero_()
+
+    def step(self, x: Tensor, state: State) -> tuple[Tensor, State]:
+        (h,) = state
+        h = self.activation(x @ self.weight_input.T + h @ self.weight_hidden.T + self.bias)
+        return h, (h,)
+
+    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+        (h,) = state
+        fused = FUSED_KERNELS.get(self.config.activation)
+        if fused is not None:
+            weights = [self.weight_input, self.weight_hidden, self.bias, torch.zeros_like(self.bias)]
+            outputs, h_n = fused(inputs, h.unsqueeze(0), weights, True, 1, 0.0, self.training, False, False)
+            return outputs, (h_n.squeeze(0),)
+        pre_input = inputs @ self.weight_input.T + self.bias
+        outputs = []
+        for pre_t in pre_input:
+            h = self.activation(pre_t + h @ self.weight_hidden.T)
+            outputs.append(h)
+        return torch.stack(outputs), (h,)

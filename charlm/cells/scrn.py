@@ -1,0 +1,107 @@
+"""The structurally constrained recurrent network (Mikolov, Joulin, Chopra, Mathieu & Ranzato 2015)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+
+from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+
+
+@dataclasses.dataclass
+class SCRNConfig:
+    context_size: int | None = None  # c, the slow context state; None: max(1, n // 10)
+    alpha: float = 0.95  # how much of the context is kept each step
+    learnable_alpha: bool = False  # learn one α per context unit, starting at `alpha`
+    bias: bool = False  # add a bias b to the hidden pre-activation (+n parameters)
+
+    def __post_init__(self):
+        if self.context_size is not None and self.context_size < 1:
+            raise ValueError(f"context_size must be at least 1, not {self.context_size}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], not {self.alpha}")
+
+    def context_for(self, hidden_size: int) -> int:
+        return self.context_size if self.context_size is not None else max(1, hidden_size // 10)
+
+
+class SCRN(RecurrentCell):
+    r"""Structurally constrained recurrent network: a fast hidden state and a slow context state.
+
+        s_t = (1 − α) B x_t + α s_{t−1}            s ∈ R^c
+        h_t = σ(P s_t + A x_t + R h_{t−1} [+ b])   h ∈ R^n
+
+    The depth output is [h_t; s_t] (the paper's softmax sees both), so ``output_size`` is n + c.
+    α is fixed (0.95) unless ``learnable_alpha``, which learns one α per context unit. The context
+    never depends on h, so ``forward`` runs the (elementwise) context recurrence first and then
+    applies P to the whole window in one product.
+    """
+
+    name = "scrn"
+    description = "Structurally constrained RNN: sigmoid hidden state plus a slow context; depth output h and s concatenated"
+    paper = "Mikolov et al. 2015, Learning longer memory in recurrent neural networks"
+    formula = "dc + dn + cn + n² (c = max(1, n // 10); +c learnable α, +n bias)"
+    Config = SCRNConfig
+
+    def __init__(self, input_size: int, hidden_size: int, config: SCRNConfig | None = None):
+        super().__init__(input_size, hidden_size, config)
+        n, c = hidden_size, self.config.context_for(hidden_size)
+        self.context_size = c
+        self.B = nn.Parameter(torch.empty(c, input_size))
+        self.A = nn.Parameter(torch.empty(n, input_size))
+        self.P = nn.Parameter(torch.empty(n, c))
+        self.R = nn.Parameter(torch.empty(n, n))
+        if self.config.learnable_alpha:
+            self.alpha = nn.Parameter(torch.empty(c))
+        if self.config.bias:
+            self.bias = nn.Parameter(torch.empty(n))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for weight in (self.B, self.A, self.P, self.R):
+            glorot_uniform_(weight)
+        with torch.no_grad():
+            if self.config.learnable_alpha:
+                self.alpha.fill_(self.config.alpha)
+            if self.config.bias:
+                self.bias.zero_()
+
+    @property
+    def output_size(self) -> int:
+        return self.hidden_size + self.context_size
+
+    def _alpha(self):
+        return self.alpha if self.config.learnable_alpha else self.config.alpha
+
+    def _hidden_bias(self):
+        return self.bias if self.config.bias else 0.0
+
+    def initial_state(self, batch_size, device=None, dtype=None) -> State:
+        return (self._zeros(batch_size, device, dtype), self._zeros(batch_size, device, dtype, width=self.context_size))
+
+    def step(self, x: Tensor, state: State) -> tuple[Tensor, State]:
+        h, s = state
+        alpha = self._alpha()
+        s = (1 - alpha) * (x @ self.B.T) + alpha * s
+        h = torch.sigmoid(s @ self.P.T + x @ self.A.T + h @ self.R.T + self._hidden_bias())
+        return torch.cat([h, s], dim=-1), (h, s)
+
+    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+        c = self.context_size
+        projected = inputs @ torch.cat([self.B, self.A]).T
+        context_drive, hidden_drive = projected[..., :c], projected[..., c:]
+        alpha = self._alpha()
+        h, s = state
+        contexts = []
+        for drive_t in (1 - alpha) * context_drive:
+            s = drive_t + alpha * s
+            contexts.append(s)
+        contexts = torch.stack(contexts)
+        pre_hidden = contexts @ self.P.T + hidden_drive + self._hidden_bias()
+        outputs = []
+        for pre_t in pre_hidden:
+            h = torch.sigmoid(pre_t + h @ self.R.T)
+            outputs.append(h)
+        return torch.cat([torch.stack(outputs), contexts], dim=-1), (h, s)
