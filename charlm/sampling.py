@@ -10,7 +10,7 @@ import torch
 from charlm.checkpoints import load_checkpoint
 from charlm.corpora import Tokenizer
 from charlm.devices import resolve_device
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, OutOfVocabulary
 from charlm.model import LanguageModel, ModelConfig
 
 
@@ -41,6 +41,24 @@ def load_model(reference: str, device: str = "auto") -> tuple[LanguageModel, Tok
     model.load_state_dict(payload["model"])
     model.to(target).eval()
     return model, Tokenizer.from_state(payload["tokenizer"]), payload
+
+
+def encode_prime(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Token ids of the prime; characters the model has never seen are an error, even where the
+    vocabulary has an unknown-symbol entry (a prime of unknowns would be a silent garbage start)."""
+    try:
+        ids = tokenizer.encode(text)
+    except OutOfVocabulary as error:
+        unknown = error.symbols
+    else:
+        if tokenizer.unk is None:
+            return ids
+        unk_id = tokenizer.vocab.index(tokenizer.unk)
+        unknown = sorted(c for c in set(text) if unk_id in tokenizer.encode(c))
+        if not unknown:
+            return ids
+    shown = ", ".join(repr(symbol) for symbol in unknown)
+    raise CharlmError(f"the prime has characters outside the model's vocabulary: {shown}")
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from charlm.errors import CharlmError, OutOfVocabulary
+from charlm.errors import CharlmError
 
 
 def sample(
@@ -24,7 +24,7 @@ def sample(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
 ):
     """Generate text from a checkpoint, streamed as it is drawn."""
-    from charlm.sampling import SamplingOptions, generate, load_model, stream_text
+    from charlm.sampling import SamplingOptions, encode_prime, generate, load_model, stream_text
 
     if prime is not None and prime_file is not None:
         raise CharlmError("give --prime or --prime-file, not both")
@@ -42,11 +42,7 @@ def sample(
         prime_ids = tokenizer.encode("\n") if "\n" in tokenizer.vocab else [0]
         prime_text = tokenizer.decode(prime_ids)
     else:
-        try:
-            prime_ids = tokenizer.encode(prime)
-        except OutOfVocabulary as error:
-            shown = ", ".join(repr(symbol) for symbol in error.symbols)
-            raise CharlmError(f"the prime has characters outside the model's vocabulary: {shown}") from None
+        prime_ids = encode_prime(tokenizer, prime)
         prime_text = prime
     options = SamplingOptions(length=length, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     options.validate()
