@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 stdout = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
@@ -29,5 +30,5 @@ def print_table(title: str | None, columns: list[str], rows: list[list[str]]) ->
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(escape(cell) for cell in row))
     stdout.print(table)
