@@ -70,7 +70,7 @@ class PrepareOptions:
 
 def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, verify: bool = True,
                    subword: str | None = None, vocab_size: int = 2000, paths=None, output_name: str | None = None,
-                   split=None, unknown: str = "error", progress: bool = True,
+                   split=None, unknown: str | None = None, progress: bool = True,
                    download_policy: DownloadPolicy | None = None, log=None) -> PreparedCorpus:
     """Prepare corpus ``name`` (a recipe name, or a ``Recipe``) in the data root, and return it.
 
@@ -79,14 +79,14 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
     a sentencepiece model ("bpe" or "unigram"); a character corpus becomes ``<name>-<kind><N>``.
     ``paths``, ``output_name`` and ``split`` (train, valid, test fractions; default 0.9, 0.05, 0.05)
     are for ``text``. ``unknown="unk"`` maps valid/test symbols absent from training to an unknown
-    entry instead of failing. Messages go to ``log`` (default: stderr); ``progress=False`` keeps only
+    entry instead of failing; None takes the recipe's default ("error" except for ``pydoc``). Messages go to ``log`` (default: stderr); ``progress=False`` keeps only
     warnings and the "nothing to do" notice, and no progress bars.
     """
     log = log or _stderr
     say = log if progress else _silent  # progress messages; warnings and "nothing to do" always go to log
     recipe = name if isinstance(name, Recipe) else get_recipe(name)
     options = PrepareOptions.resolve(recipe, subword=subword, vocab_size=vocab_size, split=split,
-                                     unknown=unknown, output_name=output_name)
+                                     unknown=unknown or recipe.unknown, output_name=output_name)
     root = data_root(data_dir)
     target = root / options.name
     request = options.request()

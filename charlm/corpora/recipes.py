@@ -33,6 +33,7 @@ class Recipe:
     user_split: bool = False  # whether --split applies
     space_symbol: str | None = None  # the vocabulary symbol that stands for a space (PTB's "_")
     subword_kind: str = "bpe"  # the default model of a subword recipe
+    unknown: str = "error"  # default policy for valid/test symbols absent from training
 
     def split_rule(self, fractions=None) -> str:
         """How the splits are made, in words, for meta.json and messages."""
@@ -270,6 +271,7 @@ PYDOC = Recipe(
     inputs=PythonDocumentation(),
     parse=parse_pydoc,
     fractions=DEFAULT_FRACTIONS,
+    unknown="unk",  # the text differs between Python versions, so valid/test may hold a symbol train lacks
 )
 
 RECIPES: Mapping[str, Recipe] = MappingProxyType(
