@@ -1,7 +1,15 @@
+import os
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+# The models here are tiny: one thread is faster than two that wait on each other, and the CLI
+# subprocesses the tests start inherit the setting.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 
 # --- corpora: the shared reference corpora, and a local HTTP server for download tests -----------
