@@ -33,6 +33,32 @@ def rhn_params(d, n, depth):
     return 2 * d * n + 2 * depth * n * n + 2 * depth * n
 
 
+def double(n):
+    return 2 * n
+
+
+def grid_block(n):
+    """One Grid LSTM block: two LSTM transforms on [h_time; h_depth], 2·(2n·4n + 4n)."""
+    return 16 * n * n + 8 * n
+
+
+def grid_block_plain_depth(n):
+    """An LSTM time transform (8n² + 4n) and a plain depth layer V ∈ R^{n×2n} with bias (2n² + n)."""
+    return 10 * n * n + 5 * n
+
+
+def high_order_params(base_gates, ho_gates, form="factored", m=16, r=4):
+    """The base LSTM/GRU count plus the second-order terms of the gates that have them."""
+
+    def params(d, n):
+        extra = m * (d + 2 * n) if form == "factored" else n * m + r * n * m
+        return base_gates * (d * n + n * n + n) + ho_gates * extra
+
+    return params
+
+
+SMALL_SYMMETRIC = {"ho_form": "symmetric", "ho_kernels": 3, "ho_rank": 2}
+
 CASES = [
     CellCase("lstm", {}, lambda d, n: 4 * (d * n + n * n + n)),
     CellCase("lstm", {"peephole": True}, lambda d, n: 4 * (d * n + n * n + n) + 3 * n),
@@ -57,4 +83,14 @@ CASES = [
     CellCase("rg-lru", {}, lambda d, n: 10 * n * n + 5 * n, same),
     CellCase("lru", {}, lambda d, n: 12 * n * n + 6 * n, same),
     CellCase("lru", {"init": "uniform"}, lambda d, n: 12 * n * n + 6 * n, same),
+    CellCase("grid-lstm", {}, lambda d, n: grid_block(n), double),
+    CellCase("grid-lstm", {"tied": False, "output": "standard"}, lambda d, n: grid_block(n), double),
+    CellCase("grid-lstm", {"depth": "tanh"}, lambda d, n: grid_block_plain_depth(n), same),
+    CellCase("grid-lstm", {"depth": "identity", "tied": False}, lambda d, n: grid_block_plain_depth(n), same),
+    CellCase("ho-lstm", {}, high_order_params(4, 3)),
+    CellCase("ho-lstm", {"ho_form": "symmetric"}, high_order_params(4, 3, "symmetric"), same),
+    CellCase("ho-lstm", SMALL_SYMMETRIC, high_order_params(4, 3, "symmetric", m=3, r=2), same),
+    CellCase("ho-gru", {}, high_order_params(3, 2)),
+    CellCase("ho-gru", {"ho_form": "symmetric"}, high_order_params(3, 2, "symmetric"), same),
+    CellCase("ho-gru", SMALL_SYMMETRIC, high_order_params(3, 2, "symmetric", m=3, r=2), same),
 ]

@@ -3,7 +3,9 @@
 from charlm.cells.base import NoOptions, RecurrentCell, State, glorot_uniform_, uniform_all_
 from charlm.cells.delta_rnn import DeltaRNN
 from charlm.cells.elman import Elman
+from charlm.cells.grid_lstm import GridLSTM
 from charlm.cells.gru import GRU
+from charlm.cells.high_order import HighOrderGRU, HighOrderLSTM
 from charlm.cells.lru import LatticeRecurrentUnit, ProjectedStateLRU, ResetGateLRU
 from charlm.cells.lstm import LSTM
 from charlm.cells.mgu import MinimalGatedUnit
@@ -25,6 +27,9 @@ CELLS = CellRegistry(
         ProjectedStateLRU,
         ResetGateLRU,
         LatticeRecurrentUnit,
+        GridLSTM,
+        HighOrderLSTM,
+        HighOrderGRU,
     ]
 )
 

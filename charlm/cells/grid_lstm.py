@@ -1,0 +1,151 @@
+"""Two-dimensional Grid LSTM over time × depth (Kalchbrenner, Danihelka & Graves 2016)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+
+from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+
+_DEPTH_ACTIVATIONS = {"tanh": torch.tanh, "identity": lambda pre: pre}
+
+
+@dataclasses.dataclass
+class GridLSTMConfig:
+    tied: bool = True  # every layer's block shares the same two transforms (the paper's character model)
+    output: str = "paper"  # "paper": h′ = tanh(g^o ⊙ m′); "standard": h′ = g^o ⊙ tanh(m′)
+    depth: str = "lstm"  # "lstm"; "tanh" or "identity": a non-LSTM depth dimension h′ = act(V H′ + b)
+
+    def __post_init__(self):
+        if not isinstance(self.tied, bool):
+            raise ValueError(f"tied must be true or false, not {self.tied!r}")
+        if self.output not in ("paper", "standard"):
+            raise ValueError(f"output must be 'paper' or 'standard', not {self.output!r}")
+        if self.depth not in ("lstm", *_DEPTH_ACTIVATIONS):
+            raise ValueError(f"depth must be 'lstm', 'tanh' or 'identity', not {self.depth!r}")
+
+
+class GridLSTM(RecurrentCell):
+    r"""One block of a 2-D Grid LSTM: an LSTM transform along time, then one along depth.
+
+    The block reads (h_time, m_time) from the left (this layer at t − 1, the carried state) and
+    (h_depth, m_depth) from below (the layer's input x_t = [h_depth; m_depth], width 2n). Each
+    dimension has its own LSTM transform, gate rows stored in the order (u, f, o, c):
+
+        g^u, g^f, g^o = σ(W^· H + b^·),  g^c = tanh(W^c H + b^c)
+        m′ = g^f ⊙ m + g^u ⊙ g^c
+        h′ = tanh(g^o ⊙ m′)                (paper; option output=standard: h′ = g^o ⊙ tanh(m′))
+
+    Priority to depth: the time transform runs first on H = [h_time; h_depth], giving
+    (h_time′, m_time′); the depth transform then runs on H′ = [h_time′; h_depth] with the depth
+    memory, giving (h_depth′, m_depth′). The depth output [h_depth′; m_depth′] goes up (and, on
+    the top layer, to the softmax); (h_time′, m_time′) is carried to t + 1. At the bottom the
+    embedding (width 2n) is the paper's two V×n projections of the character into h_depth, m_depth.
+
+    Option ``depth=tanh|identity``: the depth dimension is a plain layer h_depth′ = act(V H′ + b)
+    (V ∈ R^{n×2n}) with no depth memory, so the depth stream is h_depth alone: input, output and
+    embedding width n, and the softmax reads h_depth′.
+
+    Option ``tied`` (default): every layer is the same block (one module repeated in the stack).
+    Forget-gate biases start at +1, other biases at 0, weights Glorot uniform per gate.
+    """
+
+    name = "grid-lstm"
+    description = "2-D Grid LSTM (time × depth), priority to depth, weights tied across depth by default"
+    paper = "Kalchbrenner, Danihelka & Graves 2016, Grid Long Short-Term Memory"
+    formula = "16n² + 8n per block (once if tied; d = 2n); depth=tanh|identity: 10n² + 5n (d = n)"
+    Config = GridLSTMConfig
+
+    def __init__(self, input_size: int, hidden_size: int, config: GridLSTMConfig | None = None):
+        super().__init__(input_size, hidden_size, config)
+        n = hidden_size
+        width = self.required_input_size(n, self.config)
+        if input_size != width:
+            raise ValueError(
+                f"grid-lstm's depth input is {self._stream} so its input size must be {width}, not {input_size}"
+            )
+        self.time_weight = nn.Parameter(torch.empty(4 * n, 2 * n))  # columns: h_time, then h_depth
+        self.time_bias = nn.Parameter(torch.empty(4 * n))
+        depth_rows = 4 * n if self.config.depth == "lstm" else n
+        self.depth_weight = nn.Parameter(torch.empty(depth_rows, 2 * n))  # columns: h_time′, then h_depth
+        self.depth_bias = nn.Parameter(torch.empty(depth_rows))
+        self.reset_parameters()
+
+    @property
+    def _stream(self) -> str:
+        return "[h_depth; m_depth]" if self.config.depth == "lstm" else "h_depth"
+
+    @classmethod
+    def required_input_size(cls, hidden_size, config):
+        return 2 * hidden_size if config.depth == "lstm" else hidden_size
+
+    @property
+    def output_size(self) -> int:
+        return self.required_input_size(self.hidden_size, self.config)
+
+    @classmethod
+    def make_stack(cls, input_size, hidden_size, num_layers, config):
+        if not config.tied:
+            return super().make_stack(input_size, hidden_size, num_layers, config)
+        block = cls(input_size, hidden_size, config)
+        return [block] * num_layers
+
+    def reset_parameters(self):
+        n = self.hidden_size
+        lstm_depth = self.config.depth == "lstm"
+        glorot_uniform_(self.time_weight, blocks=4)
+        glorot_uniform_(self.depth_weight, blocks=4 if lstm_depth else 1)
+        with torch.no_grad():
+            self.time_bias.zero_()
+            self.time_bias[n : 2 * n].fill_(1.0)
+            self.depth_bias.zero_()
+            if lstm_depth:
+                self.depth_bias[n : 2 * n].fill_(1.0)
+
+    def initial_state(self, batch_size, device=None, dtype=None) -> State:
+        return (self._zeros(batch_size, device, dtype), self._zeros(batch_size, device, dtype))
+
+    def _lstm_transform(self, pre: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """(h′, m′) from the pre-activations W H + b (rows u, f, o, c) and the memory m."""
+        u, f, o, c = pre.chunk(4, dim=-1)
+        memory = torch.sigmoid(f) * memory + torch.sigmoid(u) * torch.tanh(c)
+        if self.config.output == "paper":
+            hidden = torch.tanh(torch.sigmoid(o) * memory)
+        else:
+            hidden = torch.sigmoid(o) * torch.tanh(memory)
+        return hidden, memory
+
+    def _depth_transform(self, pre: Tensor, depth_input: Tensor) -> Tensor:
+        """The depth output from the depth pre-activations W H′ + b and the depth input."""
+        if self.config.depth != "lstm":
+            return _DEPTH_ACTIVATIONS[self.config.depth](pre)
+        memory = depth_input[..., self.hidden_size :]
+        return torch.cat(self._lstm_transform(pre, memory), dim=-1)
+
+    def step(self, x: Tensor, state: State) -> tuple[Tensor, State]:
+        h_time, m_time = state
+        h_depth = x[:, : self.hidden_size]
+        H = torch.cat([h_time, h_depth], dim=-1)
+        h_time, m_time = self._lstm_transform(H @ self.time_weight.T + self.time_bias, m_time)
+        H_prime = torch.cat([h_time, h_depth], dim=-1)
+        output = self._depth_transform(H_prime @ self.depth_weight.T + self.depth_bias, x)
+        return output, (h_time, m_time)
+
+    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+        # Nothing in the time recurrence depends on the depth output, so only the time transform's
+        # recurrent product runs step by step; h_depth's share of it, and the whole depth
+        # transform (once every h_time′ of the window is known), are one matrix product each.
+        n = self.hidden_size
+        h_depth = inputs[..., :n]
+        time_from_depth = h_depth @ self.time_weight[:, n:].T + self.time_bias
+        recurrent_weight = self.time_weight[:, :n]
+        h_time, m_time = state
+        time_outputs = []
+        for pre_t in time_from_depth:
+            h_time, m_time = self._lstm_transform(pre_t + h_time @ recurrent_weight.T, m_time)
+            time_outputs.append(h_time)
+        H_prime = torch.cat([torch.stack(time_outputs), h_depth], dim=-1)
+        outputs = self._depth_transform(H_prime @ self.depth_weight.T + self.depth_bias, inputs)
+        return outputs, (h_time, m_time)
