@@ -5,7 +5,7 @@ from __future__ import annotations
 from charlm.config import DemoSettings, TrainConfig
 from charlm.corpora import prepare_corpus
 from charlm.runs import default_run_dir
-from charlm.sampling import SamplingOptions, encode_prime, generate, load_model, stream_text
+from charlm.sampling import SamplingOptions, encode_prime, generate, load_model, stream_text, unknown_ids
 from charlm.training import Trainer
 
 DEMO_PRIME = "The "
@@ -33,5 +33,5 @@ def run_demo(settings: DemoSettings, data_dir=None, run_dir=None, write=print) -
     model, tokenizer, _ = load_model(summary["run_dir"], device="auto")
     options = SamplingOptions(length=settings.sample_length, temperature=0.8, seed=settings.seed)
     write(DEMO_PRIME)
-    summary["sample"] = DEMO_PRIME + stream_text(tokenizer, generate(model, encode_prime(tokenizer, DEMO_PRIME), options), write)
+    summary["sample"] = DEMO_PRIME + stream_text(tokenizer, generate(model, encode_prime(tokenizer, DEMO_PRIME), options, unknown_ids(tokenizer)), write)
     return summary

@@ -61,6 +61,10 @@ def encode_prime(tokenizer: Tokenizer, text: str) -> list[int]:
     raise CharlmError(f"the prime has characters outside the model's vocabulary: {shown}")
 
 
+def unknown_ids(tokenizer: Tokenizer) -> list[int]:
+    return [tokenizer.vocab.index(tokenizer.unk)] if tokenizer.unk is not None else []
+
+
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Set to −inf every logit outside the top k and outside the smallest set with mass ≥ top_p."""
     if top_k > 0 and top_k < logits.shape[-1]:
@@ -77,8 +81,11 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 
 
 @torch.no_grad()
-def generate(model: LanguageModel, prime_ids: list[int], options: SamplingOptions) -> Iterator[int]:
-    """Yield ``options.length`` token ids, each drawn given the prime and everything drawn before."""
+def generate(model: LanguageModel, prime_ids: list[int], options: SamplingOptions, banned_ids=()) -> Iterator[int]:
+    """Yield ``options.length`` token ids, each drawn given the prime and everything drawn before.
+
+    ``banned_ids`` are never drawn (the unknown-symbol entry: it stands for no character).
+    """
     options.validate()
     if not prime_ids:
         raise CharlmError("the prime is empty: give at least one symbol")
@@ -90,8 +97,10 @@ def generate(model: LanguageModel, prime_ids: list[int], options: SamplingOption
         generator.seed()
     state = model.initial_state(1, device=device)
     logits, state = model(torch.tensor([prime_ids], device=device), state)
+    banned = torch.tensor(list(banned_ids), dtype=torch.long, device=device)
     for _ in range(options.length):
-        last = filter_logits(logits[0, -1].float() / options.temperature, options.top_k, options.top_p)
+        last = logits[0, -1].float().index_fill(0, banned, float("-inf"))
+        last = filter_logits(last / options.temperature, options.top_k, options.top_p)
         token = torch.multinomial(torch.softmax(last, dim=-1), 1, generator=generator)
         yield int(token)
         logits, state = model(token.view(1, 1), state)

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from charlm import __version__
 from charlm.batching import TokenStreams
+from charlm.cells import CELLS
 from charlm.checkpoints import load_checkpoint, save_checkpoint
 from charlm.config import TrainConfig
 from charlm.corpora import load_corpus
@@ -97,6 +98,7 @@ class _StopRequest:
 class Trainer:
     def __init__(self, config: TrainConfig, *, resume: dict | None = None):
         config.validate()
+        CELLS.get(config.cell)  # an unknown cell is reported before anything is loaded
         self.config = config
         self.device = resolve_device(config.device)
         self.corpus = load_corpus(config.corpus, config.data_dir)

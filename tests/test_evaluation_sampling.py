@@ -136,3 +136,13 @@ def test_top_p_keeps_the_smallest_set_with_enough_mass():
     assert kept.tolist() == [True, False, False, False]
     kept = torch.isfinite(filter_logits(logits, top_k=3))
     assert kept.tolist() == [True, True, True, False]
+
+
+def test_unknown_entry_is_never_drawn():
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig("lstm", vocab_size=4, hidden_size=8)).eval()
+    with torch.no_grad():
+        model.head.bias[3] = 50.0  # the model all but insists on id 3
+    drawn = list(generate(model, [0], SamplingOptions(length=50, seed=0), banned_ids=[3]))
+    assert 3 not in drawn
+    assert 3 in list(generate(model, [0], SamplingOptions(length=5, seed=0)))

@@ -24,7 +24,7 @@ def sample(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
 ):
     """Generate text from a checkpoint, streamed as it is drawn."""
-    from charlm.sampling import SamplingOptions, encode_prime, generate, load_model, stream_text
+    from charlm.sampling import SamplingOptions, encode_prime, generate, load_model, stream_text, unknown_ids
 
     if prime is not None and prime_file is not None:
         raise CharlmError("give --prime or --prime-file, not both")
@@ -57,7 +57,7 @@ def sample(
             if options.seed is not None:
                 options.seed += 1
         write(prime_text)
-        stream_text(tokenizer, generate(model, prime_ids, options), write)
+        stream_text(tokenizer, generate(model, prime_ids, options, unknown_ids(tokenizer)), write)
     write("\n")
 
 
