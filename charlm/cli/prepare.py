@@ -8,9 +8,9 @@ from typing import Optional
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
+from charlm.cli.output import stdout
 from charlm.corpora import PreparedCorpus, data_root, list_corpora, prepare_corpus
 from charlm.corpora.splits import SPLITS, parse_fractions
 
@@ -76,7 +76,7 @@ def corpora(
         else:
             sizes = [f"{corpus.tokens(s):,}" for s in SPLITS]
             table.add_row(entry.name, "yes", corpus.unit, f"{corpus.vocab_size:,}", *sizes, entry.description)
-    Console().print(table)
+    stdout.print(table)
 
 
 def register(app):
