@@ -163,3 +163,23 @@ def test_config_file_sets_options_and_command_line_wins(corpus_dir, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert_one_line_error(run_cli("train", "--config", bad), "not valid JSON")
+
+
+def test_init_from_starts_from_checkpoint_weights(corpus_dir, tmp_path):
+    source = tmp_path / "source"
+    Trainer(tiny_config(corpus_dir, source, epochs=1)).fit()
+    tuned = Trainer(tiny_config(corpus_dir, tmp_path / "tuned", epochs=1, init_from=str(source / "best.pt")))
+    assert_same_weights(tuned.model.state_dict(), weights(source, "best.pt"))
+    result = run_cli("train", "--corpus", "tiny", "--hidden", "30", "--init-from", source / "best.pt",
+                     "--data-dir", corpus_dir, "--run-dir", tmp_path / "mismatch")
+    assert_one_line_error(result, "--init-from", "differs")
+
+
+def test_max_minutes_stops_with_a_resumable_evaluated_run(corpus_dir, tmp_path):
+    run = tmp_path / "timed"
+    summary = Trainer(tiny_config(corpus_dir, run, epochs=5, max_minutes=0.0005)).fit()
+    assert summary["epochs"] == 0 and summary["best_epoch"] == 1  # a partial first epoch, evaluated
+    progress = load_checkpoint(run / "last.pt")["progress"]
+    assert 0 < progress["window"] and progress["epoch"] == 0
+    resume_training(str(run), epochs=1).fit()
+    assert load_checkpoint(run / "last.pt")["progress"]["epoch"] == 1
