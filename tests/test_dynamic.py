@@ -1,0 +1,323 @@
+"""Dynamic evaluation: test-then-train scoring is exact, adapts the model, works for every cell
+and through `charlm eval`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from charlm.cells import CELLS
+from charlm.config import TrainConfig
+from charlm.dynamic import DynamicOptions, collect_gradient_statistics, dynamic_score, make_update
+from charlm.dynamic_search import NoProgress, evaluate_dynamic
+from charlm.evaluation import score_tokens, window_nats
+from charlm.model import LanguageModel, ModelConfig, detach_state
+from charlm.sampling import load_model
+from charlm.training import Trainer
+from helpers import assert_one_line_error, prepare_tiny_corpus, run_cli
+
+VOCAB = 11
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """An LSTM trained for three epochs on 36k characters (valid and test: 2,000 characters each)."""
+    root = tmp_path_factory.mktemp("dynamic")
+    data_dir = root / "data"
+    prepare_tiny_corpus(data_dir, characters=40_000)
+    run = root / "run"
+    config = TrainConfig(corpus="tiny", cell="lstm", hidden=48, batch_size=16, bptt=25, epochs=3, lr=1e-2,
+                         eval_batch_size=4, data_dir=str(data_dir), run_dir=str(run))
+    Trainer(config).fit()
+    return run, data_dir
+
+
+def random_model(cell="gru", hidden=12, dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    return LanguageModel(ModelConfig(cell, vocab_size=VOCAB, hidden_size=hidden)).to(dtype)
+
+
+def random_tokens(length, seed=0):
+    return np.random.default_rng(seed).integers(0, VOCAB, size=length)
+
+
+def rms_statistics(model, seed=1):
+    rms, _ = collect_gradient_statistics(model, random_tokens(400, seed), segment=10, batch_size=4)
+    return rms
+
+
+def weights(model):
+    return [parameter.detach().clone() for parameter in model.parameters()]
+
+
+def per_segment_nats(model, tokens, update, segment):
+    nats = []
+    dynamic_score(model, tokens, update, segment=segment, progress=lambda count, value: nats.append(value))
+    return nats
+
+
+@pytest.mark.parametrize("method", ["sgd", "rms"])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_learning_rate_zero_reproduces_static_evaluation_exactly(method, batch_size):
+    model = random_model()
+    tokens = random_tokens(301)
+    before = weights(model)
+    static = score_tokens(model, tokens, batch_size=batch_size, bptt=7, device="cpu")
+    options = DynamicOptions(method=method, lr=0.0, decay=0.1, segment=7, batch_size=batch_size)
+    rms = rms_statistics(model) if method == "rms" else None
+    dynamic = dynamic_score(model, tokens, make_update(model, options, rms), segment=7, batch_size=batch_size)
+    assert dynamic.nats == static.nats
+    assert dynamic.tokens == static.tokens == 300
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(model)))
+
+
+def test_each_segment_is_scored_by_the_weights_updated_on_the_previous_segments_only():
+    """A manual loop: score segment k under no_grad, then take the SGD step on it."""
+    model = random_model(dtype=torch.float64)
+    reference = random_model(dtype=torch.float64)
+    tokens = random_tokens(121)
+    segment, lr = 10, 0.5
+    nats = per_segment_nats(model, tokens, make_update(model, DynamicOptions("sgd", lr=lr)), segment)
+
+    inputs, targets = torch.tensor(tokens[None, :-1]), torch.tensor(tokens[None, 1:])
+    state = reference.initial_state(1)
+    expected = []
+    for start in range(0, 120, segment):
+        window_inputs, window_targets = inputs[:, start:start + segment], targets[:, start:start + segment]
+        with torch.no_grad():
+            expected.append(window_nats(reference(window_inputs, state)[0], window_targets).item())
+        reference.zero_grad()
+        logits, next_state = reference(window_inputs, state)
+        (window_nats(logits, window_targets) / window_targets.numel()).backward()
+        with torch.no_grad():
+            for parameter in reference.parameters():
+                parameter -= lr * parameter.grad
+        state = detach_state(next_state)
+    assert nats == pytest.approx(expected, rel=1e-12)
+    assert nats[-1] != pytest.approx(nats[0], rel=1e-3)
+
+
+@pytest.mark.parametrize("method", ["sgd", "rms"])
+def test_a_segments_score_does_not_depend_on_its_own_update(method):
+    """Wreck the update after segment k: scores up to and including k stay exactly the same."""
+    tokens, k = random_tokens(201), 4
+    scores = {}
+    for wrecked in (False, True):
+        model = random_model()
+        options = DynamicOptions(method, lr=0.05 if method == "sgd" else 1e-3, segment=10)
+        update = make_update(model, options, rms_statistics(model) if method == "rms" else None)
+        calls = []
+
+        def perturbed_update():
+            update()
+            if wrecked and len(calls) == k:
+                with torch.no_grad():
+                    for parameter in model.parameters():
+                        parameter.add_(torch.randn_like(parameter))
+            calls.append(1)
+
+        scores[wrecked] = per_segment_nats(model, tokens, perturbed_update, segment=10)
+    assert scores[True][: k + 1] == scores[False][: k + 1]
+    assert scores[True][k + 1] != scores[False][k + 1]
+
+
+def fake_corpus(**splits):
+    return SimpleNamespace(name="fake", unit="char", split=lambda name: splits[name])
+
+
+class WeightsAtStage(NoProgress):
+    """Records the model's weights when each stage of the protocol starts."""
+
+    def __init__(self, model):
+        self.model, self.seen = model, {}
+
+    def stage(self, label, total):
+        self.seen[label] = weights(self.model)
+        return super().stage(label, total)
+
+
+@pytest.mark.parametrize("method", ["sgd", "rms"])
+def test_adapt_on_valid_starts_the_test_pass_from_the_adapted_weights(method):
+    corpus = fake_corpus(train=random_tokens(400, 1), valid=random_tokens(151, 2), test=random_tokens(151, 3))
+    options = DynamicOptions(method, lr=0.1 if method == "sgd" else 1e-3, segment=10, stat_batch_size=4)
+    reports = {}
+    for adapt_on in (None, "valid"):
+        model = random_model()
+        trained = weights(model)
+        spy = WeightsAtStage(model)
+        reports[adapt_on] = evaluate_dynamic(model, corpus, "test", options, adapt_on=adapt_on, progress=spy)
+        start = spy.seen["dynamic test"]
+        unchanged = all(torch.equal(a, b) for a, b in zip(start, trained))
+        assert unchanged == (adapt_on is None)
+
+    model = random_model()  # #2 by hand: one update rule over valid, then over test
+    update = make_update(model, options, rms_statistics_like(model, corpus, options) if method == "rms" else None)
+    dynamic_score(model, corpus.split("valid"), update, segment=10)
+    by_hand = dynamic_score(model, corpus.split("test"), update, segment=10)
+    assert reports["valid"].dynamic.nats == pytest.approx(by_hand.nats, rel=1e-6)
+    assert reports["valid"].dynamic.nats != pytest.approx(reports[None].dynamic.nats, rel=1e-6)
+    assert reports["valid"].static.nats == reports[None].static.nats
+    assert reports["valid"].adaptation is not None and reports[None].adaptation is None
+
+
+def rms_statistics_like(model, corpus, options):
+    rms, _ = collect_gradient_statistics(model, corpus.split("train"), segment=options.segment, batch_size=options.stat_batch_size)
+    return rms
+
+
+@pytest.mark.parametrize("method", ["sgd", "rms"])
+def test_both_methods_lower_bpc_on_a_trained_model(trained_run, method):
+    from charlm.evaluation import corpus_for_checkpoint
+
+    run, _ = trained_run
+    model, _, payload = load_model(str(run), "cpu")
+    corpus = corpus_for_checkpoint(payload)
+    report = evaluate_dynamic(model, corpus, "test", DynamicOptions(method, stat_batches=20), device="cpu")
+    assert report.static.tokens == report.dynamic.tokens == corpus.tokens("test") - 1
+    assert report.dynamic.bpc < report.static.bpc - 0.02, (report.static.bpc, report.dynamic.bpc)
+
+
+@pytest.mark.parametrize("cell", CELLS.names())
+def test_every_cell_adapts_and_reproduces_static_at_learning_rate_zero(cell):
+    model = random_model(cell, hidden=8)
+    tokens = random_tokens(121)
+    static = score_tokens(model, tokens, batch_size=2, bptt=10, device="cpu")
+    rms = rms_statistics(model)
+    for method, lr in (("sgd", 0.1), ("rms", 1e-2)):
+        for step in (0.0, lr):
+            options = DynamicOptions(method, lr=step, segment=10, batch_size=2)
+            before = weights(model)
+            score = dynamic_score(model, tokens, make_update(model, options, rms), segment=10, batch_size=2)
+            moved = any(not torch.equal(a, b) for a, b in zip(before, weights(model)))
+            if step == 0:
+                assert score.nats == static.nats and not moved
+            else:
+                assert np.isfinite(score.nats) and moved
+            with torch.no_grad():
+                for parameter, original in zip(model.parameters(), before):
+                    parameter.copy_(original)
+
+
+def table_row(stdout, name):
+    line = next(line for line in stdout.splitlines() if line.startswith("│ " + name))
+    return [cell.strip() for cell in line.strip("│").split("│")]
+
+
+def last_event(run):
+    return json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+def test_cli_sgd_search_reports_both_figures_and_saves_adapted_weights(trained_run, tmp_path):
+    run, _ = trained_run
+    adapted = tmp_path / "adapted.pt"
+    result = run_cli("eval", run, "--dynamic", "sgd", "--dyn-search", "--search-prefix", "300", "--save-adapted", adapted, check_code=0)
+    static, dynamic = table_row(result.stdout, "static"), table_row(result.stdout, "dynamic sgd")
+    assert float(dynamic[1]) < float(static[1])
+    assert "search on the first 300 valid predictions" in result.stdout
+    assert result.stdout.count("←") == 1
+    event = last_event(run)
+    assert event["event"] == "eval" and event["mode"] == "dynamic" and event["split"] == "test"
+    assert event["hyperparameters"]["method"] == "sgd" and event["hyperparameters"]["lr"] in (0.01, 0.03, 0.1, 0.3)
+    assert event["dynamic_bpc"] == pytest.approx(float(dynamic[1]), abs=1e-4)
+    assert event["static_chars_per_s"] > 0 and event["dynamic_chars_per_s"] > 0
+    assert len(event["search"]["points"]) == 4
+
+    original, saved = torch.load(run / "best.pt", weights_only=True), torch.load(adapted, weights_only=True)
+    assert saved["dynamic"]["lr"] == event["hyperparameters"]["lr"]
+    assert any(not torch.equal(original["model"][name], saved["model"][name]) for name in original["model"])
+    again = run_cli("eval", adapted, "--batch-size", "4", check_code=0)
+    assert "bpc" in again.stdout
+    sample = run_cli("sample", adapted, "--prime", "The ", "--length", "20", "--seed", "1", check_code=0)
+    assert sample.stdout.startswith("The ")
+
+
+def test_cli_rms_adapted_on_valid(trained_run):
+    run, _ = trained_run
+    result = run_cli("eval", run, "--dynamic", "rms", "--adapt-on", "valid", "--dyn-stat-batches", "5",
+                     "--dyn-lr", "0.0003", "--dyn-decay", "0.05", "--segment", "10", check_code=0)
+    assert "adapted on      valid" in result.stdout and "statistics      5 training batches" in result.stdout
+    static, dynamic = table_row(result.stdout, "static"), table_row(result.stdout, "dynamic rms")
+    assert float(dynamic[1]) < float(static[1])
+    event = last_event(run)
+    assert event["adapt_on"] == "valid" and event["statistics_batches"] == 5
+    assert event["hyperparameters"] == {"method": "rms", "lr": 0.0003, "segment": 10, "batch_size": 1, "decay": 0.05,
+                                        "eps": 1e-5, "stat_batch_size": 100, "stat_batches": 5}
+
+
+def test_cli_error_is_one_line_in_a_real_process(trained_run):
+    run, _ = trained_run
+    assert_one_line_error(run_cli("eval", run, "--dynamic", "sgd", "--adapt-on", "valid", "--split", "valid"), "--adapt-on valid", "--split test")
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--dynamic", "sgd", "--adapt-on", "valid", "--split", "valid"], "use it with --split test"),
+        (["--adapt-on", "valid"], "--adapt-on applies to dynamic evaluation"),
+        (["--dyn-lr", "0.1"], "--dyn-lr applies to dynamic evaluation"),
+        (["--dyn-search"], "--dyn-search applies to dynamic evaluation"),
+        (["--dynamic", "adam"], "--dynamic must be sgd or rms"),
+        (["--dynamic", "sgd", "--dyn-lr", "-0.1"], "--dyn-lr must be zero or positive"),
+        (["--dynamic", "rms", "--dyn-decay", "1.5"], "--dyn-decay (λ) must be in [0, 1]"),
+        (["--dynamic", "rms", "--dyn-decay", "-0.1"], "--dyn-decay (λ) must be in [0, 1]"),
+        (["--dynamic", "rms", "--dyn-eps", "0"], "--dyn-eps must be positive"),
+        (["--dynamic", "sgd", "--dyn-decay", "0.1"], "--dyn-decay applies to --dynamic rms only"),
+        (["--dynamic", "sgd", "--segment", "0"], "--segment must be at least 1"),
+        (["--dynamic", "sgd", "--dyn-search", "--dyn-lr", "0.1"], "--dyn-search chooses --dyn-lr"),
+        (["--dynamic", "sgd", "--search-prefix", "100"], "--search-prefix applies to --dyn-search only"),
+        (["--dynamic", "sgd", "--adapt-on", "train"], "--adapt-on must be valid"),
+        (["--dynamic", "sgd", "--bptt", "10"], "dynamic evaluation uses --segment"),
+        (["--dynamic", "sgd", "--save-adapted", "/nonexistent/dir/a.pt"], "does not exist"),
+    ],
+)
+def test_bad_dynamic_options_are_one_line_errors(trained_run, args, fragment, monkeypatch, capsys):
+    """Through the CLI's entry point in this process (one interpreter start for all of them)."""
+    from charlm.cli.app import main
+
+    run, _ = trained_run
+    monkeypatch.setattr(sys, "argv", ["charlm", "eval", str(run), *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    captured = capsys.readouterr()
+    assert_one_line_error(subprocess.CompletedProcess(sys.argv, exit_info.value.code, captured.out, captured.err), fragment)
+
+
+def test_save_adapted_refuses_to_overwrite_the_evaluated_checkpoint(trained_run, monkeypatch, capsys):
+    from charlm.cli.app import main
+
+    run, _ = trained_run
+    monkeypatch.setattr(sys, "argv", ["charlm", "eval", str(run), "--dynamic", "sgd", "--save-adapted", str(run / "best.pt")])
+    with pytest.raises(SystemExit):
+        main()
+    assert "would overwrite the evaluated checkpoint" in capsys.readouterr().err
+
+
+def test_options_record_only_what_the_method_uses():
+    assert set(DynamicOptions("sgd").hyperparameters()) == {"method", "lr", "segment", "batch_size"}
+    assert DynamicOptions("rms").hyperparameters()["decay"] == DynamicOptions().decay
+    assert dataclasses.replace(DynamicOptions("rms"), lr=0.5).lr == 0.5
+
+
+def test_help_states_the_library_defaults():
+    import inspect
+
+    from charlm.cli.evaluate import evaluate
+    from charlm.dynamic import DEFAULT_LR
+    from charlm.dynamic_search import DEFAULT_SEARCH_PREFIX
+
+    helps = {name: parameter.default.help for name, parameter in inspect.signature(evaluate).parameters.items()}
+    defaults = DynamicOptions()
+    assert f"(default: {DEFAULT_LR['sgd']:g} sgd, {DEFAULT_LR['rms']:g} rms)" in helps["dyn_lr"]
+    assert f"(default: {defaults.decay:g})" in helps["dyn_decay"]
+    assert f"(default: {defaults.eps:g})" in helps["dyn_eps"]
+    assert f"(default: {defaults.segment})" in helps["segment"]
+    assert f"(default: {defaults.stat_batch_size})" in helps["dyn_stat_batch_size"]
+    assert f"{defaults.batch_size} dynamic" in helps["batch_size"]
+    assert f"(default: {DEFAULT_SEARCH_PREFIX})" in helps["search_prefix"]
