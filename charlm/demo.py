@@ -32,6 +32,6 @@ def run_demo(settings: DemoSettings, data_dir=None, run_dir=None, write=print) -
     summary = Trainer(config).fit()
     model, tokenizer, _ = load_model(summary["run_dir"], device="auto")
     options = SamplingOptions(length=settings.sample_length, temperature=0.8, seed=settings.seed)
-    write(DEMO_PRIME)
+    write(f"sample ({settings.sample_length} characters after the prime, temperature 0.8):\n{DEMO_PRIME}")
     summary["sample"] = DEMO_PRIME + stream_text(tokenizer, generate(model, encode_prime(tokenizer, DEMO_PRIME), options, unknown_ids(tokenizer)), write)
     return summary

@@ -25,7 +25,6 @@ def demo(
         sys.stdout.flush()
 
     settings = DemoSettings(minutes=minutes)
-    sys.stdout.write("sample:\n")
     summary = run_demo(settings, data_dir=data_dir, run_dir=run_dir, write=write)
     sys.stdout.write("\n\n")
     print_summary(summary)
