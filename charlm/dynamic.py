@@ -43,7 +43,7 @@ from charlm.evaluation import Score, window_nats
 from charlm.model import detach_state
 
 METHODS = ("sgd", "rms")
-DEFAULT_LR = {"sgd": 0.03, "rms": 3e-4}  # η; see DynamicOptions
+DEFAULT_LR = {"sgd": 0.01, "rms": 1e-4}  # η; see DynamicOptions
 
 
 @dataclasses.dataclass

@@ -28,7 +28,7 @@ from charlm.errors import CharlmError
 from charlm.evaluation import Score, characters_per_token, score_tokens
 
 # The grids --dyn-search tries: η for both methods, λ for rms (tuned on War and Peace, 1M parameters).
-SEARCH_LRS = {"sgd": (0.01, 0.03, 0.1, 0.3), "rms": (1e-4, 3e-4, 1e-3, 3e-3)}
+SEARCH_LRS = {"sgd": (0.001, 0.003, 0.01, 0.03, 0.1), "rms": (1e-5, 3e-5, 1e-4, 3e-4)}
 SEARCH_DECAYS = {"sgd": (0.0,), "rms": (0.0, 0.01, 0.1)}
 DEFAULT_SEARCH_PREFIX = 50_000  # characters of the validation split
 
@@ -110,12 +110,14 @@ class NoProgress:
 def grid_search(model, tokens: np.ndarray, options: DynamicOptions, rms=None, *, lrs, decays, device=None,
                 chars_per_token: float = 1.0, progress=None) -> SearchResult:
     """Dynamic bpc of ``tokens`` for every (η, λ) in lrs × decays, each from the current weights,
-    which are restored afterwards."""
+    which are restored afterwards. A point is abandoned as diverged as soon as its running loss
+    exceeds twice the larger of the static loss and the uniform distribution's (log V nats)."""
     progress = progress or NoProgress()
     trained = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     with progress.stage("search: static", len(tokens)) as callback:
         static = score_tokens(model, tokens, batch_size=options.batch_size, bptt=options.segment, device=device,
                               chars_per_token=chars_per_token, progress=lambda count: callback(count, 0.0))
+    hopeless_nats = 2 * max(static.loss, math.log(model.config.vocab_size))
     points = []
     for lr, decay in itertools.product(lrs, decays):
         point = dataclasses.replace(options, lr=lr, decay=decay)
@@ -124,7 +126,7 @@ def grid_search(model, tokens: np.ndarray, options: DynamicOptions, rms=None, *,
             with progress.stage(label, len(tokens)) as callback:
                 score = dynamic_score(model, tokens, make_update(model, point, rms), segment=point.segment,
                                       batch_size=point.batch_size, device=device, chars_per_token=chars_per_token,
-                                      progress=callback)
+                                      progress=_abandoning_beyond(hopeless_nats, callback))
             bpc = score.bpc
         except DynamicDiverged:
             bpc = math.inf
@@ -140,6 +142,20 @@ def check_protocol(split: str, adapt_on: str | None, search_prefix: int | None) 
         raise CharlmError(f"--adapt-on {adapt_on} adapts before scoring another split: use it with --split test")
     if search_prefix is not None and search_prefix < 2:
         raise CharlmError(f"--search-prefix must be at least 2 characters, not {search_prefix}")
+
+
+def _abandoning_beyond(nats_per_token: float, callback):
+    """``callback``, raising DynamicDiverged once the running loss exceeds ``nats_per_token``."""
+    seen = {"tokens": 0, "nats": 0.0}
+
+    def check(tokens: int, nats: float) -> None:
+        callback(tokens, nats)
+        seen["tokens"] += tokens
+        seen["nats"] += nats
+        if seen["nats"] > nats_per_token * seen["tokens"]:
+            raise DynamicDiverged(f"running loss above {nats_per_token:.3f} nats per token")
+
+    return check
 
 
 def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adapt_on: str | None = None,

@@ -16,7 +16,7 @@ import torch
 from charlm.cells import CELLS
 from charlm.config import TrainConfig
 from charlm.dynamic import DynamicOptions, collect_gradient_statistics, dynamic_score, make_update
-from charlm.dynamic_search import NoProgress, evaluate_dynamic
+from charlm.dynamic_search import SEARCH_LRS, NoProgress, evaluate_dynamic, grid_search
 from charlm.evaluation import score_tokens, window_nats
 from charlm.model import LanguageModel, ModelConfig, detach_state
 from charlm.sampling import load_model
@@ -172,14 +172,14 @@ def rms_statistics_like(model, corpus, options):
     return rms
 
 
-@pytest.mark.parametrize("method", ["sgd", "rms"])
-def test_both_methods_lower_bpc_on_a_trained_model(trained_run, method):
+@pytest.mark.parametrize("method, lr", [("sgd", 0.1), ("rms", 3e-4)])
+def test_both_methods_lower_bpc_on_a_trained_model(trained_run, method, lr):
     from charlm.evaluation import corpus_for_checkpoint
 
     run, _ = trained_run
     model, _, payload = load_model(str(run), "cpu")
     corpus = corpus_for_checkpoint(payload)
-    report = evaluate_dynamic(model, corpus, "test", DynamicOptions(method, stat_batches=20), device="cpu")
+    report = evaluate_dynamic(model, corpus, "test", DynamicOptions(method, lr=lr, stat_batches=20), device="cpu")
     assert report.static.tokens == report.dynamic.tokens == corpus.tokens("test") - 1
     assert report.dynamic.bpc < report.static.bpc - 0.02, (report.static.bpc, report.dynamic.bpc)
 
@@ -205,6 +205,17 @@ def test_every_cell_adapts_and_reproduces_static_at_learning_rate_zero(cell):
                     parameter.copy_(original)
 
 
+def test_grid_search_restores_the_weights_and_abandons_divergent_points():
+    model = random_model()
+    before = weights(model)
+    result = grid_search(model, random_tokens(201), DynamicOptions("sgd", segment=10), lrs=(0.0, 0.05, 1e4), decays=(0.0,))
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(model)))
+    assert [point.lr for point in result.points] == [0.0, 0.05, 1e4]
+    assert result.points[0].bpc == result.static_bpc
+    assert result.points[2].bpc == float("inf")
+    assert result.best.lr != 1e4 and result.tokens == 201
+
+
 def table_row(stdout, name):
     line = next(line for line in stdout.splitlines() if line.startswith("│ " + name))
     return [cell.strip() for cell in line.strip("│").split("│")]
@@ -224,10 +235,10 @@ def test_cli_sgd_search_reports_both_figures_and_saves_adapted_weights(trained_r
     assert result.stdout.count("←") == 1
     event = last_event(run)
     assert event["event"] == "eval" and event["mode"] == "dynamic" and event["split"] == "test"
-    assert event["hyperparameters"]["method"] == "sgd" and event["hyperparameters"]["lr"] in (0.01, 0.03, 0.1, 0.3)
+    assert event["hyperparameters"]["method"] == "sgd" and event["hyperparameters"]["lr"] in SEARCH_LRS["sgd"]
     assert event["dynamic_bpc"] == pytest.approx(float(dynamic[1]), abs=1e-4)
     assert event["static_chars_per_s"] > 0 and event["dynamic_chars_per_s"] > 0
-    assert len(event["search"]["points"]) == 4
+    assert len(event["search"]["points"]) == len(SEARCH_LRS["sgd"])
 
     original, saved = torch.load(run / "best.pt", weights_only=True), torch.load(adapted, weights_only=True)
     assert saved["dynamic"]["lr"] == event["hyperparameters"]["lr"]

@@ -22,7 +22,7 @@ def evaluate(
     bptt: Optional[int] = typer.Option(None, "--bptt", help="Static window length (default: the training bptt)."),
     dynamic: Optional[str] = typer.Option(None, "--dynamic", help="Also evaluate dynamically, adapting the weights test-then-train: sgd (Delta-RNN paper) or rms (Krause et al. 2018)."),
     adapt_on: Optional[str] = typer.Option(None, "--adapt-on", help="valid: adapt over the whole validation split first, then evaluate the test split from the adapted weights (#2)."),
-    dyn_lr: Optional[float] = typer.Option(None, "--dyn-lr", help="Step size η (default: 0.03 sgd, 0.0003 rms)."),
+    dyn_lr: Optional[float] = typer.Option(None, "--dyn-lr", help="Step size η (default: 0.01 sgd, 0.0001 rms)."),
     dyn_decay: Optional[float] = typer.Option(None, "--dyn-decay", help="rms: λ in [0, 1], the pull back towards the trained weights (default: 0.01)."),
     dyn_eps: Optional[float] = typer.Option(None, "--dyn-eps", help="rms: ε added to the RMS of the training gradients (default: 1e-05)."),
     segment: Optional[int] = typer.Option(None, "--segment", help="Steps per segment, one update after each (default: 20); the static figure uses the same segments."),
