@@ -14,8 +14,8 @@ from charlm.config import DemoSettings
 
 def demo(
     minutes: float = typer.Option(DemoSettings.minutes, "--minutes", help="Training time budget in minutes."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Root of prepared corpora [default: $CHARLM_DATA or ./data]."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where to write the run [default: runs/pydoc-lru-demo-TIME]."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Root of prepared corpora (default: $CHARLM_DATA or ./data)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where to write the run (default: runs/pydoc-lru-demo-TIME)."),
 ):
     """Prepare the embedded `pydoc` corpus, train a small LRU, report bits per character, sample."""
     from charlm.demo import run_demo

@@ -34,7 +34,7 @@ def prepare(
                                         "(default 0.9,0.05,0.05)."),
     no_verify: bool = typer.Option(False, "--no-verify", help="Use files whose size or checksum differ from the "
                                    "published ones (with a warning) instead of stopping."),
-    unknown: Optional[str] = typer.Option(None, "--unknown", help="Valid/test symbols absent from the training split [default: error; unk for pydoc]: "
+    unknown: Optional[str] = typer.Option(None, "--unknown", help="Valid/test symbols absent from the training split (default: error; unk for pydoc): "
                                 "`error` stops, `unk` maps them to an <unk> entry."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars or progress messages (warnings "
                                "and errors still go to stderr)."),

@@ -13,7 +13,7 @@ from charlm.errors import CharlmError
 
 def sample(
     checkpoint: Path = typer.Argument(..., help="A run directory (uses its best.pt) or a checkpoint file."),
-    prime: Optional[str] = typer.Option(None, "--prime", help="Text to start from [default: a line break]."),
+    prime: Optional[str] = typer.Option(None, "--prime", help="Text to start from (default: a line break)."),
     prime_file: Optional[Path] = typer.Option(None, "--prime-file", help="Read the prime text from this UTF-8 file."),
     length: int = typer.Option(500, "--length", help="Symbols (tokens) to generate per sample."),
     temperature: float = typer.Option(1.0, "--temperature", help="Softmax temperature: below 1 is more conservative."),

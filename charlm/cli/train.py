@@ -14,7 +14,7 @@ DEFAULTS = TrainConfig()
 
 
 def _default(name: str) -> str:
-    return f" [default: {getattr(DEFAULTS, name)}]"
+    return f" (default: {getattr(DEFAULTS, name)})"
 
 
 def train(
@@ -40,8 +40,8 @@ def train(
     eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Also score validation every K steps (0: epoch ends only)." + _default("eval_every")),
     log_every: Optional[int] = typer.Option(None, "--log-every", help="Write a step record to metrics.jsonl every K steps." + _default("log_every")),
     max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="Stop training after this many minutes (the run is evaluated and resumable)."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Root of prepared corpora [default: $CHARLM_DATA or ./data]."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where to write checkpoints and metrics [default: runs/CORPUS-CELL-TIME]."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Root of prepared corpora (default: $CHARLM_DATA or ./data)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where to write checkpoints and metrics (default: runs/CORPUS-CELL-TIME)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory from its last checkpoint."),
     init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from this checkpoint's weights (fine-tuning)."),
     config: Optional[Path] = typer.Option(None, "--config", help="JSON file of settings (keys as the options, e.g. \"cell_options\"); options given here win."),
