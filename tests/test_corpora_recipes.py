@@ -4,6 +4,7 @@ import hashlib
 import io
 import tarfile
 import zipfile
+import zlib
 from dataclasses import replace
 
 import numpy as np
@@ -22,13 +23,18 @@ def zip_bytes(member: str, data: bytes) -> bytes:
     return buffer.getvalue()
 
 
-def served_recipe(server, name: str, filename: str, archive: bytes):
-    """The real recipe ``name``, downloading ``archive`` from the local server with its size and sha256."""
+def served_recipe(server, name: str, filename: str, archive: bytes, *, publish_members: bool = True):
+    """The real recipe ``name``, downloading ``archive`` from the local server with its size and sha256
+    (and, with ``publish_members``, the CRC-32 of its members, as if this archive were the published one)."""
     server.files[filename] = archive
     recipe = RECIPES[name]
     file = replace(recipe.inputs.file, url=server.url(filename), size=len(archive),
                    sha256=hashlib.sha256(archive).hexdigest(), md5=None)
-    return replace(recipe, inputs=replace(recipe.inputs, file=file))
+    inputs = replace(recipe.inputs, file=file)
+    if publish_members and recipe.inputs.member_crc32:
+        with zipfile.ZipFile(io.BytesIO(archive)) as members:
+            inputs = replace(inputs, member_crc32={name: zlib.crc32(members.read(name)) for name in inputs.member_crc32})
+    return replace(recipe, inputs=inputs)
 
 
 @pytest.fixture
@@ -72,10 +78,25 @@ def test_text8_zip_with_a_bad_crc_is_a_corrupt_archive(text8_prefix, tmp_path):
     assert not (tmp_path / "data" / "text8").exists()
 
 
+def test_text8_zip_holding_another_text_is_rejected_by_the_member_crc(corpus_server, text8_prefix, tmp_path):
+    recipe = served_recipe(corpus_server, "text8", "text8.zip", zip_bytes("text8", text8_prefix), publish_members=False)
+    expected = f"text8 CRC-32: expected 0x7d6be66f, got {zlib.crc32(text8_prefix):#010x}"
+    with pytest.raises(CharlmError, match=f"text8.zip holds files that differ from the published corpus: {expected}; moved aside"):
+        prepare_corpus(recipe, data_dir=tmp_path, download_policy=FAST, progress=False)
+    assert not (tmp_path / "downloads" / "text8.zip").exists()
+    assert not (tmp_path / "text8").exists()
+
+
 def test_text8_from_an_unzipped_local_file(text8_prefix, tmp_path):
     (tmp_path / "text8").write_bytes(text8_prefix)
-    corpus = prepare_corpus("text8", source=tmp_path / "text8", data_dir=tmp_path / "data", progress=False)
+    with pytest.raises(CharlmError, match="differs from the published corpus: text8 CRC-32: expected 0x7d6be66f.*--no-verify"):
+        prepare_corpus("text8", source=tmp_path / "text8", data_dir=tmp_path / "data", progress=False)
+    assert not (tmp_path / "data" / "text8").exists()
+    warnings = []
+    corpus = prepare_corpus("text8", source=tmp_path / "text8", data_dir=tmp_path / "data", verify=False,
+                            progress=False, log=warnings.append)
     assert corpus.tokens("train") == 180_000
+    assert any("warning: using a modified local copy" in message and "CRC-32" in message for message in warnings)
 
 
 def test_enwik8_is_bytes(corpus_server, tmp_path):

@@ -7,6 +7,7 @@ chose to use with ``--no-verify``).
 
 import hashlib
 import sys
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ class RemoteInputs:
     file: RemoteFile
     members: tuple[str, ...]
     member_sha256: Mapping[str, str] = field(default_factory=dict)
+    member_crc32: Mapping[str, int] = field(default_factory=dict)  # where no sha256 is published
     downloads = True
 
     def gather(self, request: GatherRequest) -> Gathered:
@@ -102,6 +104,10 @@ class RemoteInputs:
             actual = hashlib.sha256(files[name]).hexdigest()
             if actual != expected:
                 problems.append(f"{name} sha256: expected {expected}, got {actual}")
+        for name, expected in self.member_crc32.items():
+            actual = zlib.crc32(files[name])
+            if actual != expected:
+                problems.append(f"{name} CRC-32: expected {expected:#010x}, got {actual:#010x}")
         return problems
 
     def file_is_archive(self) -> bool:
