@@ -128,6 +128,54 @@ def test_a_segments_score_does_not_depend_on_its_own_update(method):
     assert scores[True][k + 1] != scores[False][k + 1]
 
 
+def test_gradient_statistics_are_the_root_mean_square_of_the_batch_gradients():
+    """√MS = √((1/K) Σ_k (∇θ L_k)²), L_k the mean loss of batch k, state carried across batches."""
+    model = random_model(dtype=torch.float64)
+    tokens = random_tokens(81)
+    rms, batches = collect_gradient_statistics(model, tokens, segment=10, batch_size=2, max_batches=3)
+    assert batches == 3
+
+    streams = torch.tensor(tokens[:80].reshape(2, 40)), torch.tensor(tokens[1:81].reshape(2, 40))
+    state, squares = model.initial_state(2), [torch.zeros_like(p) for p in model.parameters()]
+    for start in (0, 10, 20):
+        inputs, targets = (stream[:, start:start + 10] for stream in streams)
+        model.zero_grad()
+        logits, state = model(inputs, state)
+        state = detach_state(state)
+        torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB).float(), targets.reshape(-1)).backward()
+        squares = [square + p.grad ** 2 for square, p in zip(squares, model.parameters())]
+    for root, square in zip(rms, squares):
+        torch.testing.assert_close(root, torch.sqrt(square / 3), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.01, 0.6])
+def test_rms_update_follows_krause_et_al(decay):
+    """θ ← θ − η g/(√MS + ε) + λ · min(√MS / mean_tensors(mean(√MS)), 1/λ) ⊙ (θ₀ − θ)."""
+    model = random_model(dtype=torch.float64)
+    generator = torch.Generator().manual_seed(3)
+    rms = [torch.rand(p.shape, generator=generator, dtype=torch.float64) ** 4 for p in model.parameters()]
+    lr, eps = 1e-3, 1e-5
+    update = make_update(model, DynamicOptions("rms", lr=lr, decay=decay, eps=eps), rms)
+    trained = weights(model)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator, dtype=torch.float64))
+            parameter.grad = torch.randn(parameter.shape, generator=generator, dtype=torch.float64)
+    before, gradients = weights(model), [p.grad.clone() for p in model.parameters()]
+    update()
+
+    global_scale = sum(root.mean().item() for root in rms) / len(rms)
+    clipped = 0
+    for after, theta, theta0, g, root in zip(model.parameters(), before, trained, gradients, rms):
+        rate = root / global_scale
+        if decay > 0:
+            clipped += int((rate > 1 / decay).sum())
+            rate = torch.clamp(rate, max=1 / decay)
+        expected = theta - lr * g / (root + eps) + decay * rate * (theta0 - theta)
+        torch.testing.assert_close(after.detach(), expected, rtol=1e-12, atol=1e-15)
+    assert (clipped > 0) == (decay == 0.6)  # the clip at 1/λ binds in the last case only
+
+
 def fake_corpus(**splits):
     return SimpleNamespace(name="fake", unit="char", split=lambda name: splits[name])
 
