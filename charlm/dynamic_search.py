@@ -146,13 +146,14 @@ def check_protocol(split: str, adapt_on: str | None, search_prefix: int | None) 
 
 def _abandoning_beyond(nats_per_token: float, callback):
     """``callback``, raising DynamicDiverged once the running loss exceeds ``nats_per_token``."""
-    seen = {"tokens": 0, "nats": 0.0}
+    seen_tokens, seen_nats = 0, 0.0
 
     def check(tokens: int, nats: float) -> None:
+        nonlocal seen_tokens, seen_nats
         callback(tokens, nats)
-        seen["tokens"] += tokens
-        seen["nats"] += nats
-        if seen["nats"] > nats_per_token * seen["tokens"]:
+        seen_tokens += tokens
+        seen_nats += nats
+        if seen_nats > nats_per_token * seen_tokens:
             raise DynamicDiverged(f"running loss above {nats_per_token:.3f} nats per token")
 
     return check

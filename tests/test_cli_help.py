@@ -3,7 +3,7 @@
 import pytest
 
 from charlm.config import TrainConfig
-from tests.helpers import run_cli
+from helpers import run_cli
 
 
 def rendered_help(command: str) -> str:

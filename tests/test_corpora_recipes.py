@@ -33,7 +33,7 @@ def served_recipe(server, name: str, filename: str, archive: bytes, *, publish_m
     inputs = replace(recipe.inputs, file=file)
     if publish_members and recipe.inputs.member_crc32:
         with zipfile.ZipFile(io.BytesIO(archive)) as members:
-            inputs = replace(inputs, member_crc32={name: zlib.crc32(members.read(name)) for name in inputs.member_crc32})
+            inputs = replace(inputs, member_crc32={member: zlib.crc32(members.read(member)) for member in inputs.member_crc32})
     return replace(recipe, inputs=inputs)
 
 
