@@ -1,3 +1,34 @@
-"""charlm: character-level language modelling with recurrent networks."""
+"""charlm: character-level language modelling with recurrent networks.
 
-__version__ = "0.1.0"
+    import charlm
+    summary = charlm.train(charlm.TrainConfig(corpus="pydoc", cell="lru", hidden=128, epochs=1))
+    model = charlm.load(summary["run_dir"])
+    model.sample("The ", length=100)
+    model.score("Some text.").bpc
+"""
+
+__version__ = "0.2.0"
+
+_EXPORTS = {
+    "load": "charlm.api",
+    "Model": "charlm.api",
+    "TextScore": "charlm.api",
+    "train": "charlm.training",
+    "Trainer": "charlm.training",
+    "TrainConfig": "charlm.config",
+    "SampleConfig": "charlm.config",
+    "DynamicOptions": "charlm.config",
+    "Checkpoint": "charlm.checkpoint",
+    "Run": "charlm.runs",
+    "CharlmError": "charlm.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name):  # the heavy modules (torch) load on first use, not on `import charlm`
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'charlm' has no attribute {name!r}")

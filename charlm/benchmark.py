@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from charlm.config import BenchmarkSettings
-from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, size_for_budget
-from charlm.sampling import SamplingOptions, generate
+from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
+from charlm.config import SampleConfig
+from charlm.sampling import generate
 
 
 @dataclass
@@ -55,7 +56,7 @@ def _baseline_size(settings: BenchmarkSettings) -> int:
         with torch.device("meta"):
             return count_parameters(FusedLSTMBaseline(settings.vocab_size, hidden, settings.layers))
 
-    return min(range(8, 4096), key=lambda hidden: abs(total(hidden) - settings.budget))
+    return min(range(8, 4096), key=lambda hidden: abs(total(hidden) - parse_budget(settings.params)))
 
 
 def _synchronize(device):
@@ -109,7 +110,7 @@ def benchmark_cells(cells: list[str], settings: BenchmarkSettings) -> list[Throu
     results = [Throughput("torch.nn.LSTM (fused)", hidden, count_parameters(baseline), *_measure(baseline, settings, device))]
     for cell in cells:
         config = ModelConfig(cell, vocab_size=settings.vocab_size, hidden_size=1, layers=settings.layers)
-        hidden, _ = size_for_budget(config, settings.budget)
+        hidden, _ = size_for_budget(config, parse_budget(settings.params))
         model = LanguageModel(dataclasses.replace(config, hidden_size=hidden)).to(device)
         train_rate, eval_rate = _measure(model, settings, device)
         sample_rate = _sampling_rate(model, settings)
@@ -118,7 +119,7 @@ def benchmark_cells(cells: list[str], settings: BenchmarkSettings) -> list[Throu
 
 
 def _sampling_rate(model: LanguageModel, settings: BenchmarkSettings) -> float:
-    options = SamplingOptions(length=settings.sample_length, seed=settings.seed)
+    options = SampleConfig(length=settings.sample_length, seed=settings.seed)
     start = time.perf_counter()
     drawn = sum(1 for _ in generate(model, [0], options))
     return drawn / (time.perf_counter() - start)

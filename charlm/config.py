@@ -1,76 +1,169 @@
-"""Every default of a training run, in one visible place, and loading a config file."""
+"""Every default of charlm, in one visible place: the settings of each job as a typed dataclass.
+
+Each field carries its help text and its bounds (``setting(...)``). ``validate`` checks the bounds
+for Python callers; the command line builds its options, their help and their range checks from
+the same fields (``charlm.cli.options``), so a default or a bound is written once, here.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
+import typing
 from pathlib import Path
 
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, ConfigError
+
+DEFAULT_HIDDEN = 256  # hidden size when neither a hidden size nor a parameter budget is given
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def setting(default, help: str, *, flag: str | None = None, min=None, max=None, min_open: bool = False,
+            max_open: bool = False, choices: tuple | None = None, show_default: str | None = None, cli: bool = True):
+    """A dataclass field with its help text and bounds; ``flag`` overrides ``--field-name``.
+
+    ``show_default`` replaces the default in the help text (for defaults that depend on others);
+    ``cli=False`` keeps the field off the command line.
+    """
+    metadata = {"help": help, "flag": flag, "min": min, "max": max, "min_open": min_open, "max_open": max_open,
+                "choices": choices, "show_default": show_default, "cli": cli}
+    if isinstance(default, (dict, list)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag_of(owner, name: str) -> str:
+    """The command-line flag of field ``name`` of dataclass ``owner``."""
+    for field in dataclasses.fields(owner):
+        if field.name == name:
+            return field.metadata.get("flag") or "--" + name.replace("_", "-")
+    return "--" + name.replace("_", "-")
+
+
+def bound_text(metadata) -> str:
+    """``at least 1``, ``in (0, 1]``, ``positive``... from a field's bounds."""
+    low, high = metadata.get("min"), metadata.get("max")
+    if low is not None and high is not None:
+        return f"in {'(' if metadata['min_open'] else '['}{low}, {high}{')' if metadata['max_open'] else ']'}"
+    if low is not None:
+        if metadata["min_open"]:
+            return "positive" if low == 0 else f"greater than {low}"
+        return "zero or positive" if low == 0 else f"at least {low}"
+    if high is not None:
+        return f"less than {high}" if metadata["max_open"] else f"at most {high}"
+    return ""
+
+
+def validate(settings) -> None:
+    """Check every field of a settings dataclass against its bounds and choices (None is 'unset')."""
+    for field in dataclasses.fields(settings):
+        value = getattr(settings, field.name)
+        meta = field.metadata
+        if value is None or not meta:
+            continue
+        choices = meta.get("choices")
+        if choices and value not in choices:
+            raise ConfigError(type(settings), field.name, f"must be one of {', '.join(map(str, choices))}, not {value!r}")
+        low, high = meta.get("min"), meta.get("max")
+        if low is None and high is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(type(settings), field.name, f"must be a number, not {value!r}")
+        ok = not math.isnan(value)
+        if low is not None:
+            ok = ok and (value > low if meta["min_open"] else value >= low)
+        if high is not None:
+            ok = ok and (value < high if meta["max_open"] else value <= high)
+        if not ok:
+            raise ConfigError(type(settings), field.name, f"must be {bound_text(meta)}, not {value}")
 
 
 @dataclasses.dataclass
 class TrainConfig:
     """A training run. Defaults follow the Lattice Recurrent Unit paper's fair comparison."""
 
-    corpus: str = "pydoc"
-    cell: str = "lstm"
-    layers: int = 1
-    hidden: int | None = None  # hidden size; None with no params budget means 256
-    params: str | None = None  # parameter budget such as "1M"; chooses the hidden size
-    embed_size: int | None = None
-    dropout: float = 0.0
-    cell_options: dict = dataclasses.field(default_factory=dict)
-    batch_size: int = 250
-    bptt: int = 50
-    lr: float = 1e-3
-    lr_decay: float = 0.9  # learning rate multiplied by this after every epoch
-    epochs: int = 20
-    patience: int = 3  # stop after this many epochs without a better validation bpc
-    clip: float = 5.0  # gradient-norm clipping threshold (0: off)
-    seed: int = 1
-    device: str = "auto"
-    train_fraction: float = 1.0
-    eval_batch_size: int = 16
-    eval_every: int = 0  # also evaluate on validation every K steps (0: only at epoch ends)
-    log_every: int = 50  # write a step record to metrics.jsonl every K steps
-    max_minutes: float | None = None  # stop (and still evaluate) after this much training time
-    data_dir: str | None = None
-    run_dir: str | None = None
-    init_from: str | None = None
+    corpus: str = setting("pydoc", "Prepared corpus to train on (see `charlm corpora`).")
+    cell: str = setting("lstm", "Recurrent cell (see `charlm cells`), or module:Class for your own.")
+    layers: int = setting(1, "Number of stacked recurrent layers.", min=1)
+    hidden: int | None = setting(None, "Hidden size n.", min=1, show_default=f"{DEFAULT_HIDDEN} when neither --hidden nor --params is given")
+    params: str | None = setting(None, "Parameter budget such as 1M or 2.5e6: chooses the hidden size whose total count is closest.", show_default="none")
+    embed_size: int | None = setting(None, "Embedding width; 0 feeds one-hot symbols.", min=0, show_default="what the cell needs, else n")
+    dropout: float = setting(0.0, "Dropout between layers and on the softmax input.", min=0, max=1, max_open=True)
+    cell_options: dict = setting({}, "Options of the cell (--cell-opt key=value).", cli=False)
+    batch_size: int = setting(250, "Parallel streams per step.", min=1)
+    bptt: int = setting(50, "Truncated backpropagation window (steps).", min=1)
+    lr: float = setting(1e-3, "Adam learning rate.", min=0, min_open=True)
+    lr_decay: float = setting(0.9, "Learning rate factor applied after every epoch.", min=0, min_open=True)
+    epochs: int = setting(20, "Maximum number of epochs (with --resume: the new total).", min=1)
+    patience: int = setting(3, "Stop after this many epochs without a better validation bpc.", min=1)
+    clip: float = setting(5.0, "Gradient-norm clipping threshold, 0 for none.", min=0)
+    seed: int = setting(1, "Random seed (initialisation, dropout).")
+    device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps.")
+    train_fraction: float = setting(1.0, "Train on this leading fraction of the training split (0.2, 0.4, ...).", min=0, max=1, min_open=True)
+    eval_batch_size: int = setting(16, "Streams used to score validation/test.", min=1)
+    eval_every: int = setting(0, "Also score validation every K steps (0: epoch ends only).", min=0)
+    log_every: int = setting(50, "Write a step record to metrics.jsonl every K steps.", min=1)
+    max_minutes: float | None = setting(None, "Stop training after this many minutes (the run is evaluated and resumable).", min=0, min_open=True, show_default="no limit")
+    data_dir: str | None = setting(None, "Root of prepared corpora.", show_default="$CHARLM_DATA or ./data")
+    run_dir: str | None = setting(None, "Where to write checkpoints and metrics.", show_default="runs/CORPUS-CELL-TIME")
+    init_from: str | None = setting(None, "Start from this checkpoint's weights (fine-tuning).", show_default="none")
+    tensorboard: bool = setting(False, "Also write every metrics record to TensorBoard (needs charlm[tensorboard]).")
 
     def validate(self) -> None:
-        checks = [
-            (self.layers >= 1, "--layers must be at least 1"),
-            (self.hidden is None or self.hidden >= 1, "--hidden must be at least 1"),
-            (self.hidden is None or self.params is None, "give --hidden or --params, not both"),
-            (self.batch_size >= 1, "--batch-size must be at least 1"),
-            (self.bptt >= 1, "--bptt must be at least 1"),
-            (self.lr > 0, "--lr must be positive"),
-            (self.lr_decay > 0, "--lr-decay must be positive"),
-            (self.epochs >= 1, "--epochs must be at least 1"),
-            (self.patience >= 1, "--patience must be at least 1"),
-            (self.clip >= 0, "--clip must be zero (off) or positive"),
-            (0 < self.train_fraction <= 1, "--train-fraction must be in (0, 1]"),
-            (0 <= self.dropout < 1, "--dropout must be in [0, 1)"),
-            (self.eval_batch_size >= 1, "--eval-batch-size must be at least 1"),
-            (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "--device must be auto, cpu or cuda"),
-            (self.max_minutes is None or self.max_minutes > 0, "--max-minutes must be positive"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise CharlmError(message)
+        validate(self)
+        if self.hidden is not None and self.params is not None:
+            raise ConfigError(TrainConfig, "hidden", "and params are exclusive: give one, not both")
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise ConfigError(TrainConfig, "device", f"must be auto, cpu, cuda, cuda:N or mps, not {self.device!r}")
+        if not isinstance(self.cell_options, dict):
+            raise ConfigError(TrainConfig, "cell_options", "must be a mapping of option names to values")
+
+    @property
+    def hidden_size(self) -> int:
+        return self.hidden or DEFAULT_HIDDEN
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise CharlmError(f"unknown training settings: {', '.join(unknown)}")
-        return cls(**values)
+        """From plain values (a config file, a checkpoint); unknown keys and wrong types are errors."""
+        return from_dict(cls, values)
+
+
+# Settings that may differ between a run and its resumption; the rest define the run.
+RESUMABLE_SETTINGS = ("epochs", "max_minutes", "device", "patience", "eval_every", "log_every", "tensorboard", "data_dir")
+
+
+_KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "an object"}
+
+
+def from_dict(cls, values: dict):
+    """``cls(**values)`` with each value checked against the field's type (numbers for a text field,
+    such as a budget of 1000000, are taken as text; ints are floats)."""
+    known = {field.name for field in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise CharlmError(f"unknown {cls.__name__} settings: {', '.join(unknown)}")
+    hints = typing.get_type_hints(cls)
+    checked = {}
+    for name, value in values.items():
+        allowed = tuple(kind for kind in typing.get_args(hints[name]) or (hints[name],) if kind is not type(None))
+        allowed = tuple(typing.get_origin(kind) or kind for kind in allowed)
+        if value is None and len(allowed) < len(typing.get_args(hints[name]) or (hints[name],)):
+            pass
+        elif isinstance(value, bool) and bool not in allowed:
+            raise ConfigError(cls, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {value!r}")
+        elif str in allowed and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)
+        elif float in allowed and isinstance(value, int):
+            value = float(value)
+        elif not isinstance(value, allowed):
+            raise ConfigError(cls, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {value!r}")
+        checked[name] = value
+    return cls(**checked)
 
 
 def read_config_file(path: str | Path) -> dict:
@@ -80,6 +173,8 @@ def read_config_file(path: str | Path) -> dict:
         values = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CharlmError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise CharlmError(f"config file {path} is a directory") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CharlmError(f"config file {path} is not valid JSON: {error}") from None
     if not isinstance(values, dict):
@@ -88,30 +183,107 @@ def read_config_file(path: str | Path) -> dict:
 
 
 @dataclasses.dataclass
+class EvalConfig:
+    """`charlm eval` and `Model.evaluate`: static scoring of a split."""
+
+    split: str = setting("test", "Split to score.", choices=("valid", "test"))
+    batch_size: int = setting(16, "Parallel streams; every symbol is scored once whatever the value.", min=1)
+    bptt: int | None = setting(None, "Window length.", min=1, show_default="the training bptt")
+
+
+@dataclasses.dataclass
+class ScoreConfig:
+    """`charlm score` and `Model.score`: scoring any text."""
+
+    unknown: str = setting("error", "Characters outside the vocabulary: error names them, skip drops them "
+                           "(counted), unk maps them to the vocabulary's unknown entry.", choices=("error", "skip", "unk"))
+    batch_size: int = setting(1, "Parallel streams (1: the text in order, exact).", min=1)
+
+
+@dataclasses.dataclass
+class SampleConfig:
+    """`charlm sample` and `Model.sample`."""
+
+    length: int = setting(500, "Symbols (tokens) to generate per sample.", min=0)
+    temperature: float = setting(1.0, "Softmax temperature: below 1 is more conservative.", min=0, min_open=True)
+    top_k: int = setting(0, "Draw only from the k most likely symbols (0: off).", min=0)
+    top_p: float = setting(1.0, "Draw only from the smallest set with this much probability (1: off).", min=0, max=1, min_open=True)
+    seed: int | None = setting(None, "Random seed: the same seed gives the same text.", show_default="random")
+    num_samples: int = setting(1, "How many samples to draw (separated by a blank line).", min=1)
+
+
+DEFAULT_PRIME = "\n"  # what sampling starts from when no prime is given (a line break)
+
+
+@dataclasses.dataclass
+class DynamicOptions:
+    """Every setting of a dynamic evaluation (see charlm.dynamic), with its default."""
+
+    method: str = setting("sgd", "sgd (Delta-RNN paper) or rms (Krause et al. 2018).", choices=("sgd", "rms"), cli=False)
+    lr: float | None = setting(None, "Step size η.", flag="--dyn-lr", min=0, show_default="0.01 sgd, 0.0001 rms")
+    decay: float = setting(0.01, "rms: λ, the pull back towards the trained weights.", flag="--dyn-decay", min=0, max=1)
+    eps: float = setting(1e-5, "rms: ε added to the RMS of the training gradients.", flag="--dyn-eps", min=0, min_open=True)
+    segment: int = setting(20, "Steps per segment, one update after each; the static figure uses the same segments.", min=1)
+    batch_size: int = setting(1, "Parallel streams (1: adapts on the text strictly in order, exact).", min=1, cli=False)
+    stat_batch_size: int = setting(100, "rms: streams per training batch for the statistics.", flag="--dyn-stat-batch-size", min=1)
+    stat_batches: int | None = setting(None, "rms: collect gradient statistics on at most this many training batches.",
+                                       flag="--dyn-stat-batches", min=1, show_default="the whole training split")
+
+    def __post_init__(self):
+        if self.lr is None and self.method in DEFAULT_DYNAMIC_LR:
+            self.lr = DEFAULT_DYNAMIC_LR[self.method]
+
+    def validate(self) -> None:
+        validate(self)
+        if not math.isfinite(self.lr):
+            raise ConfigError(DynamicOptions, "lr", f"must be finite, not {self.lr}")
+
+    def hyperparameters(self) -> dict:
+        values = {"method": self.method, "lr": self.lr, "segment": self.segment, "batch_size": self.batch_size}
+        if self.method == "rms":
+            values.update(decay=self.decay, eps=self.eps, stat_batch_size=self.stat_batch_size, stat_batches=self.stat_batches)
+        return values
+
+
+DEFAULT_DYNAMIC_LR = {"sgd": 0.01, "rms": 1e-4}  # η of DynamicOptions by method
+DEFAULT_SEARCH_PREFIX = 50_000  # characters of the validation split that --dyn-search scores
+
+
+@dataclasses.dataclass
 class BenchmarkSettings:
     """`charlm bench`: models sized to one budget, timed on synthetic data."""
 
-    budget: int = 1_000_000
-    layers: int = 1
-    vocab_size: int = 82
-    batch_size: int = 250
-    bptt: int = 50
-    steps: int = 5  # timed training steps after one warm-up step
-    sample_length: int = 200
-    device: str = "cpu"
-    seed: int = 0
+    cells: str = setting("lstm,gru,lru", "Comma-separated cell names, or 'all'.")
+    params: str = setting("1M", "Parameter budget every model is sized to.")
+    layers: int = setting(1, "Recurrent layers.", min=1)
+    vocab_size: int = setting(82, "Vocabulary size of the synthetic data.", min=2)
+    batch_size: int = setting(250, "Streams per step.", min=1)
+    bptt: int = setting(50, "Window length.", min=1)
+    steps: int = setting(5, "Timed steps per measurement (after one warm-up).", min=1)
+    sample_length: int = setting(200, "Symbols drawn to time sampling.", min=1)
+    device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps.")
+    seed: int = setting(0, "Random seed of the synthetic data and weights.", cli=False)
 
 
 @dataclasses.dataclass
 class DemoSettings:
     """`charlm demo`: a small LRU on the embedded pydoc corpus for a couple of minutes."""
 
-    minutes: float = 2.0
-    cell: str = "lru"
-    hidden: int = 192
-    layers: int = 1
-    batch_size: int = 32
-    bptt: int = 50
-    lr: float = 3e-3
-    sample_length: int = 400
-    seed: int = 1
+    minutes: float = setting(2.0, "Training time budget in minutes.", min=0, min_open=True)
+    cell: str = setting("lru", "Cell to train.", cli=False)
+    hidden: int = setting(192, "Hidden size.", cli=False)
+    layers: int = setting(1, "Layers.", cli=False)
+    batch_size: int = setting(32, "Streams.", cli=False)
+    bptt: int = setting(50, "Window.", cli=False)
+    lr: float = setting(3e-3, "Learning rate.", cli=False)
+    sample_length: int = setting(400, "Characters sampled after the prime.", cli=False)
+    temperature: float = setting(0.8, "Sampling temperature.", cli=False)
+    prime: str = setting("The ", "Prime of the sample.", cli=False)
+    seed: int = setting(1, "Random seed.", cli=False)
+
+
+@dataclasses.dataclass
+class PrepareSettings:
+    """`charlm prepare`: the defaults that are not a recipe's own."""
+
+    vocab_size: int = setting(2000, "Pieces in the subword model (with --subword and the *-subword corpora).", min=2)

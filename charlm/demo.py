@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+from charlm.api import load
 from charlm.config import DemoSettings, TrainConfig
 from charlm.corpora import prepare_corpus
 from charlm.runs import default_run_dir
-from charlm.sampling import SamplingOptions, encode_prime, generate, load_model, stream_text, unknown_ids
-from charlm.training import Trainer
-
-DEMO_PRIME = "The "
+from charlm.training import train
 
 
 def run_demo(settings: DemoSettings, data_dir=None, run_dir=None, write=print) -> dict:
@@ -29,9 +27,12 @@ def run_demo(settings: DemoSettings, data_dir=None, run_dir=None, write=print) -
         data_dir=None if data_dir is None else str(data_dir),
         run_dir=str(run_dir or default_run_dir("pydoc", f"{settings.cell}-demo")),
     )
-    summary = Trainer(config).fit()
-    model, tokenizer, _ = load_model(summary["run_dir"], device="auto")
-    options = SamplingOptions(length=settings.sample_length, temperature=0.8, seed=settings.seed)
-    write(f"sample ({settings.sample_length} characters after the prime, temperature 0.8):\n{DEMO_PRIME}")
-    summary["sample"] = DEMO_PRIME + stream_text(tokenizer, generate(model, encode_prime(tokenizer, DEMO_PRIME), options, unknown_ids(tokenizer)), write)
+    summary = train(config)
+    model = load(summary["run_dir"])
+    write(f"sample ({settings.sample_length} characters after the prime, temperature {settings.temperature:g}):\n{settings.prime}")
+    pieces = []
+    for piece in model.stream(settings.prime, settings.sample_length, settings.temperature, seed=settings.seed):
+        write(piece)
+        pieces.append(piece)
+    summary["sample"] = settings.prime + "".join(pieces)
     return summary

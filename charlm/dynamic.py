@@ -29,7 +29,6 @@ where the training gradients were large, and never past θ₀ (λ · decay ≤ 1
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 from typing import Callable
 
@@ -38,52 +37,12 @@ import torch
 from torch import Tensor
 
 from charlm.batching import IGNORE, TokenStreams
+from charlm.config import DynamicOptions  # noqa: F401  (the settings of a dynamic evaluation)
 from charlm.errors import CharlmError
-from charlm.evaluation import Score, window_nats
+from charlm.evaluation import Score, token_nats, window_nats
 from charlm.model import detach_state
 
 METHODS = ("sgd", "rms")
-DEFAULT_LR = {"sgd": 0.01, "rms": 1e-4}  # η; see DynamicOptions
-
-
-@dataclasses.dataclass
-class DynamicOptions:
-    """Every setting of a dynamic evaluation, with its default."""
-
-    method: str = "sgd"  # "sgd" or "rms"
-    lr: float | None = None  # η; None: DEFAULT_LR[method]
-    decay: float = 0.01  # λ, the pull back towards the trained weights (rms)
-    eps: float = 1e-5  # ε added to √MS (rms)
-    segment: int = 20  # steps between updates; Krause et al. use 5–20 for character models
-    batch_size: int = 1  # parallel streams; 1 adapts on the text strictly in order (exact)
-    stat_batch_size: int = 100  # streams of the training batches that MS is collected on (rms)
-    stat_batches: int | None = None  # how many training batches to collect MS on; None: all
-
-    def __post_init__(self):
-        if self.lr is None and self.method in DEFAULT_LR:
-            self.lr = DEFAULT_LR[self.method]
-
-    def validate(self) -> None:
-        checks = [
-            (self.method in METHODS, f"--dynamic must be sgd or rms, not {self.method!r}"),
-            (self.lr is not None and math.isfinite(self.lr) and self.lr >= 0, f"--dyn-lr must be zero or positive, not {self.lr}"),
-            (0 <= self.decay <= 1, f"--dyn-decay (λ) must be in [0, 1], not {self.decay}"),
-            (math.isfinite(self.eps) and self.eps > 0, f"--dyn-eps must be positive, not {self.eps}"),
-            (self.segment >= 1, f"--segment must be at least 1, not {self.segment}"),
-            (self.batch_size >= 1, f"--batch-size must be at least 1, not {self.batch_size}"),
-            (self.stat_batch_size >= 1, f"--dyn-stat-batch-size must be at least 1, not {self.stat_batch_size}"),
-            (self.stat_batches is None or self.stat_batches >= 1, f"--dyn-stat-batches must be at least 1, not {self.stat_batches}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise CharlmError(message)
-
-    def hyperparameters(self) -> dict:
-        """The settings that matter for this method, for printing and for metrics.jsonl."""
-        values = {"method": self.method, "lr": self.lr, "segment": self.segment, "batch_size": self.batch_size}
-        if self.method == "rms":
-            values.update(decay=self.decay, eps=self.eps, stat_batch_size=self.stat_batch_size, stat_batches=self.stat_batches)
-        return values
 
 
 class DynamicDiverged(CharlmError):
@@ -195,8 +154,11 @@ def dynamic_score(
     device=None,
     chars_per_token: float = 1.0,
     progress: Callable[[int, float], None] | None = None,
+    per_token: bool = False,
 ) -> Score:
     """Score every symbol of ``tokens`` after the first, test-then-train, leaving θ adapted.
+
+    ``per_token=True`` also returns each prediction's NLL in text order (``Score.token_nats``).
 
     ``update`` is called after the gradient of each segment's mean loss has been computed (and
     after the segment's score has been recorded); ``progress(tokens, nats)`` after each segment.
@@ -204,12 +166,16 @@ def dynamic_score(
     streams = TokenStreams(tokens, batch_size, segment, cover_all=True)
     state = model.initial_state(batch_size, device=device)
     total = 0.0
+    columns = []
     with _backward_in_eval_mode(model):
         for window in streams.windows(device=device):
             model.zero_grad(set_to_none=True)
             logits, state = model(window.inputs, state)
             state = detach_state(state)
-            nats = window_nats(logits, window.targets)
+            each = token_nats(logits, window.targets)
+            nats = each.sum()
+            if per_token:
+                columns.append(each.detach().double().cpu())
             segment_nats = nats.item()  # the score, fixed before any update on this segment
             if not math.isfinite(segment_nats):
                 raise DynamicDiverged(f"dynamic evaluation diverged at segment {window.index} (non-finite loss): lower --dyn-lr")
@@ -220,7 +186,10 @@ def dynamic_score(
             if progress is not None:
                 progress(real, segment_nats)
     model.zero_grad(set_to_none=True)
-    return Score(total, streams.tokens_scored, streams.tokens_scored * chars_per_token)
+    score = Score(total, streams.tokens_scored, streams.tokens_scored * chars_per_token)
+    if per_token:
+        score.token_nats = torch.cat(columns, dim=1).reshape(-1)[: streams.tokens_scored].numpy()
+    return score
 
 
 @contextlib.contextmanager

@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from charlm.dynamic import METHODS, DynamicDiverged, DynamicOptions, collect_gradient_statistics, dynamic_score, make_update
+from charlm.config import DEFAULT_SEARCH_PREFIX  # noqa: F401
 from charlm.errors import CharlmError
 from charlm.evaluation import Score, characters_per_token, score_tokens
 
 # The grids --dyn-search tries: η for both methods, λ for rms (tuned on War and Peace, 1M parameters).
 SEARCH_LRS = {"sgd": (0.001, 0.003, 0.01, 0.03, 0.1), "rms": (1e-5, 3e-5, 1e-4, 3e-4)}
 SEARCH_DECAYS = {"sgd": (0.0,), "rms": (0.0, 0.01, 0.1)}
-DEFAULT_SEARCH_PREFIX = 50_000  # characters of the validation split
 
 
 @dataclasses.dataclass
@@ -265,11 +265,10 @@ def check_adapted_path(path, source) -> None:
         raise CharlmError(f"--save-adapted {path} would overwrite the evaluated checkpoint")
 
 
-def adapted_checkpoint(payload: dict, model, report: DynamicReport) -> dict:
-    """The evaluated checkpoint with the adapted weights, loadable wherever the original is."""
-    adapted = {key: value for key, value in payload.items() if key != "path"}
-    adapted["model"] = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
-    adapted["hidden"] = None  # the training state belongs to the original weights
-    adapted["dynamic"] = {"source": payload["path"], "split": report.split, "adapt_on": report.adapt_on,
-                          **report.options.hyperparameters()}
-    return adapted
+def adapted_checkpoint(model, report: DynamicReport):
+    """The evaluated checkpoint with the adapted weights (a ``charlm.api.Model`` after
+    ``evaluate(dynamic=...)``), loadable wherever the original is."""
+    source = model.checkpoint.path
+    dynamic = {"source": None if source is None else str(source), "split": report.split, "adapt_on": report.adapt_on,
+               **report.options.hyperparameters()}
+    return model.current_checkpoint(kind="adapted", training=None, dynamic=dynamic)

@@ -1,10 +1,19 @@
-"""The one exception type that reaches the user as a single line on stderr."""
+"""The exceptions that reach the user as a single line on stderr."""
 
 
 class CharlmError(Exception):
     """Bad input or an unusable resource: printed as one line, exit code ``exit_code``."""
 
     exit_code = 2
+
+
+class ConfigError(CharlmError):
+    """A setting out of its bounds. Says the field's name (``layers must be at least 1``); the
+    command line prints the flag instead (``--layers must be at least 1``)."""
+
+    def __init__(self, owner: type, field: str, reason: str):
+        self.owner, self.field, self.reason = owner, field, reason
+        super().__init__(f"{field} {reason}")
 
 
 class OutOfVocabulary(CharlmError):

@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from charlm.batching import IGNORE, TokenStreams
-from charlm.errors import CharlmError
 from charlm.model import detach_state
 
 LN2 = math.log(2.0)
@@ -23,6 +22,7 @@ class Score:
     nats: float
     tokens: int
     characters: float
+    token_nats: np.ndarray | None = None  # each prediction's NLL in text order, when asked for
 
     @property
     def loss(self) -> float:
@@ -39,7 +39,7 @@ class Score:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.loss)
+        return math.exp(self.loss) if self.loss < 700 else math.inf
 
     def as_dict(self, prefix: str = "") -> dict:
         return {
@@ -60,25 +60,44 @@ def characters_per_token(corpus, split: str) -> float:
 
 def window_nats(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Summed NLL of a window's predictions, padding excluded."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
+    return token_nats(logits, targets).sum()
+
+
+def token_nats(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """NLL of each prediction (0 where padded), in at least single precision."""
+    logits = logits.reshape(-1, logits.shape[-1])
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits, targets.reshape(-1), ignore_index=IGNORE, reduction="none").view(targets.shape)
 
 
 @torch.no_grad()
-def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, device, chars_per_token: float = 1.0, progress=None) -> Score:
-    """Score every symbol of ``tokens`` after the first, carrying state across windows."""
+def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, device, chars_per_token: float = 1.0,
+                 progress=None, per_token: bool = False) -> Score:
+    """Score every symbol of ``tokens`` after the first, carrying state across windows.
+
+    ``per_token=True`` also returns each prediction's NLL in text order (``Score.token_nats``).
+    """
     was_training = model.training
     model.eval()
     streams = TokenStreams(tokens, batch_size, bptt, cover_all=True)
     state = model.initial_state(batch_size, device=device)
     nats = 0.0
+    columns = []
     for window in streams.windows(device=device):
         logits, state = model(window.inputs, state)
         state = detach_state(state)
-        nats += window_nats(logits, window.targets).item()
+        each = token_nats(logits, window.targets)
+        nats += each.sum().item()
+        if per_token:
+            columns.append(each.double().cpu())
         if progress is not None:
             progress(window.targets.numel())
     model.train(was_training)
-    return Score(nats, streams.tokens_scored, streams.tokens_scored * chars_per_token)
+    score = Score(nats, streams.tokens_scored, streams.tokens_scored * chars_per_token)
+    if per_token:
+        # stream b holds a contiguous stretch of the text, so row-major order is text order
+        score.token_nats = torch.cat(columns, dim=1).reshape(-1)[: streams.tokens_scored].numpy()
+    return score
 
 
 def score_split(model, corpus, split: str, *, batch_size: int, bptt: int, device, progress=None) -> Score:
@@ -91,14 +110,3 @@ def score_split(model, corpus, split: str, *, batch_size: int, bptt: int, device
         chars_per_token=characters_per_token(corpus, split),
         progress=progress,
     )
-
-
-def corpus_for_checkpoint(payload: dict, data_dir=None):
-    """The prepared corpus a checkpoint was trained on, checked to have the same vocabulary."""
-    from charlm.corpora import load_corpus
-
-    name = payload["config"]["corpus"]
-    corpus = load_corpus(name, data_dir if data_dir is not None else payload["config"].get("data_dir"))
-    if list(corpus.tokenizer.vocab) != list(payload["tokenizer"]["vocab"]):
-        raise CharlmError(f"the prepared corpus {name!r} has another vocabulary than the checkpoint {payload['path']}")
-    return corpus

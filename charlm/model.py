@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from charlm.cells import CELLS, glorot_uniform_, parse_cell_options
+from charlm.config import from_dict
 from charlm.errors import CharlmError
 
 
@@ -27,7 +28,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "ModelConfig":
-        return cls(**values)
+        return from_dict(cls, values)
 
 
 class OneHot(nn.Module):
@@ -44,14 +45,16 @@ class OneHot(nn.Module):
 class LanguageModel(nn.Module):
     """Predicts the next symbol at every position of a window, carrying each layer's time state."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, cell_class=None):
+        """``cell_class``: the class of ``config.cell`` when the caller has resolved it already
+        (a user cell that a checkpoint names); otherwise it is looked up in the registry."""
         super().__init__()
         if config.hidden_size < 1 or config.layers < 1 or config.vocab_size < 1:
             raise CharlmError("hidden size, layers and vocabulary size must all be at least 1")
         if not 0.0 <= config.dropout < 1.0:
             raise CharlmError(f"dropout must be in [0, 1), not {config.dropout}")
         self.config = config
-        cell_class = CELLS.get(config.cell)
+        cell_class = cell_class or CELLS.get(config.cell)
         cell_config = parse_cell_options(cell_class, config.cell_options)
         required = cell_class.required_input_size(config.hidden_size, cell_config)
         embed_size = config.embed_size
@@ -131,7 +134,7 @@ def parse_budget(text: str) -> int:
     return int(round(value))
 
 
-def size_for_budget(config: ModelConfig, budget: int, max_hidden: int = 16384) -> tuple[int, int]:
+def size_for_budget(config: ModelConfig, budget: int, max_hidden: int = 16384, cell_class=None) -> tuple[int, int]:
     """The hidden size whose total parameter count is closest to ``budget``, and that count.
 
     Counts are taken from models built on the meta device, so every cell, tied and two-stream
@@ -140,7 +143,7 @@ def size_for_budget(config: ModelConfig, budget: int, max_hidden: int = 16384) -
 
     def total(hidden: int) -> int:
         with torch.device("meta"):
-            return count_parameters(LanguageModel(dataclasses.replace(config, hidden_size=hidden)))
+            return count_parameters(LanguageModel(dataclasses.replace(config, hidden_size=hidden), cell_class))
 
     low, high = 1, 1
     while total(high) < budget and high < max_hidden:

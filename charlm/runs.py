@@ -1,62 +1,176 @@
-"""A run directory: resolved config, metrics.jsonl, a log, and the last/best checkpoints."""
+"""A run directory: config.json, provenance.json, metrics.jsonl, train.log, last.pt and best.pt.
+
+``Run`` is the one place that writes them. Every record goes to ``metrics.jsonl`` (one JSON
+object per line) and to any extra sinks (TensorBoard); ``summary()`` reads a run back for
+`charlm runs`.
+"""
 
 from __future__ import annotations
 
 import json
-import sys
+import math
+import os
+import platform
 import time
 from pathlib import Path
 
 import torch
 
 from charlm.errors import CharlmError
+from charlm.files import atomic_write_text
+from charlm.logs import get_logger
+
+STATUSES = ("finished", "interrupted", "diverged", "running", "created")
 
 
-class RunDirectory:
+class Run:
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.sinks = []  # objects with write(event, fields) and close()
 
-    @property
-    def last(self) -> Path:
-        return self.path / "last.pt"
+    # --- files ---------------------------------------------------------------------------------
+    last = property(lambda self: self.path / "last.pt")
+    best = property(lambda self: self.path / "best.pt")
+    metrics = property(lambda self: self.path / "metrics.jsonl")
+    config_file = property(lambda self: self.path / "config.json")
+    provenance_file = property(lambda self: self.path / "provenance.json")
+    log_file = property(lambda self: self.path / "train.log")
+    running_file = property(lambda self: self.path / "running.json")
 
-    @property
-    def best(self) -> Path:
-        return self.path / "best.pt"
+    @classmethod
+    def create(cls, path: str | Path, config: dict, provenance: dict) -> "Run":
+        """A new run directory; refuses one that already holds a run."""
+        run = cls(path)
+        if run.last.exists() or run.best.exists() or run.metrics.exists():
+            raise CharlmError(f"run directory {run.path} already holds a run: resume it with --resume {run.path}, "
+                              "or choose another --run-dir")
+        try:
+            run.path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise CharlmError(f"cannot create run directory {run.path}: {error.strerror}") from None
+        atomic_write_text(run.config_file, json.dumps(config, indent=2, sort_keys=True) + "\n")
+        run.write_provenance(provenance)
+        return run
 
-    @property
-    def metrics(self) -> Path:
-        return self.path / "metrics.jsonl"
+    @classmethod
+    def resume(cls, path: str | Path) -> "Run":
+        """An existing run directory that holds a last checkpoint."""
+        run = cls(path)
+        if not run.path.is_dir():
+            raise CharlmError(f"no run directory {run.path} to resume")
+        if not run.last.exists():
+            raise CharlmError(f"run directory {run.path} holds no last.pt to resume from")
+        return run
 
-    @property
-    def config(self) -> Path:
-        return self.path / "config.json"
+    def write_provenance(self, provenance: dict) -> None:
+        atomic_write_text(self.provenance_file, json.dumps(provenance, indent=2, sort_keys=True) + "\n")
 
-    @property
-    def log_file(self) -> Path:
-        return self.path / "train.log"
+    def read_json(self, path: Path) -> dict:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
 
-    def create(self) -> None:
-        if self.last.exists() or self.best.exists():
-            raise CharlmError(f"run directory {self.path} already holds a run: pass --resume {self.path}, or another --run-dir")
-        self.path.mkdir(parents=True, exist_ok=True)
-
-    def write_config(self, config: dict) -> None:
-        temporary = self.config.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        temporary.replace(self.config)
-
+    # --- what happens during a run ---------------------------------------------------------------
     def record(self, event: str, **fields) -> None:
-        """Append one JSON object to metrics.jsonl."""
+        """Append one JSON object to metrics.jsonl, and hand it to every sink."""
         row = {"event": event, "time": round(time.time(), 3), **fields}
+        line = json.dumps(row, default=_plain)
+        prefix = "\n" if _ends_without_newline(self.metrics) else ""
         with self.metrics.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(row, default=_plain) + "\n")
+            handle.write(prefix + line + "\n")
+        for sink in self.sinks:
+            sink.write(event, row)
 
     def log(self, message: str) -> None:
-        """A line for the person watching (stderr) and for the run's log file."""
-        print(message, file=sys.stderr, flush=True)
+        """A line for the person watching (the charlm logger) and for the run's train.log."""
+        get_logger().info(message)
         with self.log_file.open("a", encoding="utf-8") as handle:
             handle.write(message + "\n")
+
+    def mark_running(self) -> None:
+        atomic_write_text(self.running_file, json.dumps({"pid": os.getpid(), "host": platform.node(), "since": time.time()}))
+
+    def mark_stopped(self) -> None:
+        self.running_file.unlink(missing_ok=True)
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
+
+    # --- reading a run back ----------------------------------------------------------------------
+    def events(self) -> list[dict]:
+        """The records of metrics.jsonl; a line cut short by a crash is skipped."""
+        rows = []
+        try:
+            text = self.metrics.read_text(encoding="utf-8")
+        except OSError:
+            return rows
+        for line in text.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
+
+    def status(self, events: list[dict] | None = None) -> str:
+        events = self.events() if events is None else events
+        running = self.read_json(self.running_file)
+        if running and running.get("host") == platform.node() and _alive(running.get("pid")):
+            return "running"
+        last_start = max((i for i, row in enumerate(events) if row.get("event") == "start"), default=None)
+        if last_start is None:
+            return "created"
+        after = [row.get("event") for row in events[last_start:]]
+        if "end" in after:
+            return "finished"
+        if "diverged" in after:
+            return "diverged"
+        return "interrupted"
+
+    def summary(self) -> dict:
+        """One row of `charlm runs`: settings, size, progress, scores, time, status."""
+        config = self.read_json(self.config_file)
+        train, model = config.get("train", {}), config.get("model", {})
+        events = self.events()
+        epochs = [row for row in events if row.get("event") == "epoch"]
+        full_epochs = [row for row in epochs if not row.get("partial")]
+        best = [row for row in epochs if row.get("best")]
+        starts = [row for row in events if row.get("event") == "start"]
+        dynamic = {}
+        for row in events:
+            if row.get("event") == "eval" and row.get("mode") == "dynamic":
+                method = (row.get("hyperparameters") or {}).get("method", "dynamic")
+                dynamic[f"{method} {row.get('split')}" + (" #2" if row.get("adapt_on") else "")] = row.get("dynamic_bpc")
+        wall = sum(row.get("train_seconds", 0.0) for row in full_epochs)
+        if epochs and epochs[-1].get("partial"):
+            wall += epochs[-1].get("train_seconds", 0.0)
+        return {
+            "run": str(self.path),
+            "corpus": train.get("corpus"),
+            "cell": model.get("cell", train.get("cell")),
+            "layers": model.get("layers"),
+            "hidden": model.get("hidden_size"),
+            "parameters": starts[-1].get("parameters") if starts else None,
+            "epochs": len(full_epochs),
+            "best_epoch": best[-1]["epoch"] if best else None,
+            "best_valid_bpc": best[-1].get("valid_bpc") if best else None,
+            "test_bpc": best[-1].get("test_bpc") if best else None,
+            "dynamic": dynamic,
+            "train_seconds": wall,
+            "status": self.status(events),
+            "provenance": self.read_json(self.provenance_file),
+        }
+
+
+def find_runs(root: str | Path) -> list[Run]:
+    """Every run directory (one holding config.json) at or below ``root``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise CharlmError(f"no such directory: {root}")
+    return [Run(path.parent) for path in sorted(root.rglob("config.json")) if (path.parent / "metrics.jsonl").exists()
+            or (path.parent / "last.pt").exists()]
 
 
 def default_run_dir(corpus: str, cell: str) -> Path:
@@ -64,9 +178,35 @@ def default_run_dir(corpus: str, cell: str) -> Path:
     return Path("runs") / f"{corpus}-{safe_cell}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def _alive(pid) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _ends_without_newline(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            if handle.tell() == 0:
+                return False
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) != b"\n"
+    except OSError:
+        return False
+
+
 def _plain(value):
     if isinstance(value, torch.Tensor):
         return value.tolist()
     if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     raise TypeError(f"cannot write {type(value).__name__} to metrics")

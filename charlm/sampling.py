@@ -2,61 +2,34 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
-from charlm.checkpoints import load_checkpoint
+from charlm.config import SampleConfig
 from charlm.corpora import Tokenizer
-from charlm.devices import resolve_device
 from charlm.errors import CharlmError, OutOfVocabulary
-from charlm.model import LanguageModel, ModelConfig
+from charlm.model import LanguageModel
 
 
-@dataclass
-class SamplingOptions:
-    length: int = 500  # tokens to generate after the prime
-    temperature: float = 1.0
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1: off
-    seed: int | None = None
-
-    def validate(self) -> None:
-        if self.length < 0:
-            raise CharlmError("--length must be zero or positive")
-        if self.temperature <= 0:
-            raise CharlmError("--temperature must be positive")
-        if self.top_k < 0:
-            raise CharlmError("--top-k must be zero (off) or positive")
-        if not 0 < self.top_p <= 1:
-            raise CharlmError("--top-p must be in (0, 1]")
-
-
-def load_model(reference: str, device: str = "auto") -> tuple[LanguageModel, Tokenizer, dict]:
-    """Rebuild the model and tokenizer from a checkpoint alone."""
-    target = resolve_device(device)
-    payload = load_checkpoint(reference, map_location=target)
-    model = LanguageModel(ModelConfig.from_dict(payload["model_config"]))
-    model.load_state_dict(payload["model"])
-    model.to(target).eval()
-    return model, Tokenizer.from_state(payload["tokenizer"]), payload
+def outside_vocabulary(tokenizer: Tokenizer, text: str) -> list[str]:
+    """Characters of ``text`` the vocabulary lacks, or has only as its unknown-symbol entry."""
+    try:
+        tokenizer.encode(text)
+    except OutOfVocabulary as error:
+        return error.symbols
+    if tokenizer.unk is None:
+        return []
+    unk_id = tokenizer.vocab.index(tokenizer.unk)
+    return sorted(c for c in set(text) if unk_id in tokenizer.encode(c))
 
 
 def encode_prime(tokenizer: Tokenizer, text: str) -> list[int]:
     """Token ids of the prime; characters the model has never seen are an error, even where the
     vocabulary has an unknown-symbol entry (a prime of unknowns would be a silent garbage start)."""
-    try:
-        ids = tokenizer.encode(text)
-    except OutOfVocabulary as error:
-        unknown = error.symbols
-    else:
-        if tokenizer.unk is None:
-            return ids
-        unk_id = tokenizer.vocab.index(tokenizer.unk)
-        unknown = sorted(c for c in set(text) if unk_id in tokenizer.encode(c))
-        if not unknown:
-            return ids
+    unknown = outside_vocabulary(tokenizer, text)
+    if not unknown:
+        return tokenizer.encode(text)
     shown = ", ".join(repr(symbol) for symbol in unknown)
     raise CharlmError(f"the prime has characters outside the model's vocabulary: {shown}")
 
@@ -81,12 +54,11 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 
 
 @torch.no_grad()
-def generate(model: LanguageModel, prime_ids: list[int], options: SamplingOptions, banned_ids=()) -> Iterator[int]:
+def generate(model: LanguageModel, prime_ids: list[int], options: SampleConfig, banned_ids=()) -> Iterator[int]:
     """Yield ``options.length`` token ids, each drawn given the prime and everything drawn before.
 
     ``banned_ids`` are never drawn (the unknown-symbol entry: it stands for no character).
     """
-    options.validate()
     if not prime_ids:
         raise CharlmError("the prime is empty: give at least one symbol")
     device = next(model.parameters()).device
@@ -106,17 +78,16 @@ def generate(model: LanguageModel, prime_ids: list[int], options: SamplingOption
         logits, state = model(token.view(1, 1), state)
 
 
-def stream_text(tokenizer: Tokenizer, ids: Iterator[int], write: Callable[[str], None]) -> str:
-    """Decode as tokens arrive and write only the new text (subword pieces may merge)."""
+def decoded_pieces(tokenizer: Tokenizer, ids: Iterator[int]) -> Iterator[str]:
+    """Decode token ids as they arrive and yield only the new text (subword pieces may merge)."""
     drawn: list[int] = []
     written = ""
     for token in ids:
         drawn.append(token)
         text = tokenizer.decode(drawn)
         if text.startswith(written) and len(text) > len(written):
-            write(text[len(written) :])
+            yield text[len(written):]
             written = text
     final = tokenizer.decode(drawn)
     if final != written and final.startswith(written):
-        write(final[len(written) :])
-    return final
+        yield final[len(written):]

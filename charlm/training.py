@@ -1,9 +1,13 @@
 """Training: truncated BPTT with carried state, Adam with per-epoch decay, best/last checkpoints.
 
 The protocol is the Lattice Recurrent Unit paper's fair comparison (see ``TrainConfig``). A run
-can be interrupted (Ctrl-C, ``--max-minutes``) and resumed: the checkpoint holds the weights, the
-optimizer, the RNG, the position in the epoch and the carried hidden state, so on the CPU a
-resumed run ends with exactly the weights of an uninterrupted one.
+can be interrupted (Ctrl-C, SIGTERM, ``max_minutes``) and resumed: the checkpoint holds the
+weights, the optimizer and scheduler, the RNG streams, the position in the epoch and the carried
+hidden state, so on the CPU a resumed run ends with exactly the weights of an uninterrupted one.
+
+    import charlm
+    summary = charlm.train(charlm.TrainConfig(corpus="wp", cell="lru", params="1M", epochs=1))
+    summary = charlm.Trainer.resume("runs/wp-lru-...", epochs=5).fit()
 """
 
 from __future__ import annotations
@@ -17,19 +21,17 @@ import time
 import torch
 from tqdm import tqdm
 
-from charlm import __version__
+from charlm import provenance
 from charlm.batching import TokenStreams
 from charlm.cells import CELLS
-from charlm.checkpoints import load_checkpoint, save_checkpoint
-from charlm.config import TrainConfig
+from charlm.checkpoint import Checkpoint, TrainingState
+from charlm.config import RESUMABLE_SETTINGS, TrainConfig
 from charlm.corpora import load_corpus
 from charlm.devices import resolve_device
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, ConfigError
 from charlm.evaluation import LN2, characters_per_token, score_split
 from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
-from charlm.runs import RunDirectory, default_run_dir
-
-DEFAULT_HIDDEN = 256
+from charlm.runs import Run, default_run_dir
 
 
 class TrainingDiverged(CharlmError):
@@ -49,6 +51,7 @@ class Progress:
     step: int = 0  # optimizer steps so far
     best_valid_bpc: float = math.inf
     best_epoch: int = 0
+    best_test_bpc: float | None = None  # test bpc of the best-validation weights
     epochs_without_improvement: int = 0
     train_nats: float = 0.0  # this epoch so far
     train_tokens: int = 0
@@ -57,145 +60,197 @@ class Progress:
     finished: bool = False
 
 
-def build_model(config: TrainConfig, vocab_size: int) -> tuple[LanguageModel, ModelConfig]:
-    model_config = ModelConfig(
-        cell=config.cell,
-        vocab_size=vocab_size,
-        hidden_size=config.hidden or DEFAULT_HIDDEN,
-        layers=config.layers,
-        embed_size=config.embed_size,
-        dropout=config.dropout,
-        cell_options=dict(config.cell_options),
-    )
+def model_config_for(config: TrainConfig, vocab_size: int, cell_class=None) -> ModelConfig:
+    """The model a training config describes: its hidden size given, or sized to its budget."""
+    model_config = ModelConfig(cell=config.cell, vocab_size=vocab_size, hidden_size=config.hidden_size,
+                               layers=config.layers, embed_size=config.embed_size, dropout=config.dropout,
+                               cell_options=dict(config.cell_options))
     if config.params is not None:
-        hidden, _ = size_for_budget(model_config, parse_budget(config.params))
+        hidden, _ = size_for_budget(model_config, parse_budget(config.params), cell_class=cell_class)
         model_config = dataclasses.replace(model_config, hidden_size=hidden)
-    return LanguageModel(model_config), model_config
+    return model_config
 
 
 class _StopRequest:
-    """First Ctrl-C asks training to stop at the next window boundary; a second one aborts."""
+    """Ctrl-C or SIGTERM asks training to stop at the next window boundary; a second Ctrl-C aborts."""
 
     def __init__(self):
         self.requested = False
-        self._previous = None
+        self._previous = {}
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
     def _handle(self, signum, frame):
-        if self.requested:
+        if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = True
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, *, resume: dict | None = None):
+    """Trains one model under ``config`` into a run directory (``charlm.runs.Run``).
+
+    ``Trainer(config)`` starts a new run; ``Trainer.resume(run_dir)`` continues one.
+    """
+
+    def __init__(self, config: TrainConfig, *, _resume_from: tuple[Run, Checkpoint] | None = None, cells=(),
+                 trust_code: bool = False):
         config.validate()
-        CELLS.get(config.cell)  # an unknown cell is reported before anything is loaded
+        if config.tensorboard:
+            from charlm.tensorboard import check_available
+
+            check_available()
         self.config = config
+        if _resume_from is None:
+            cell_class = CELLS.get(config.cell)  # the caller named this cell: it may be a module:Class
+        else:
+            cell_class = _resume_from[1].cell_class(cells, trust_code)
         self.device = resolve_device(config.device)
         self.corpus = load_corpus(config.corpus, config.data_dir)
-        self.run = RunDirectory(config.run_dir or default_run_dir(config.corpus, config.cell))
         torch.manual_seed(config.seed)
-        if resume is not None:
-            self.model_config = ModelConfig.from_dict(resume["model_config"])
-            self.model = LanguageModel(self.model_config)
+        if _resume_from is None:
+            self.model_config = model_config_for(config, self.corpus.vocab_size, cell_class)
         else:
-            self.model, self.model_config = build_model(config, self.corpus.vocab_size)
-        self.model.to(self.device)
+            self.model_config = _resume_from[1].model_config
+        self.model = LanguageModel(self.model_config, cell_class).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, betas=(0.9, 0.999))
+        self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=config.lr_decay)
         self.progress = Progress()
         train_tokens = self.corpus.split("train")
         used = max(2, int(len(train_tokens) * config.train_fraction))
         self.train_streams = TokenStreams(train_tokens[:used], config.batch_size, config.bptt)
         self.train_chars_per_token = characters_per_token(self.corpus, "train")
         self.hidden = None
-        if resume is not None:
-            self._restore(resume)
+        self.provenance = provenance.collect(self.device, self.corpus)
+        if _resume_from is not None:
+            self.run = _resume_from[0]
+            self._restore(_resume_from[1])
+            self.provenance = {**_resume_from[1].provenance, "resumed": self.provenance}
+            self.run.write_provenance(self.provenance)
         else:
             if config.init_from:
                 self._load_initial_weights(config.init_from)
-            self.run.create()
-            self.run.write_config({"train": config.to_dict(), "model": self.model_config.to_dict()})
+            run_dir = config.run_dir or default_run_dir(config.corpus, config.cell)
+            self.run = Run.create(run_dir, {"train": config.to_dict(), "model": self.model_config.to_dict()}, self.provenance)
+
+    @classmethod
+    def resume(cls, run_dir, *, cells=(), trust_code: bool = False, **changes) -> "Trainer":
+        """A trainer that continues the run in ``run_dir`` from its last checkpoint. ``changes`` may
+        set only the settings that do not define the run (``RESUMABLE_SETTINGS``: epochs,
+        max_minutes, device, ...)."""
+        run = Run.resume(run_dir)
+        checkpoint = Checkpoint.load(run.last)
+        if checkpoint.training is None:
+            raise CharlmError(f"{run.last} holds no training state to resume")
+        fixed = sorted(set(changes) - set(RESUMABLE_SETTINGS))
+        if fixed:
+            raise ConfigError(TrainConfig, fixed[0], "is fixed by the run being resumed; start a new run to change it")
+        config = dataclasses.replace(checkpoint.train_config, run_dir=str(run.path), max_minutes=None, **changes)
+        return cls(config, _resume_from=(run, checkpoint), cells=cells, trust_code=trust_code)
 
     def _load_initial_weights(self, reference: str) -> None:
-        payload = load_checkpoint(reference)
-        if payload["model_config"] != self.model_config.to_dict():
-            raise CharlmError(f"--init-from {reference}: its model ({payload['model_config']}) differs from this one ({self.model_config.to_dict()})")
-        if payload["tokenizer"]["vocab"] != self.corpus.tokenizer.vocab:
-            raise CharlmError(f"--init-from {reference}: its vocabulary differs from corpus {self.config.corpus!r}")
-        self.model.load_state_dict(payload["model"])
+        checkpoint = Checkpoint.load(reference)
+        if checkpoint.model_config != self.model_config:
+            raise CharlmError(f"init_from {reference}: its model ({checkpoint.model_config.to_dict()}) differs from "
+                              f"this one ({self.model_config.to_dict()})")
+        if checkpoint.tokenizer["vocab"] != self.corpus.tokenizer.vocab:
+            raise CharlmError(f"init_from {reference}: its vocabulary differs from corpus {self.config.corpus!r}")
+        self.model.load_state_dict(checkpoint.weights)
 
-    def _restore(self, payload: dict) -> None:
-        self.model.load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
-        torch.set_rng_state(payload["rng"]["torch"])
-        self.progress = Progress(**payload["progress"])
-        if payload.get("hidden") is not None:
-            self.hidden = [tuple(t.to(self.device) for t in layer) for layer in payload["hidden"]]
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        state = checkpoint.training
+        self.model.load_state_dict(checkpoint.weights)
+        self.optimizer.load_state_dict(state.optimizer)
+        self.progress = Progress(**state.progress)
+        if state.scheduler is not None:
+            self.scheduler.load_state_dict(state.scheduler)
+        else:  # format 1 kept no scheduler: its rule was lr · decay^epoch
+            lr = self.config.lr * self.config.lr_decay**self.progress.epoch
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.scheduler.load_state_dict({"last_epoch": self.progress.epoch, "_step_count": self.progress.epoch + 1,
+                                            "_last_lr": [lr] * len(self.optimizer.param_groups)})
+        torch.set_rng_state(state.rng["torch"])
+        if state.rng.get("cuda") and torch.cuda.is_available() and len(state.rng["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state.rng["cuda"])
+        if state.hidden is not None:
+            self.hidden = [tuple(t.to(self.device) for t in layer) for layer in state.hidden]
 
-    def _payload(self) -> dict:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": {"lr": self._lr(self.progress.epoch), "lr_decay": self.config.lr_decay, "epoch": self.progress.epoch},
-            "rng": {"torch": torch.get_rng_state()},
-            "progress": dataclasses.asdict(self.progress),
-            "hidden": None if self.hidden is None else [[t.detach().cpu() for t in layer] for layer in self.hidden],
-            "config": self.config.to_dict(),
-            "model_config": self.model_config.to_dict(),
-            "tokenizer": self.corpus.tokenizer.to_state(),
-            "corpus": {"name": self.corpus.name, "unit": self.corpus.unit, "vocab_size": self.corpus.vocab_size},
-            "charlm_version": __version__,
-        }
+    def checkpoint(self, scores: dict | None = None) -> Checkpoint:
+        """The run as it stands, as a checkpoint (weights shared with the live model)."""
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        hidden = None if self.hidden is None else [[t.detach().cpu() for t in layer] for layer in self.hidden]
+        training = TrainingState(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(), rng=rng,
+                                 progress=dataclasses.asdict(self.progress), hidden=hidden)
+        return Checkpoint(model_config=self.model_config, train_config=self.config,
+                          tokenizer=self.corpus.tokenizer.to_state(), weights=self.model.state_dict(),
+                          training=training, scores=scores or {}, provenance=self.provenance)
 
-    def _lr(self, epoch: int) -> float:
-        return self.config.lr * self.config.lr_decay**epoch
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
 
     def _evaluate(self, split: str):
-        return score_split(self.model, self.corpus, split, batch_size=self.config.eval_batch_size, bptt=self.config.bptt, device=self.device)
+        return score_split(self.model, self.corpus, split, batch_size=self.config.eval_batch_size,
+                           bptt=self.config.bptt, device=self.device)
 
     def fit(self) -> dict:
+        """Train until ``epochs``, early stopping or ``max_minutes``; returns the summary."""
         config, progress, run = self.config, self.progress, self.run
         if progress.finished and progress.epoch >= config.epochs:
             run.log(f"run {run.path} is already complete ({progress.epoch} epochs); pass a larger --epochs to go on")
             return self.summary()
         progress.finished = False
-        run.log(
-            f"training {self.model_config.cell} ({self.model_config.layers}×{self.model_config.hidden_size}, "
-            f"{count_parameters(self.model):,} parameters) on {config.corpus} [{self.device}] → {run.path}"
-        )
-        run.record("start", parameters=count_parameters(self.model), hidden_size=self.model_config.hidden_size,
-                   resumed_at={"epoch": progress.epoch, "window": progress.window}, device=str(self.device))
-        started = time.monotonic() - progress.train_seconds
+        if config.tensorboard:
+            from charlm.tensorboard import TensorBoardSink
+
+            run.sinks.append(TensorBoardSink(run.path / "tensorboard"))
+        run.mark_running()
+        try:
+            return self._fit()
+        finally:
+            run.mark_stopped()
+
+    def _fit(self) -> dict:
+        config, progress, run = self.config, self.progress, self.run
+        parameters = count_parameters(self.model)
+        run.log(f"training {self.model_config.cell} ({self.model_config.layers}×{self.model_config.hidden_size}, "
+                f"{parameters:,} parameters) on {config.corpus} [{self.device}] → {run.path}")
+        run.record("start", parameters=parameters, hidden_size=self.model_config.hidden_size, device=str(self.device),
+                   resumed_at={"epoch": progress.epoch, "window": progress.window})
+        started = time.monotonic()
+        time_left = True
         with _StopRequest() as stop:
-            while progress.epoch < config.epochs:
+            while progress.epoch < config.epochs and time_left:
                 reason = self._train_epoch(stop, started)
                 if reason == "interrupted":
-                    save_checkpoint(run.last, self._payload())
+                    self.checkpoint().save(run.last)
                     run.record("interrupted", epoch=progress.epoch + 1, window=progress.window, step=progress.step)
-                    raise TrainingInterrupted(f"interrupted: saved {run.last} at epoch {progress.epoch + 1}, step {progress.step}; continue with `charlm train --resume {run.path}`")
-                partial = reason == "time"
-                if self._end_epoch(partial) or partial:
+                    raise TrainingInterrupted(f"interrupted: saved {run.last} at epoch {progress.epoch + 1}, step "
+                                              f"{progress.step}; continue with `charlm train --resume {run.path}`")
+                time_left = reason != "time"
+                if self._end_epoch(partial=not time_left):
                     break
-        progress.finished = True
-        save_checkpoint(run.last, self._payload())
+        progress.finished = time_left
+        self.checkpoint().save(run.last)
         summary = self.summary()
         run.record("end", **summary)
+        if not time_left:
+            run.log(f"time budget of {config.max_minutes:g} min used up: the run is resumable with "
+                    f"`charlm train --resume {run.path}`")
         return summary
 
     def _train_epoch(self, stop: _StopRequest, started: float) -> str | None:
         config, progress = self.config, self.progress
-        lr = self._lr(progress.epoch)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
         if progress.window == 0 or self.hidden is None:
             self.hidden = self.model.initial_state(config.batch_size, device=self.device)
         self.model.train()
@@ -227,7 +282,7 @@ class Trainer:
                 if progress.step % config.log_every == 0:
                     bpc = loss.item() / LN2 / self.train_chars_per_token
                     bar.set_postfix(bpc=f"{bpc:.3f}", chars_s=f"{progress.train_tokens / max(progress.train_seconds, 1e-9):.0f}")
-                    self.run.record("step", epoch=progress.epoch + 1, step=progress.step, loss=loss.item(), bpc=bpc, lr=lr)
+                    self.run.record("step", epoch=progress.epoch + 1, step=progress.step, loss=loss.item(), bpc=bpc, lr=self.lr)
                 if config.eval_every and progress.step % config.eval_every == 0:
                     valid = self._evaluate("valid")
                     self.model.train()
@@ -252,25 +307,28 @@ class Trainer:
         kept = self.run.last if self.run.last.exists() else None
         where = f"kept the last good checkpoint {kept}" if kept else "no checkpoint had been saved yet"
         self.run.record("diverged", epoch=self.progress.epoch + 1, step=self.progress.step + 1, loss=value)
-        raise TrainingDiverged(f"training stopped: loss became {value} at epoch {self.progress.epoch + 1}, step {self.progress.step + 1}; {where}")
+        raise TrainingDiverged(f"training stopped: loss became {value} at epoch {self.progress.epoch + 1}, "
+                               f"step {self.progress.step + 1}; {where}")
 
     def _end_epoch(self, partial: bool) -> bool:
         """Evaluate, record, checkpoint. Returns True when early stopping ends training."""
         config, progress, run = self.config, self.progress, self.run
         valid, test = self._evaluate("valid"), self._evaluate("test")
+        if not math.isfinite(valid.loss):
+            self._diverged(valid.loss)
         windows = max(progress.window, 1)
         train_loss = progress.train_nats / max(progress.train_tokens, 1)
         epoch_number = progress.epoch + 1
         improved = valid.bpc < progress.best_valid_bpc
         if improved:
-            progress.best_valid_bpc, progress.best_epoch = valid.bpc, epoch_number
+            progress.best_valid_bpc, progress.best_epoch, progress.best_test_bpc = valid.bpc, epoch_number, test.bpc
             progress.epochs_without_improvement = 0
         else:
             progress.epochs_without_improvement += 1
         record = {
             "epoch": epoch_number,
             "partial": partial,
-            "lr": self._lr(progress.epoch),
+            "lr": self.lr,
             "train_loss": train_loss,
             "train_bits": train_loss / LN2,
             "train_bpc": train_loss / LN2 / self.train_chars_per_token,
@@ -283,34 +341,36 @@ class Trainer:
             "best": improved,
         }
         run.record("epoch", **record)
-        run.log(
-            f"epoch {epoch_number:3d}  train {record['train_bpc']:.4f}  valid {valid.bpc:.4f}  test {test.bpc:.4f} bpc"
-            f"  lr {record['lr']:.2e}  {record['chars_per_second']:,.0f} chars/s" + ("  *best" if improved else "")
-        )
+        run.log(f"epoch {epoch_number:3d}  train {record['train_bpc']:.4f}  valid {valid.bpc:.4f}  test {test.bpc:.4f} bpc"
+                f"  lr {record['lr']:.2e}  {record['chars_per_second']:,.0f} chars/s" + ("  *best" if improved else "")
+                + ("  (partial epoch)" if partial else ""))
         if not partial:
             progress.epoch += 1
             progress.window = 0
             progress.train_nats, progress.train_tokens, progress.train_seconds = 0.0, 0, 0.0
             progress.grad_norm_sums = {}
             self.hidden = None
+            self.scheduler.step()
         stop_early = progress.epochs_without_improvement >= config.patience
         if stop_early:
             progress.finished = True
-        payload = self._payload()
-        save_checkpoint(run.last, payload)
+        checkpoint = self.checkpoint()
+        checkpoint.save(run.last)
         if improved:
-            save_checkpoint(run.best, {**payload, "test_bpc": test.bpc, "valid_bpc": valid.bpc})
+            scores = {"valid_bpc": valid.bpc, "test_bpc": test.bpc, "epoch": epoch_number}
+            dataclasses.replace(checkpoint, scores=scores).save(run.best)
         if stop_early:
             run.log(f"no improvement for {config.patience} epochs: stopping early")
         return stop_early
 
     def summary(self) -> dict:
-        test_at_best = None
-        if self.run.best.exists():
-            test_at_best = load_checkpoint(self.run.best).get("test_bpc")
+        test_at_best = self.progress.best_test_bpc
+        if test_at_best is None and self.run.best.exists():
+            test_at_best = Checkpoint.load(self.run.best).scores.get("test_bpc")
         return {
             "run_dir": str(self.run.path),
             "epochs": self.progress.epoch,
+            "partial_epoch": self.progress.window > 0,
             "best_epoch": self.progress.best_epoch,
             "best_valid_bpc": self.progress.best_valid_bpc,
             "test_bpc_at_best": test_at_best,
@@ -319,12 +379,6 @@ class Trainer:
         }
 
 
-def resume_training(run_dir: str, epochs: int | None = None, max_minutes: float | None = None) -> Trainer:
-    """A trainer that continues the run in ``run_dir`` from its last checkpoint."""
-    payload = load_checkpoint(run_dir, prefer="last")
-    config = TrainConfig.from_dict(payload["config"])
-    config.run_dir = str(RunDirectory(run_dir).path)
-    if epochs is not None:
-        config.epochs = epochs
-    config.max_minutes = max_minutes
-    return Trainer(config, resume=payload)
+def train(config: TrainConfig) -> dict:
+    """Train a new run under ``config`` and return its summary (``Trainer(config).fit()``)."""
+    return Trainer(config).fit()

@@ -35,6 +35,7 @@ class CellRegistry:
         return iter(self._cells.values())
 
     def get(self, name: str) -> type[RecurrentCell]:
+        """The cell called ``name``; ``module:Class`` imports that module (the caller named it)."""
         if ":" in name:
             return _import_cell(name)
         try:
@@ -43,6 +44,27 @@ class CellRegistry:
             raise CharlmError(
                 f"unknown cell {name!r}; known cells: {', '.join(self._cells)} (or module:Class for your own)"
             ) from None
+
+
+    def resolve(self, name: str, *, cells=(), trust_code: bool = False, source: str = "the file") -> type[RecurrentCell]:
+        """The cell that a file (a checkpoint, a config) names. A registered name is looked up; a
+        user cell ``module:Class`` is imported only when the caller names it in ``cells`` (a class,
+        or its ``module:Class`` string) or trusts the file's code."""
+        if ":" not in name:
+            return self.get(name)
+        for cell in cells:
+            if isinstance(cell, str) and cell == name:
+                return _import_cell(name)
+            if isinstance(cell, type) and name in (f"{cell.__module__}:{cell.__qualname__}", f"{cell.__module__}:{cell.__name__}"):
+                _check_cell_class(cell, name)
+                return cell
+        if trust_code:
+            return _import_cell(name)
+        module = name.partition(":")[0]
+        raise CharlmError(
+            f"{source} asks to import module {module!r} for its cell {name!r}; charlm never runs code named in a file: "
+            f"name the cell (--cell {name}, or cells=[...] in Python) or pass --trust-code if you trust it"
+        )
 
 
 def _check_cell_class(cell, label: str) -> None:

@@ -1,16 +1,17 @@
 """The `charlm` typer application: registers each command module and turns errors into one line."""
 
+from __future__ import annotations
+
 import sys
 
 import typer
 
 from charlm import __version__
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, ConfigError
 
 app = typer.Typer(
     name="charlm",
     help="Character-level language modelling with recurrent networks.",
-    add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -32,18 +33,54 @@ def _root(
 
 
 def _register_commands():
-    from charlm.cli import bench, cells, demo, evaluate, prepare, sample, train
+    from charlm.cli import bench, cells, demo, evaluate, export, prepare, runs, sample, score, train
 
-    for module in (prepare, cells, train, evaluate, sample, demo, bench):
+    for module in (prepare, cells, train, evaluate, score, sample, runs, export, demo, bench):
         module.register(app)
 
 
 _register_commands()
 
 
-def main():
+def error_line(error: BaseException) -> str:
+    """The one line a user sees; library field names become the flags of the command line."""
+    if isinstance(error, ConfigError):
+        from charlm.config import flag_of
+
+        return f"{flag_of(error.owner, error.field)} {error.reason}"
+    if _is_click_error(error):
+        return error.format_message().replace("\n", " ")
+    return " ".join(str(error).split("\n"))
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the command line in this process; returns the exit code. Errors print one line."""
+    from charlm.logs import use_default_handler
+
+    use_default_handler(sys.stderr)
     try:
-        app()
+        result = app(args=argv, prog_name="charlm", standalone_mode=False)
     except CharlmError as error:
-        print(f"charlm: error: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
+        print(f"charlm: error: {error_line(error)}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("charlm: error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if type(error).__name__ == "Abort":
+            print("charlm: error: interrupted", file=sys.stderr)
+            return 130
+        if not _is_click_error(error):
+            raise
+        print(f"charlm: error: {error_line(error)}", file=sys.stderr)
+        return error.exit_code
+    return result if isinstance(result, int) else 0
+
+
+def _is_click_error(error: BaseException) -> bool:
+    """A usage error from click, or from the copy of click that newer typer versions carry."""
+    return hasattr(error, "format_message") and isinstance(getattr(error, "exit_code", None), int)
+
+
+def main():
+    sys.exit(run())

@@ -8,23 +8,27 @@ from typing import Optional
 
 import typer
 
+from charlm.cli.options import settings_options
 from charlm.cli.output import print_summary
 from charlm.config import DemoSettings
 
 
+@settings_options(DemoSettings)
 def demo(
-    minutes: float = typer.Option(DemoSettings.minutes, "--minutes", help="Training time budget in minutes."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Root of prepared corpora (default: $CHARLM_DATA or ./data)."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where to write the run (default: runs/pydoc-lru-demo-TIME)."),
+    given: dict = None,
 ):
     """Prepare the embedded `pydoc` corpus, train a small LRU, report bits per character, sample."""
+    from charlm.config import validate
     from charlm.demo import run_demo
 
     def write(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    settings = DemoSettings(minutes=minutes)
+    settings = DemoSettings(**given)
+    validate(settings)
     summary = run_demo(settings, data_dir=data_dir, run_dir=run_dir, write=write)
     sys.stdout.write("\n\n")
     print_summary(summary)

@@ -19,6 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from charlm import __version__
+from charlm.logs import info as log_info
 from charlm.errors import CharlmError
 
 BLOCK = 1 << 16
@@ -104,7 +105,7 @@ def verify_download(path: Path, expected: RemoteFile, final: Path) -> None:
 def fetch(remote: RemoteFile, cache_dir: Path, *, url: str | None = None, verify: bool = True,
           policy: DownloadPolicy | None = None, progress: bool = True, log=None) -> Path:
     """The verified local copy of ``remote`` in ``cache_dir``, downloading (from ``url`` if given) when absent."""
-    log = log or _stderr
+    log = log or log_info
     policy = policy or DownloadPolicy.from_environment()
     url = url or remote.url
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -198,7 +199,3 @@ def _reason(error) -> str:
     if isinstance(error, http.client.IncompleteRead):
         return f"connection closed after {len(error.partial):,} bytes of a block"
     return str(error) or type(error).__name__
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr)

@@ -14,11 +14,9 @@ from pathlib import Path
 
 from charlm.corpora.download import DownloadPolicy, RemoteFile, fetch, file_digests, mismatches, move_aside
 from charlm.corpora.sources import TAR_SUFFIXES, archive_kind, read_members
+from charlm.logs import info as log_info
 from charlm.errors import CharlmError
 
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 @dataclass(frozen=True)
@@ -32,7 +30,7 @@ class GatherRequest:
     verify: bool = True
     policy: DownloadPolicy | None = None
     progress: bool = True
-    log: Callable[[str], None] = _stderr
+    log: Callable[[str], None] = log_info
 
 
 @dataclass

@@ -8,13 +8,13 @@ import datetime
 import hashlib
 import json
 import re
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from charlm import __version__
+from charlm.config import PrepareSettings
 from charlm.corpora.catalog import get_recipe
 from charlm.corpora.download import DownloadPolicy
 from charlm.corpora.inputs import GatherRequest
@@ -23,6 +23,7 @@ from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS, check_fractions
 from charlm.corpora.store import FORMAT_VERSION, PreparedCorpus, data_root, open_prepared, read_meta, write_prepared
 from charlm.corpora.subword import SUBWORD_KINDS, train_subword_tokenizer
 from charlm.corpora.tokenizer import UNK, ByteTokenizer, CharTokenizer, Tokenizer
+from charlm.logs import info as log_info
 from charlm.errors import CharlmError, OutOfVocabulary
 
 UNKNOWN_POLICIES = ("error", "unk")
@@ -69,7 +70,7 @@ class PrepareOptions:
 
 
 def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, verify: bool = True,
-                   subword: str | None = None, vocab_size: int = 2000, paths=None, output_name: str | None = None,
+                   subword: str | None = None, vocab_size: int = PrepareSettings.vocab_size, paths=None, output_name: str | None = None,
                    split=None, unknown: str | None = None, progress: bool = True,
                    download_policy: DownloadPolicy | None = None, log=None) -> PreparedCorpus:
     """Prepare corpus ``name`` (a recipe name, or a ``Recipe``) in the data root, and return it.
@@ -82,7 +83,7 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
     entry instead of failing; None takes the recipe's default ("error" except for ``pydoc``). Messages go to ``log`` (default: stderr); ``progress=False`` keeps only
     warnings and the "nothing to do" notice, and no progress bars.
     """
-    log = log or _stderr
+    log = log or log_info
     say = log if progress else _silent  # progress messages; warnings and "nothing to do" always go to log
     recipe = name if isinstance(name, Recipe) else get_recipe(name)
     options = PrepareOptions.resolve(recipe, subword=subword, vocab_size=vocab_size, split=split,
@@ -187,7 +188,3 @@ def _nothing_to_do(target: Path, log) -> PreparedCorpus:
 
 def _silent(message: str) -> None:
     pass
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr)

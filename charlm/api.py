@@ -1,0 +1,242 @@
+"""charlm from Python: ``charlm.load`` gives a ``Model`` that samples, scores and evaluates.
+
+    import charlm
+    model = charlm.load("runs/wp-lru")                 # a run directory, a checkpoint or an export
+    model.sample("Prince Andrew", length=200, temperature=0.8, seed=1)
+    model.score("Some text.").bpc
+    model.evaluate("test").bpc
+
+Every command of the CLI that reads a checkpoint goes through this class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from charlm.checkpoint import Checkpoint
+from charlm.config import DEFAULT_PRIME, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig, validate
+from charlm.devices import resolve_device
+from charlm.errors import CharlmError, OutOfVocabulary
+from charlm.evaluation import LN2, Score, score_split, score_tokens
+from charlm.model import count_parameters
+from charlm.sampling import decoded_pieces, encode_prime, generate, outside_vocabulary, unknown_ids
+
+_SAMPLE = SampleConfig()
+_SCORE = ScoreConfig()
+_EVAL = EvalConfig()
+
+
+def load(reference: str | Path, device: str = "auto", *, cells=(), trust_code: bool = False,
+         prefer: str = "best") -> "Model":
+    """The model in a run directory (its ``best.pt``; ``prefer="last"`` for ``last.pt``), a
+    checkpoint file or an exported model. A user cell (``module:Class``) is imported only if it
+    is named in ``cells`` (the class, or its ``"module:Class"`` name) or ``trust_code=True``."""
+    target = resolve_device(device)
+    checkpoint = Checkpoint.load(reference, prefer=prefer, map_location="cpu")
+    return Model(checkpoint, target, cells=cells, trust_code=trust_code)
+
+
+@dataclasses.dataclass
+class TextScore:
+    """The score of a text: every token after the first predicted from the ones before it."""
+
+    nats: float  # total negative log-likelihood
+    tokens: int  # predictions scored
+    characters: int  # characters (bytes for a byte model) those predictions cover
+    skipped: int = 0  # characters left out (unknown="skip")
+    symbols: list[str] | None = None  # with per_char: the predicted symbols, in order
+    log_probs: np.ndarray | None = None  # with per_char: their natural-log probabilities
+
+    @property
+    def bpc(self) -> float:
+        return self.nats / LN2 / self.characters
+
+    @property
+    def perplexity(self) -> float:
+        """Per token."""
+        return Score(self.nats, self.tokens, self.characters).perplexity
+
+
+class Model:
+    """A trained language model with its vocabulary, on a device, in eval mode."""
+
+    def __init__(self, checkpoint: Checkpoint, device="cpu", *, cells=(), trust_code: bool = False):
+        self.checkpoint = checkpoint
+        self.device = resolve_device(device) if isinstance(device, str) else device
+        self.network = checkpoint.build_model(self.device, cells=cells, trust_code=trust_code)
+        self.tokenizer = checkpoint.make_tokenizer()
+
+    def __repr__(self):
+        config = self.config
+        return (f"Model({config.cell}, {config.layers}×{config.hidden_size}, {self.parameters_count:,} parameters, "
+                f"vocabulary {len(self.vocabulary)}, {self.device})")
+
+    @property
+    def config(self):
+        """The ModelConfig (cell, sizes, options)."""
+        return self.checkpoint.model_config
+
+    @property
+    def vocabulary(self) -> list[str]:
+        return list(self.tokenizer.vocab)
+
+    @property
+    def parameters_count(self) -> int:
+        return count_parameters(self.network)
+
+    @property
+    def unit(self) -> str:
+        """"char", "byte" or "subword", from the tokenizer."""
+        return {"char": "char", "byte": "byte"}.get(self.checkpoint.tokenizer.get("kind"), "subword")
+
+    # --- sampling ------------------------------------------------------------------------------
+    def stream(self, prime: str | None = None, length: int = _SAMPLE.length, temperature: float = _SAMPLE.temperature,
+               top_k: int = _SAMPLE.top_k, top_p: float = _SAMPLE.top_p, seed: int | None = _SAMPLE.seed) -> Iterator[str]:
+        """The generated text (after the prime), piece by piece as it is drawn."""
+        options = SampleConfig(length=length, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        validate(options)
+        prime_ids, _ = self._prime(prime)
+        ids = generate(self.network, prime_ids, options, unknown_ids(self.tokenizer))
+        yield from decoded_pieces(self.tokenizer, ids)
+
+    def sample(self, prime: str | None = None, length: int = _SAMPLE.length, temperature: float = _SAMPLE.temperature,
+               top_k: int = _SAMPLE.top_k, top_p: float = _SAMPLE.top_p, seed: int | None = _SAMPLE.seed) -> str:
+        """The prime followed by ``length`` generated symbols, as one string."""
+        return self._prime(prime)[1] + "".join(self.stream(prime, length, temperature, top_k, top_p, seed))
+
+    def _prime(self, prime: str | None) -> tuple[list[int], str]:
+        """Token ids and text of the prime; None means a line break (or the first symbol)."""
+        if prime is None:
+            ids = self.tokenizer.encode(DEFAULT_PRIME) if DEFAULT_PRIME in self.tokenizer.vocab else [0]
+            return ids, self.tokenizer.decode(ids)
+        return encode_prime(self.tokenizer, prime), prime
+
+    # --- scoring any text ----------------------------------------------------------------------
+    def encode(self, text: str, unknown: str = _SCORE.unknown) -> tuple[list[int], int]:
+        """Token ids of ``text`` and the number of characters skipped. ``unknown``: "error" names the
+        characters outside the vocabulary, "skip" drops them, "unk" maps them to the unknown entry."""
+        if unknown not in ("error", "skip", "unk"):
+            raise CharlmError(f"unknown must be error, skip or unk, not {unknown!r}")
+        outside = outside_vocabulary(self.tokenizer, text)
+        if not outside:
+            return self.tokenizer.encode(text), 0
+        if unknown == "error":
+            raise OutOfVocabulary(outside)
+        if unknown == "unk":
+            if self.tokenizer.unk is None:
+                raise CharlmError("this model's vocabulary has no unknown entry: use unknown=skip (--unknown skip)")
+            try:
+                return self.tokenizer.encode(text), 0
+            except OutOfVocabulary:
+                unk_id = self.tokenizer.vocab.index(self.tokenizer.unk)
+                return [unk_id if c in outside else self.tokenizer.encode(c)[0] for c in text], 0
+        kept = "".join(c for c in text if c not in set(outside))
+        return self.tokenizer.encode(kept), len(text) - len(kept)
+
+    def score(self, text: str, *, per_char: bool = False, unknown: str = _SCORE.unknown,
+              dynamic: DynamicOptions | str | None = None, batch_size: int = _SCORE.batch_size,
+              data_dir=None) -> TextScore:
+        """Bits per character of ``text``, state carried through it; ``per_char`` adds each
+        predicted symbol's log-probability. ``dynamic`` ("sgd", "rms" or DynamicOptions) adapts
+        the weights test-then-train while scoring (rms reads its gradient statistics from the
+        training split of the model's corpus); the model's weights are restored afterwards."""
+        validate(ScoreConfig(unknown=unknown, batch_size=batch_size))
+        ids, skipped = self.encode(text, unknown)
+        if len(ids) < 2:
+            raise CharlmError("the text is too short to score: it needs at least two symbols")
+        characters = len(text) - skipped - len(self.tokenizer.decode(ids[:1]))
+        if self.unit == "byte":
+            characters = len(self.tokenizer.decode(ids[1:]).encode("utf-8")) if characters else 0
+        tokens = np.asarray(ids, dtype=np.int64)
+        chars_per_token = max(characters, 1) / (len(ids) - 1)
+        if dynamic is None:
+            score = score_tokens(self.network, tokens, batch_size=batch_size, bptt=self.checkpoint.train_config.bptt,
+                                 device=self.device, chars_per_token=chars_per_token, per_token=per_char)
+        else:
+            score = self._score_dynamically(tokens, dynamic, batch_size, chars_per_token, per_char, data_dir)
+        result = TextScore(score.nats, score.tokens, max(characters, 1), skipped)
+        if per_char:
+            result.symbols = [self.tokenizer.decode([token]) for token in ids[1:]]
+            result.log_probs = -score.token_nats
+        return result
+
+    def _score_dynamically(self, tokens, dynamic, batch_size, chars_per_token, per_token, data_dir) -> Score:
+        from charlm.dynamic import collect_gradient_statistics, dynamic_score, make_update
+
+        options = DynamicOptions(method=dynamic) if isinstance(dynamic, str) else dynamic
+        options = dataclasses.replace(options, batch_size=batch_size)
+        options.validate()
+        trained = {name: tensor.detach().clone() for name, tensor in self.network.state_dict().items()}
+        try:
+            rms = None
+            if options.method == "rms":
+                rms, _ = collect_gradient_statistics(self.network, self.corpus(data_dir).split("train"), segment=options.segment,
+                                                     batch_size=options.stat_batch_size, max_batches=options.stat_batches,
+                                                     device=self.device)
+            update = make_update(self.network, options, rms)
+            return dynamic_score(self.network, tokens, update, segment=options.segment, batch_size=batch_size,
+                                 device=self.device, chars_per_token=chars_per_token, per_token=per_token)
+        finally:
+            self.network.load_state_dict(trained)
+
+    # --- evaluating on the corpus ----------------------------------------------------------------
+    def corpus(self, data_dir=None):
+        """The prepared corpus the model was trained on (its vocabulary checked)."""
+        return self.checkpoint.corpus(data_dir)
+
+    def evaluate(self, split: str = _EVAL.split, *, dynamic: DynamicOptions | str | None = None, data_dir=None,
+                 batch_size: int | None = None, bptt: int | None = None, adapt_on: str | None = None,
+                 search_prefix: int | None = None, progress=None, record: bool = True):
+        """Static bits per character of a whole split (a ``Score``); with ``dynamic``, the static and
+        dynamic figures (a ``DynamicReport``; the weights stay adapted until ``restore()``).
+        ``progress``: for static, ``callback(tokens)``; for dynamic, an object with ``stage``.
+        ``record``: append an ``eval`` record to the run's metrics.jsonl, if the checkpoint is in one."""
+        if split not in ("train", "valid", "test"):
+            raise CharlmError(f"split must be train, valid or test, not {split!r}")
+        corpus = self.corpus(data_dir)
+        if dynamic is None:
+            settings = EvalConfig(split="test", batch_size=batch_size or _EVAL.batch_size, bptt=bptt)
+            validate(settings)
+            started = time.perf_counter()
+            score = score_split(self.network, corpus, split, batch_size=settings.batch_size,
+                                bptt=bptt or self.checkpoint.train_config.bptt, device=self.device, progress=progress)
+            if record:
+                self._record(split=split, mode="static", chars_per_s=score.characters / (time.perf_counter() - started),
+                             **score.as_dict())
+            return score
+        from charlm.dynamic_search import evaluate_dynamic
+
+        options = DynamicOptions(method=dynamic) if isinstance(dynamic, str) else dynamic
+        if batch_size is not None:
+            options = dataclasses.replace(options, batch_size=batch_size)
+        report = evaluate_dynamic(self.network, corpus, split, options, adapt_on=adapt_on, search_prefix=search_prefix,
+                                  device=self.device, progress=progress)
+        if record:
+            self._record(**report.record_fields())
+        return report
+
+    def _record(self, **fields) -> None:
+        from charlm.runs import Run
+
+        path = self.checkpoint.path
+        if path is not None and (path.parent / "metrics.jsonl").exists():
+            Run(path.parent).record("eval", checkpoint=str(path), **fields)
+
+    def restore(self) -> None:
+        """Put back the checkpoint's weights (after a dynamic evaluation adapted them)."""
+        self.network.load_state_dict(self.checkpoint.weights)
+
+    # --- writing -------------------------------------------------------------------------------
+    def current_checkpoint(self, **changes) -> Checkpoint:
+        """The checkpoint with the network's current weights (adapted ones, after ``evaluate``)."""
+        weights = {name: tensor.detach().cpu().clone() for name, tensor in self.network.state_dict().items()}
+        return dataclasses.replace(self.checkpoint, weights=weights, path=None, **changes)
+
+    def export(self, path: str | Path) -> Path:
+        """A slim inference file: weights, configs, vocabulary and provenance; no training state."""
+        return self.checkpoint.exported().save(path)

@@ -1,0 +1,205 @@
+"""The checkpoint: a typed record of a model, its configs, vocabulary, training state and origin.
+
+On disk it is a dict of tensors and plain containers (``torch.load(..., weights_only=True)`` reads
+it), written atomically, tagged with a format version. Format 1 (charlm 0.1's bare dict) is still
+read. Three kinds share the format: ``training`` (``last.pt``, ``best.pt``), ``export`` (weights,
+configs and vocabulary only) and ``adapted`` (weights after dynamic evaluation).
+
+Loading never runs code named in the file: a checkpoint of a user cell (``module:Class``) builds
+its model only when the caller names that cell or trusts the file (see ``build_model``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import torch
+
+from charlm import __version__
+from charlm.cells import CELLS
+from charlm.config import TrainConfig
+from charlm.errors import CharlmError
+from charlm.files import atomic_write
+from charlm.model import LanguageModel, ModelConfig
+
+FORMAT = "charlm-checkpoint"
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+KINDS = ("training", "export", "adapted")
+CORPUS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclasses.dataclass
+class TrainingState:
+    """What resuming needs beyond the weights."""
+
+    optimizer: dict
+    scheduler: dict | None  # ExponentialLR's state; None in format 1
+    rng: dict  # {"torch": ByteTensor, "cuda": [ByteTensor per device]}
+    progress: dict  # charlm.training.Progress as a dict
+    hidden: list | None  # carried state per layer, [B, n] tensors on the CPU
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    model_config: ModelConfig
+    train_config: TrainConfig
+    tokenizer: dict  # Tokenizer.to_state()
+    weights: dict  # the model's state_dict
+    kind: str = "training"
+    training: TrainingState | None = None
+    scores: dict = dataclasses.field(default_factory=dict)  # valid_bpc, test_bpc, epoch of this weights
+    provenance: dict = dataclasses.field(default_factory=dict)
+    dynamic: dict | None = None  # the adaptation, for kind "adapted"
+    charlm_version: str = __version__
+    path: Path | None = dataclasses.field(default=None, compare=False)  # where it was read from
+
+    # --- reading and writing -----------------------------------------------------------------
+
+    def to_payload(self) -> dict:
+        training = None if self.training is None else dataclasses.asdict(self.training)
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "charlm_version": self.charlm_version,
+            "kind": self.kind,
+            "model_config": self.model_config.to_dict(),
+            "train_config": self.train_config.to_dict(),
+            "tokenizer": self.tokenizer,
+            "weights": self.weights,
+            "training": training,
+            "scores": dict(self.scores),
+            "provenance": dict(self.provenance),
+            "dynamic": self.dynamic,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write atomically (a temporary file, then a rename)."""
+        path = Path(path)
+        payload = self.to_payload()
+        atomic_write(path, lambda temporary: torch.save(payload, temporary))
+        return path
+
+    @classmethod
+    def load(cls, reference: str | Path, *, prefer: str = "best", map_location="cpu") -> "Checkpoint":
+        """A checkpoint file, or a run directory (its ``best.pt``, or ``last.pt`` with prefer="last")."""
+        path = resolve(reference, prefer)
+        try:
+            payload = torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as error:  # torch.load raises many kinds on a file that is not a checkpoint
+            raise CharlmError(f"{path} is not a readable charlm checkpoint ({_first_line(error)})") from None
+        try:
+            return cls.from_payload(payload, path)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise CharlmError(f"{path} is a damaged charlm checkpoint ({type(error).__name__}: {_first_line(error)})") from None
+
+    @classmethod
+    def from_payload(cls, payload, path: Path | None = None) -> "Checkpoint":
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+            raise CharlmError(f"{path} is not a charlm checkpoint")
+        version = payload.get("format_version")
+        if version not in READABLE_VERSIONS:
+            raise CharlmError(f"{path} was written by charlm {payload.get('charlm_version')} in checkpoint format "
+                              f"{version}; this charlm {__version__} reads formats {', '.join(map(str, READABLE_VERSIONS))}")
+        if version == 1:
+            payload = _from_format_1(payload)
+        training = payload["training"]
+        kind = payload.get("kind", "training")
+        if kind not in KINDS:
+            raise CharlmError(f"{path} is a charlm checkpoint of unknown kind {kind!r}")
+        return cls(
+            model_config=ModelConfig.from_dict(payload["model_config"]),
+            train_config=TrainConfig.from_dict(payload["train_config"]),
+            tokenizer=payload["tokenizer"],
+            weights=payload["weights"],
+            kind=kind,
+            training=None if training is None else TrainingState(**training),
+            scores=dict(payload.get("scores") or {}),
+            provenance=dict(payload.get("provenance") or {}),
+            dynamic=payload.get("dynamic"),
+            charlm_version=payload.get("charlm_version", "?"),
+            path=path,
+        )
+
+    # --- what a checkpoint makes --------------------------------------------------------------
+
+    def cell_class(self, cells=(), trust_code: bool = False):
+        """The class of the checkpoint's cell. A user cell (``module:Class``) is imported only if the
+        caller names it in ``cells`` (a class or its ``module:Class`` name) or ``trust_code`` is set."""
+        return CELLS.resolve(self.model_config.cell, cells=cells, trust_code=trust_code, source=str(self.path or "the checkpoint"))
+
+    def build_model(self, device="cpu", *, cells=(), trust_code: bool = False) -> LanguageModel:
+        """The model with these weights, in eval mode, on ``device``."""
+        model = LanguageModel(self.model_config, cell_class=self.cell_class(cells, trust_code))
+        try:
+            model.load_state_dict(self.weights)
+        except RuntimeError as error:
+            raise CharlmError(f"{self.path}: the weights do not fit the model it describes ({_first_line(error)})") from None
+        return model.to(device).eval()
+
+    def make_tokenizer(self):
+        from charlm.corpora import Tokenizer
+
+        try:
+            return Tokenizer.from_state(self.tokenizer)
+        except (KeyError, TypeError, ValueError) as error:
+            raise CharlmError(f"{self.path}: its vocabulary is damaged ({_first_line(error)})") from None
+
+    def corpus(self, data_dir=None):
+        """The prepared corpus the model was trained on, checked to have the same vocabulary."""
+        from charlm.corpora import load_corpus
+
+        name = self.train_config.corpus
+        if not CORPUS_NAME.fullmatch(name):
+            raise CharlmError(f"{self.path} names the corpus {name!r}, which is not a corpus name")
+        corpus = load_corpus(name, data_dir if data_dir is not None else self.train_config.data_dir)
+        if list(corpus.tokenizer.vocab) != list(self.tokenizer["vocab"]):
+            raise CharlmError(f"the prepared corpus {name!r} has another vocabulary than the checkpoint {self.path}")
+        return corpus
+
+    def exported(self) -> "Checkpoint":
+        """Weights, configs and vocabulary only: no optimizer, RNG or carried state."""
+        weights = {name: tensor.detach().cpu().clone() for name, tensor in self.weights.items()}
+        return dataclasses.replace(self, kind="export", training=None, weights=weights, path=None)
+
+
+def resolve(reference: str | Path, prefer: str = "best") -> Path:
+    """A run directory means its ``best.pt`` (or ``last.pt`` if there is no best yet)."""
+    path = Path(reference)
+    if path.is_dir():
+        for name in (f"{prefer}.pt", "best.pt", "last.pt"):
+            if (path / name).is_file():
+                return path / name
+        raise CharlmError(f"run directory {path} holds no checkpoint (best.pt or last.pt)")
+    if not path.is_file():
+        raise CharlmError(f"no such checkpoint or run directory: {path}")
+    return path
+
+
+def _from_format_1(old: dict) -> dict:
+    """charlm 0.1's layout: model, optimizer, rng, progress, hidden, config, model_config,
+    tokenizer, corpus, and test_bpc/valid_bpc in best.pt or dynamic in an adapted file."""
+    training = None
+    if old.get("optimizer") is not None and old.get("dynamic") is None:
+        training = {"optimizer": old["optimizer"], "scheduler": None, "rng": old["rng"],
+                    "progress": old["progress"], "hidden": old.get("hidden")}
+    scores = {key: old[key] for key in ("valid_bpc", "test_bpc") if key in old}
+    return {
+        "kind": "adapted" if old.get("dynamic") is not None else "training",
+        "model_config": old["model_config"],
+        "train_config": old["config"],
+        "tokenizer": old["tokenizer"],
+        "weights": old["model"],
+        "training": training,
+        "scores": scores,
+        "provenance": {},
+        "dynamic": old.get("dynamic"),
+        "charlm_version": old.get("charlm_version"),
+    }
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:160]

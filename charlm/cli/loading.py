@@ -1,0 +1,23 @@
+"""The options every command that reads a checkpoint shares, and loading through the facade."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from charlm.cli.options import help_text
+from charlm.config import TrainConfig
+
+CHECKPOINT = typer.Argument(..., help="A run directory (uses its best.pt), a checkpoint file or an exported model.")
+DEVICE = typer.Option("auto", "--device", help=help_text(TrainConfig, "device"))
+CELL = typer.Option(None, "--cell", help="Allow the checkpoint's own cell module:Class to be imported (a checkpoint never imports code unless you name it).")
+TRUST_CODE = typer.Option(False, "--trust-code", help="Import whatever module:Class cell the checkpoint names.")
+DATA_DIR = typer.Option(None, "--data-dir", help="Root of prepared corpora (default: the one used in training).")
+
+
+def load_model(reference: Path, device: str, cell: Optional[str], trust_code: bool):
+    from charlm.api import load
+
+    return load(reference, device=device, cells=[cell] if cell else [], trust_code=trust_code)

@@ -1,0 +1,97 @@
+"""Command-line options built from the settings dataclasses of ``charlm.config``.
+
+``@settings_options(TrainConfig)`` adds one typer option per field to a command: its flag, its
+help with the default taken from the field, its closed range (typer's min/max; open bounds
+are checked by the library) or its choices (a str Enum). Every option defaults to None, so the command receives only the values the user gave
+(``given``) and can layer them over a config file or a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import inspect
+import typing
+from typing import Optional
+
+import typer
+
+from charlm.config import flag_of
+
+
+def help_text(owner, name: str) -> str:
+    """A field's help with its default: ``Parallel streams per step. (default: 250)``."""
+    field = {f.name: f for f in dataclasses.fields(owner)}[name]
+    shown = field.metadata.get("show_default")
+    if shown is None:
+        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+        shown = "none" if default is None else _plain(default)
+    return f"{field.metadata['help']} (default: {shown})"
+
+
+def option_for(owner, name: str, *extra_flags: str, help: str | None = None):
+    """The typer option of one field (default None: the command sees whether it was given)."""
+    field = {f.name: f for f in dataclasses.fields(owner)}[name]
+    meta = field.metadata
+    bounds = {}
+    if meta.get("min") is not None and not meta["min_open"]:
+        bounds["min"] = meta["min"]
+    if meta.get("max") is not None and not meta["max_open"]:
+        bounds["max"] = meta["max"]  # open bounds are left to the library's validate()
+    flags = [flag_of(owner, name), *extra_flags]
+    if _base_type(typing.get_type_hints(owner)[name]) is bool:
+        flags = [f"{flags[0]}/--no-{flags[0].removeprefix('--')}"]
+    return typer.Option(None, *flags, help=help or help_text(owner, name), show_default=False, **bounds)
+
+
+def option_type(owner, name: str):
+    """The annotation of a field's option: Optional of its type, or of a str Enum of its choices."""
+    field = {f.name: f for f in dataclasses.fields(owner)}[name]
+    choices = field.metadata.get("choices")
+    if choices:
+        return Optional[enum.Enum(f"{owner.__name__}_{name}", [(str(c), str(c)) for c in choices], type=str)]
+    return Optional[_base_type(typing.get_type_hints(owner)[name])]
+
+
+def settings_options(owner, *, into: str = "given", exclude: tuple = ()):
+    """Decorate a command: add an option for each command-line field of ``owner`` (except
+    ``exclude``); the command is called with ``into=`` the dict of the values given."""
+
+    def decorate(command):
+        names = [f.name for f in dataclasses.fields(owner) if f.metadata.get("cli", True) and f.name not in exclude]
+        own = [p for p in inspect.signature(command).parameters.values() if p.name != into]
+        own_hints = typing.get_type_hints(command)
+        own = [p.replace(annotation=own_hints.get(p.name, p.annotation)) for p in own]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option_for(owner, name),
+                                   annotation=option_type(owner, name)) for name in names]
+
+        @functools.wraps(command)
+        def wrapper(**values):
+            given = {name: _plain_value(values.pop(name)) for name in names if values.get(name) is not None}
+            for name in names:
+                values.pop(name, None)
+            return command(**values, **{into: given})
+
+        del wrapper.__wrapped__
+        parameters = own + added
+        wrapper.__signature__ = inspect.Signature(sorted(parameters, key=lambda p: p.kind))
+        wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+        return wrapper
+
+    return decorate
+
+
+def _base_type(hint):
+    arguments = [kind for kind in typing.get_args(hint) if kind is not type(None)]
+    return arguments[0] if arguments else hint
+
+
+def _plain_value(value):
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _plain(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)

@@ -1,0 +1,105 @@
+"""`charlm score`: bits per character of any UTF-8 text (a file or stdin) under a checkpoint."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, TRUST_CODE, load_model
+from charlm.cli.options import settings_options
+from charlm.cli.output import print_table, stdout
+from charlm.config import DynamicOptions, ScoreConfig, flag_of
+from charlm.errors import CharlmError
+
+
+@settings_options(DynamicOptions, into="dyn")
+@settings_options(ScoreConfig, into="settings")
+def score(
+    checkpoint: Path = CHECKPOINT,
+    text_file: str = typer.Argument(..., metavar="FILE|-", help="UTF-8 text to score, or - for standard input."),
+    per_char: Optional[Path] = typer.Option(None, "--per-char", help="Write each predicted symbol's log-probability to this TSV file (- for stdout)."),
+    dynamic: Optional[str] = typer.Option(None, "--dynamic", help="Also score dynamically (sgd or rms, as in `charlm eval`); rms reads gradient statistics from the model's training split."),
+    data_dir: Optional[Path] = DATA_DIR,
+    device: str = DEVICE,
+    cell: Optional[str] = CELL,
+    trust_code: bool = TRUST_CODE,
+    settings: dict = None,
+    dyn: dict = None,
+):
+    """Bits per character and perplexity of a text, state carried through it."""
+    options = ScoreConfig(**settings)
+    if dynamic is None and dyn:
+        raise CharlmError(f"{flag_of(DynamicOptions, next(iter(dyn)))} applies to dynamic scoring: add --dynamic sgd or --dynamic rms")
+    if dynamic is not None and dynamic not in ("sgd", "rms"):
+        raise CharlmError(f"--dynamic must be sgd or rms, not {dynamic!r}")
+    dynamic_options = None if dynamic is None else DynamicOptions(method=dynamic, **dyn)
+    text = _read(text_file)
+    model = load_model(checkpoint, device, cell, trust_code)
+    static = model.score(text, per_char=per_char is not None and dynamic is None, unknown=options.unknown,
+                         batch_size=options.batch_size)
+    adapted = None
+    if dynamic_options is not None:
+        adapted = model.score(text, per_char=per_char is not None, unknown=options.unknown, dynamic=dynamic_options,
+                              batch_size=options.batch_size, data_dir=data_dir)
+    unit = {"byte": "bits per byte"}.get(model.unit, "bits per character")
+    source = "standard input" if text_file == "-" else text_file
+    stdout.print(f"checkpoint      {model.checkpoint.path}")
+    skipped = f", {static.skipped:,} characters outside the vocabulary skipped" if static.skipped else ""
+    stdout.print(f"text            {source} ({static.tokens:,} {model.unit} tokens scored{skipped})")
+    stdout.print(f"bpc             {static.bpc:.4f} ({unit})")
+    stdout.print(f"nats            {static.nats:.4f} (total)")
+    stdout.print(f"perplexity      {static.perplexity:.4f} (per {model.unit} token)")
+    if adapted is not None:
+        print_table(None, ["mode", "bpc", f"perplexity (per {model.unit})"],
+                    [["static", f"{static.bpc:.4f}", f"{static.perplexity:.4f}"],
+                     [f"dynamic {dynamic} (η={dynamic_options.lr:g})", f"{adapted.bpc:.4f}", f"{adapted.perplexity:.4f}"]])
+    if per_char is not None:
+        _write_per_char(per_char, adapted or static)
+
+
+def _read(text_file: str) -> str:
+    if text_file == "-":
+        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
+        where = "standard input"
+    else:
+        path = Path(text_file)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise CharlmError(f"text file {path} does not exist") from None
+        except IsADirectoryError:
+            raise CharlmError(f"text file {path} is a directory") from None
+        where = f"text file {path}"
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CharlmError(f"{where} is not UTF-8 text (byte {error.start})") from None
+
+
+def _write_per_char(path: Path, result) -> None:
+    rows = ["position\tsymbol\tlogprob\tbits"]
+    for position, (symbol, log_prob) in enumerate(zip(result.symbols, result.log_probs), start=1):
+        rows.append(f"{position}\t{_escape(symbol)}\t{log_prob:.6f}\t{-log_prob / math.log(2):.6f}")
+    text = "\n".join(rows) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+        return
+    from charlm.files import atomic_write_text
+
+    try:
+        atomic_write_text(path, text)
+    except OSError as error:
+        raise CharlmError(f"cannot write --per-char {path}: {error.strerror}") from None
+    stdout.print(f"per-character   {path} ({len(rows) - 1:,} rows: position, symbol, logprob in nats, bits)")
+
+
+def _escape(symbol: str) -> str:
+    return symbol.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(score)
