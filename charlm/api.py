@@ -97,12 +97,15 @@ class Model:
     # --- sampling ------------------------------------------------------------------------------
     def stream(self, prime: str | None = None, length: int = _SAMPLE.length, temperature: float = _SAMPLE.temperature,
                top_k: int = _SAMPLE.top_k, top_p: float = _SAMPLE.top_p, seed: int | None = _SAMPLE.seed) -> Iterator[str]:
-        """The generated text (after the prime), piece by piece as it is drawn."""
+        """The generated text (after the prime), piece by piece as it is drawn. The settings and
+        the prime are checked here, before the first piece is asked for."""
         options = SampleConfig(length=length, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         validate(options)
         prime_ids, _ = self._prime(prime)
+        if not prime_ids:
+            raise CharlmError("the prime is empty: give at least one symbol")
         ids = generate(self.network, prime_ids, options, unknown_ids(self.tokenizer))
-        yield from decoded_pieces(self.tokenizer, ids)
+        return decoded_pieces(self.tokenizer, ids)
 
     def sample(self, prime: str | None = None, length: int = _SAMPLE.length, temperature: float = _SAMPLE.temperature,
                top_k: int = _SAMPLE.top_k, top_p: float = _SAMPLE.top_p, seed: int | None = _SAMPLE.seed) -> str:

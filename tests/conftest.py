@@ -85,3 +85,28 @@ def corpus_server():
     yield server
     server.httpd.shutdown()
     server.httpd.server_close()
+
+
+# --- shared trained fixtures: prepared and trained once per session ----------------------------
+
+from helpers import prepare_tiny_corpus  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """The data root of a prepared `tiny` corpus (40,000 characters of Python's documentation)."""
+    data_dir = tmp_path_factory.mktemp("tiny-corpus") / "data"
+    prepare_tiny_corpus(data_dir)
+    return data_dir
+
+
+@pytest.fixture(scope="session")
+def trained_run(tiny_corpus, tmp_path_factory) -> Path:
+    """A small LRU trained for two epochs on `tiny`: the run directory. Tests must not modify it."""
+    from charlm.config import TrainConfig
+    from charlm.training import train
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    train(TrainConfig(corpus="tiny", cell="lru", hidden=32, batch_size=16, bptt=25, epochs=2, lr=3e-3,
+                      eval_batch_size=4, data_dir=str(tiny_corpus), run_dir=str(run)))
+    return run

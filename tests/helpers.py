@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pydoc_data.topics
@@ -28,7 +31,36 @@ def prepare_tiny_corpus(data_dir: Path, name: str = "tiny", characters: int = 40
     return name
 
 
+@dataclass
+class CliResult:
+    """What an in-process run of the command line printed, and its exit code."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args, check_code=None, stdin: str | None = None) -> CliResult:
+    """Run `charlm ARGS` in this process (no torch import per call): exit code, stdout, stderr."""
+    from charlm.cli.app import run
+
+    out, err = io.StringIO(), io.StringIO()
+    old_stdin = sys.stdin
+    if stdin is not None:
+        sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = run([str(a) for a in args])
+    finally:
+        sys.stdin = old_stdin
+    result = CliResult(code, out.getvalue(), err.getvalue())
+    if check_code is not None:
+        assert result.returncode == check_code, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
 def run_cli(*args, cwd=None, env=None, check_code=None, timeout=300) -> subprocess.CompletedProcess:
+    """Run `python -m charlm ARGS` in a real subprocess (for exit codes, tracebacks, signals)."""
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     result = subprocess.run(
         [sys.executable, "-m", "charlm", *map(str, args)],
@@ -39,7 +71,7 @@ def run_cli(*args, cwd=None, env=None, check_code=None, timeout=300) -> subproce
     return result
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str, code: int = 2) -> None:
+def assert_one_line_error(result, *fragments: str, code: int = 2) -> None:
     assert result.returncode == code, f"exit {result.returncode}\nstderr:\n{result.stderr}"
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]

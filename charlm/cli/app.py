@@ -57,7 +57,7 @@ def run(argv: list[str] | None = None) -> int:
     """Run the command line in this process; returns the exit code. Errors print one line."""
     from charlm.logs import use_default_handler
 
-    use_default_handler(sys.stderr)
+    use_default_handler()  # follows sys.stderr, also when a caller redirects it around run()
     try:
         result = app(args=argv, prog_name="charlm", standalone_mode=False)
     except CharlmError as error:

@@ -16,7 +16,7 @@ def print_summary(summary: dict) -> None:
     lines = [
         ("run", summary["run_dir"]),
         ("parameters", f"{summary['parameters']:,} (hidden {summary['hidden_size']})"),
-        ("epochs", str(summary["epochs"])),
+        ("epochs", str(summary["epochs"]) + (" (+ a partial epoch: the time budget ran out inside it)" if summary.get("partial_epoch") else "")),
         ("best epoch", str(summary["best_epoch"])),
         ("best valid bpc", f"{summary['best_valid_bpc']:.4f}"),
         ("test bpc", "-" if test is None else f"{test:.4f} (best-validation checkpoint)"),

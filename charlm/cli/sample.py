@@ -33,10 +33,12 @@ def sample(
     model = load_model(checkpoint, device, cell, trust_code)
     for index in range(options.num_samples):
         seed = None if options.seed is None else options.seed + index
+        # stream() checks the settings and the prime: nothing is written before they pass
+        pieces = model.stream(prime, options.length, options.temperature, options.top_k, options.top_p, seed)
         if index:
             _write("\n\n")
         _write(model.sample(prime, length=0) if prime is None else prime)
-        for piece in model.stream(prime, options.length, options.temperature, options.top_k, options.top_p, seed):
+        for piece in pieces:
             _write(piece)
     _write("\n")
 
