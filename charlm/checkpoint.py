@@ -109,9 +109,14 @@ class Checkpoint:
         kind = payload.get("kind", "training")
         if kind not in KINDS:
             raise CharlmError(f"{path} is a charlm checkpoint of unknown kind {kind!r}")
+        try:
+            model_config = ModelConfig.from_dict(payload["model_config"])
+            train_config = TrainConfig.from_dict(payload["train_config"])
+        except CharlmError as error:  # a bad or unknown setting: say it is the file's, not a flag
+            raise CharlmError(f"{path} holds settings this charlm {__version__} cannot read ({error})") from None
         return cls(
-            model_config=ModelConfig.from_dict(payload["model_config"]),
-            train_config=TrainConfig.from_dict(payload["train_config"]),
+            model_config=model_config,
+            train_config=train_config,
             tokenizer=payload["tokenizer"],
             weights=payload["weights"],
             kind=kind,

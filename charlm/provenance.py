@@ -37,11 +37,17 @@ def device_name(device: torch.device) -> str:
     return device.type
 
 
+def _program(argv0: str) -> str:
+    """The name the command was run as: ``charlm`` for the script and for ``python -m charlm``."""
+    path = Path(argv0)
+    return path.parent.name if path.name == "__main__.py" else path.name
+
+
 def collect(device: torch.device, corpus=None) -> dict:
     """Plain values describing this process, for config.json, the checkpoint and `charlm runs`."""
     meta = getattr(corpus, "meta", {}) or {}
     return {
-        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else None,
+        "command": shlex.join([_program(sys.argv[0]), *sys.argv[1:]]) if sys.argv and sys.argv[0] else None,
         "charlm_version": __version__,
         "git_commit": git_commit(),
         "python": platform.python_version(),

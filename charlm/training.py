@@ -152,16 +152,16 @@ class Trainer:
         fixed = sorted(set(changes) - set(RESUMABLE_SETTINGS))
         if fixed:
             raise ConfigError(TrainConfig, fixed[0], "is fixed by the run being resumed; start a new run to change it")
-        config = dataclasses.replace(checkpoint.train_config, run_dir=str(run.path), max_minutes=None, **changes)
+        config = dataclasses.replace(checkpoint.train_config, **{"run_dir": str(run.path), "max_minutes": None, **changes})
         return cls(config, _resume_from=(run, checkpoint), cells=cells, trust_code=trust_code)
 
     def _load_initial_weights(self, reference: str) -> None:
         checkpoint = Checkpoint.load(reference)
         if checkpoint.model_config != self.model_config:
-            raise CharlmError(f"init_from {reference}: its model ({checkpoint.model_config.to_dict()}) differs from "
-                              f"this one ({self.model_config.to_dict()})")
+            raise ConfigError(TrainConfig, "init_from", f"{reference}: its model ({checkpoint.model_config.to_dict()}) "
+                              f"differs from this one ({self.model_config.to_dict()})")
         if checkpoint.tokenizer["vocab"] != self.corpus.tokenizer.vocab:
-            raise CharlmError(f"init_from {reference}: its vocabulary differs from corpus {self.config.corpus!r}")
+            raise ConfigError(TrainConfig, "init_from", f"{reference}: its vocabulary differs from corpus {self.config.corpus!r}")
         self.model.load_state_dict(checkpoint.weights)
 
     def _restore(self, checkpoint: Checkpoint) -> None:

@@ -215,6 +215,10 @@ def _bad_model_config(payload):
     payload["model_config"]["hidden_size"] = "wide"
 
 
+def _unknown_setting(payload):
+    payload["train_config"]["warp_drive"] = True
+
+
 def _unknown_kind(payload):
     payload["kind"] = "mystery"
 
@@ -226,7 +230,8 @@ def _wrong_shapes(payload):
 @pytest.mark.parametrize("damage, fragment", [
     (_missing_weights, "damaged charlm checkpoint"),
     (_missing_everything, "damaged charlm checkpoint"),
-    (_bad_model_config, "hidden_size must be an integer"),
+    (_bad_model_config, "cannot read (hidden_size must be an integer"),
+    (_unknown_setting, "cannot read (unknown TrainConfig settings: warp_drive)"),
     (_unknown_kind, "unknown kind 'mystery'"),
     (_wrong_shapes, "the weights do not fit"),
 ])
@@ -361,3 +366,9 @@ def test_user_cell_loads_when_named_or_trusted(tmp_path, monkeypatch, forget_mod
     result = cli("sample", run, "--cell", "mycells:LeakyTanh", "--length", "20", "--seed", "1", check_code=0)
     assert len(result.stdout) == 1 + 20 + 1  # the default prime (a line break), 20 symbols, a newline
     assert result.stdout == cli("sample", run, "--trust-code", "--length", "20", "--seed", "1", check_code=0).stdout
+
+    # resuming names the cell the same way
+    assert_one_line_error(cli("train", "--resume", run, "--epochs", "2"), "'mycells'", "--trust-code")
+    cli("train", "--resume", run, "--epochs", "2", "--cell", "mycells:LeakyTanh", check_code=0)
+    assert Checkpoint.load(run, prefer="last").training.progress["epoch"] == 2
+    assert_one_line_error(cli("train", "--resume", run, "--epochs", "3", "--cell", "othercells:LeakyTanh"), "'mycells'")

@@ -2,14 +2,10 @@
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from charlm.cells import CELLS
-from charlm.cli.app import app
 from charlm.model import LanguageModel, ModelConfig, count_parameters, size_for_budget
-from helpers import prepare_tiny_corpus
-
-runner = CliRunner()
+from helpers import cli, prepare_tiny_corpus
 
 
 @pytest.fixture(scope="module")
@@ -20,9 +16,8 @@ def corpus_dir(tmp_path_factory):
 
 
 def invoke(*args):
-    result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
+    """`charlm ARGS` through the CLI's entry point in this process; its stdout."""
+    return cli(*args, check_code=0).stdout
 
 
 @pytest.mark.parametrize("cell", CELLS.names())

@@ -3,16 +3,20 @@
 import pytest
 
 from charlm.config import TrainConfig
-from helpers import run_cli
+from helpers import cli, run_cli
+
+HELP_ENVIRONMENT = {"COLUMNS": "400", "NO_COLOR": "1"}
 
 
-def rendered_help(command: str) -> str:
-    result = run_cli(command, "--help", env={"COLUMNS": "400", "NO_COLOR": "1"}, check_code=0)
+def rendered_help(command: str, monkeypatch) -> str:
+    """`charlm COMMAND --help` in this process, on a wide terminal, its whitespace collapsed."""
+    for key, value in HELP_ENVIRONMENT.items():
+        monkeypatch.setenv(key, value)
+    result = cli(command, "--help", check_code=0)
     return " ".join(result.stdout.split())
 
 
-def test_train_help_shows_every_training_default():
-    text = rendered_help("train")
+def assert_train_defaults(text: str) -> None:
     defaults = TrainConfig()
     for name in ("corpus", "cell", "layers", "batch_size", "bptt", "lr", "lr_decay", "epochs", "patience", "clip",
                  "seed", "eval_batch_size", "log_every"):
@@ -21,10 +25,21 @@ def test_train_help_shows_every_training_default():
     assert "(default: runs/CORPUS-CELL-TIME)" in text
 
 
+def test_train_help_shows_every_training_default_in_a_real_process():
+    result = run_cli("train", "--help", env=HELP_ENVIRONMENT, check_code=0)
+    assert_train_defaults(" ".join(result.stdout.split()))
+    assert result.stderr == ""
+
+
+def test_train_help_shows_every_training_default(monkeypatch):
+    assert_train_defaults(rendered_help("train", monkeypatch))
+
+
 @pytest.mark.parametrize("command, fragment", [
     ("sample", "(default: a line break)"),
+    ("sample", f"(default: {TrainConfig.device})"),
     ("demo", "(default: runs/pydoc-lru-demo-TIME)"),
     ("prepare", "(default: error; unk for pydoc)"),
 ])
-def test_other_commands_show_their_defaults(command, fragment):
-    assert fragment in rendered_help(command)
+def test_other_commands_show_their_defaults(command, fragment, monkeypatch):
+    assert fragment in rendered_help(command, monkeypatch)

@@ -3,30 +3,20 @@
 from __future__ import annotations
 
 import math
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
 from charlm.batching import TokenStreams
-from charlm.config import TrainConfig
+from charlm.config import SampleConfig
 from charlm.evaluation import score_tokens
 from charlm.model import LanguageModel, ModelConfig
-from charlm.sampling import SamplingOptions, filter_logits, generate
-from charlm.training import Trainer
-from helpers import assert_one_line_error, prepare_tiny_corpus, run_cli
+from charlm.sampling import filter_logits, generate
+from helpers import assert_one_line_error, cli
 
-
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trained")
-    data_dir = root / "data"
-    prepare_tiny_corpus(data_dir)
-    run = root / "run"
-    config = TrainConfig(corpus="tiny", cell="lru", hidden=32, batch_size=16, bptt=25, epochs=2, lr=3e-3,
-                         eval_batch_size=4, data_dir=str(data_dir), run_dir=str(run))
-    Trainer(config).fit()
-    return run, data_dir
+# `trained_run` (conftest.py): a small LRU trained for two epochs on the `tiny` corpus.
 
 
 def test_every_symbol_after_the_first_is_scored_once():
@@ -50,74 +40,75 @@ def test_streamed_score_equals_one_pass_over_the_split():
     assert score.perplexity == pytest.approx(math.exp(expected / 300), rel=1e-7)
 
 
-def test_eval_command_reports_bpc_and_records_it(trained_run):
-    run, data_dir = trained_run
-    result = run_cli("eval", run, "--split", "valid", "--batch-size", "1", check_code=0)
+def test_eval_command_reports_bpc_and_records_it(trained_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)  # the eval record is appended to the run's metrics.jsonl
+    result = cli("eval", run, "--split", "valid", "--batch-size", "1", check_code=0)
     bpc = float(next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("bpc")))
     assert 0.5 < bpc < 6
     assert "perplexity" in result.stdout
     assert '"event": "eval"' in (run / "metrics.jsonl").read_text()
+    assert '"event": "eval"' not in (trained_run / "metrics.jsonl").read_text()
 
 
 def test_sample_same_seed_same_text(trained_run):
-    run, _ = trained_run
-    first = run_cli("sample", run, "--prime", "The ", "--length", "80", "--seed", "3", check_code=0).stdout
-    second = run_cli("sample", run, "--prime", "The ", "--length", "80", "--seed", "3", check_code=0).stdout
-    other = run_cli("sample", run, "--prime", "The ", "--length", "80", "--seed", "4", check_code=0).stdout
+    run = trained_run
+    first = cli("sample", run, "--prime", "The ", "--length", "80", "--seed", "3", check_code=0).stdout
+    second = cli("sample", run, "--prime", "The ", "--length", "80", "--seed", "3", check_code=0).stdout
+    other = cli("sample", run, "--prime", "The ", "--length", "80", "--seed", "4", check_code=0).stdout
     assert first == second and first.startswith("The ")
     assert first != other
     assert len(first) == len("The ") + 80 + 1
 
 
 def test_sample_num_samples_prime_file_and_filters(trained_run, tmp_path):
-    run, _ = trained_run
+    run = trained_run
     prime = tmp_path / "prime.txt"
     prime.write_text("def ", encoding="utf-8")
-    result = run_cli("sample", run, "--prime-file", prime, "--length", "30", "--num-samples", "2",
+    result = cli("sample", run, "--prime-file", prime, "--length", "30", "--num-samples", "2",
                      "--top-k", "5", "--top-p", "0.9", "--temperature", "0.7", "--seed", "1", check_code=0)
     assert result.stdout.startswith("def ")
     assert "\n\ndef " in result.stdout  # the second sample starts after a blank line
 
 
 def test_prime_outside_vocabulary_names_the_characters(trained_run):
-    run, _ = trained_run
-    result = run_cli("sample", run, "--prime", "naïve ☃")
+    result = cli("sample", trained_run, "--prime", "naïve ☃")
     assert_one_line_error(result, "outside the model's vocabulary", "'☃'")
 
 
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--temperature", "0"], "--temperature must be positive"),
+        (["--temperature", "0"], "--temperature must be positive, not 0.0"),
         (["--top-p", "1.5"], "--top-p"),
         (["--prime", "a", "--prime-file", "x"], "not both"),
     ],
 )
 def test_bad_sampling_options(trained_run, args, fragment):
-    run, _ = trained_run
-    assert_one_line_error(run_cli("sample", run, *args), fragment)
+    result = cli("sample", trained_run, *args)
+    assert_one_line_error(result, fragment)
+    assert result.stdout == ""  # nothing is written before the settings are checked
 
 
 def test_not_a_checkpoint_and_wrong_version(tmp_path, trained_run):
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"this is not a checkpoint")
-    assert_one_line_error(run_cli("eval", junk), "not a readable charlm checkpoint")
-    assert_one_line_error(run_cli("sample", tmp_path / "missing.pt"), "no such checkpoint")
-    run, _ = trained_run
-    payload = torch.load(run / "best.pt", weights_only=True)
+    assert_one_line_error(cli("eval", junk), "not a readable charlm checkpoint")
+    assert_one_line_error(cli("sample", tmp_path / "missing.pt"), "no such checkpoint")
+    payload = torch.load(trained_run / "best.pt", weights_only=True)
     payload["format_version"] = 99
     other = tmp_path / "other.pt"
     torch.save(payload, other)
-    assert_one_line_error(run_cli("eval", other), "checkpoint format 99")
+    assert_one_line_error(cli("eval", other), "checkpoint format 99")
     foreign = tmp_path / "foreign.pt"
     torch.save({"weights": torch.zeros(2)}, foreign)
-    assert_one_line_error(run_cli("sample", foreign), "is not a charlm checkpoint")
+    assert_one_line_error(cli("sample", foreign), "is not a charlm checkpoint")
 
 
 def test_top_k_one_is_greedy():
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig("lstm", vocab_size=6, hidden_size=8)).eval()
-    drawn = list(generate(model, [1, 2], SamplingOptions(length=10, top_k=1, seed=5)))
+    drawn = list(generate(model, [1, 2], SampleConfig(length=10, top_k=1, seed=5)))
     state = model.initial_state(1)
     logits, state = model(torch.tensor([[1, 2]]), state)
     greedy = []
@@ -143,6 +134,6 @@ def test_unknown_entry_is_never_drawn():
     model = LanguageModel(ModelConfig("lstm", vocab_size=4, hidden_size=8)).eval()
     with torch.no_grad():
         model.head.bias[3] = 50.0  # the model all but insists on id 3
-    drawn = list(generate(model, [0], SamplingOptions(length=50, seed=0), banned_ids=[3]))
+    drawn = list(generate(model, [0], SampleConfig(length=50, seed=0), banned_ids=[3]))
     assert 3 not in drawn
-    assert 3 in list(generate(model, [0], SamplingOptions(length=5, seed=0)))
+    assert 3 in list(generate(model, [0], SampleConfig(length=5, seed=0)))

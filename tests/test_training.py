@@ -190,7 +190,7 @@ def test_existing_run_directory_is_not_overwritten(tiny_corpus, tmp_path):
     "extra, fragments",
     [
         (["--cell", "no-such-cell"], ["unknown cell 'no-such-cell'"]),
-        (["--batch-size", "0"], ["--batch-size", "0 is not in the range x>=1"]),
+        (["--batch-size", "0"], ["Invalid value for '--batch-size'", "1"]),  # the range wording is typer's
         (["--lr", "0"], ["--lr must be positive, not 0.0"]),
         (["--hidden", "8", "--params", "1M"], ["not both"]),
         (["--train-fraction", "1.5"], ["--train-fraction"]),
@@ -214,7 +214,7 @@ def test_bad_training_input_is_one_line_error_in_a_real_process(tiny_corpus, tmp
     from helpers import run_cli
 
     result = run_cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", "--layers", "0")
-    assert_one_line_error(result, "Invalid value for '--layers': 0 is not in the range x>=1.")
+    assert_one_line_error(result, "Invalid value for '--layers'", "1")  # the range wording depends on typer's version
     assert result.stdout == ""
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from charlm.cells import CELLS, RecurrentCell
 from charlm.errors import CharlmError
-from helpers import REPO, assert_one_line_error, prepare_tiny_corpus, run_cli
+from helpers import REPO, assert_one_line_error, cli, prepare_tiny_corpus, run_cli
 
 
 def readme_cell_source() -> str:
@@ -29,8 +29,10 @@ def test_readme_cell_trains_evaluates_and_samples(tmp_path):
                      "--hidden", "16", "--batch-size", "8", "--epochs", "1", "--data-dir", data_dir,
                      "--run-dir", run, env=env, check_code=0)
     assert "best valid bpc" in result.stdout
-    run_cli("eval", run, env=env, check_code=0)
-    sample = run_cli("sample", run, "--length", "20", "--seed", "1", env=env, check_code=0)
+    # loading imports the checkpoint's module:Class only when the cell is named (or --trust-code)
+    assert_one_line_error(cli("eval", run), "asks to import module 'mycells'", "--cell mycells:LeakyTanh")
+    run_cli("eval", run, "--cell", "mycells:LeakyTanh", env=env, check_code=0)
+    sample = run_cli("sample", run, "--cell", "mycells:LeakyTanh", "--length", "20", "--seed", "1", env=env, check_code=0)
     assert len(sample.stdout) == 1 + 20 + 1  # default prime "\n", 20 symbols, final newline
 
 
@@ -44,5 +46,5 @@ def test_registry_resolves_module_class(tmp_path, monkeypatch):
 
 
 def test_unknown_cell_lists_the_registry(tmp_path):
-    result = run_cli("train", "--cell", "lsmt", "--corpus", "pydoc", "--data-dir", tmp_path)
+    result = cli("train", "--cell", "lsmt", "--corpus", "pydoc", "--data-dir", tmp_path)
     assert_one_line_error(result, "unknown cell 'lsmt'", "lstm", "module:Class")

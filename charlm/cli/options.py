@@ -16,6 +16,7 @@ import typing
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from charlm.config import flag_of
 
@@ -27,7 +28,7 @@ def help_text(owner, name: str) -> str:
     if shown is None:
         default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
         shown = "none" if default is None else _plain(default)
-    return f"{field.metadata['help']} (default: {shown})"
+    return escape(f"{field.metadata['help']} (default: {shown})")  # typer reads help as rich markup
 
 
 def option_for(owner, name: str, *extra_flags: str, help: str | None = None):

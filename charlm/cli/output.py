@@ -5,10 +5,9 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-stdout = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+stdout = Console(highlight=False, markup=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 
 def print_summary(summary: dict) -> None:
@@ -30,5 +29,5 @@ def print_table(title: str | None, columns: list[str], rows: list[list[str]]) ->
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*(escape(cell) for cell in row))
+        table.add_row(*row)
     stdout.print(table)

@@ -30,6 +30,7 @@ def runs(
     rows = [run.summary() for run in find_runs(directory)]
     key = COLUMNS[sort.value]
     rows.sort(key=lambda row: _sort_key(row.get(key)), reverse=reverse)
+    rows = [row for row in rows if row.get(key) is not None] + [row for row in rows if row.get(key) is None]  # blanks last
     if as_json:
         stdout.print_json(json.dumps(rows, default=str))
         return
