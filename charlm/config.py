@@ -150,9 +150,9 @@ def from_dict(cls, values: dict):
     hints = typing.get_type_hints(cls)
     checked = {}
     for name, value in values.items():
-        allowed = tuple(kind for kind in typing.get_args(hints[name]) or (hints[name],) if kind is not type(None))
-        allowed = tuple(typing.get_origin(kind) or kind for kind in allowed)
-        if value is None and len(allowed) < len(typing.get_args(hints[name]) or (hints[name],)):
+        kinds = typing.get_args(hints[name]) or (hints[name],)
+        allowed = tuple(typing.get_origin(kind) or kind for kind in kinds if kind is not type(None))
+        if value is None and type(None) in kinds:
             pass
         elif isinstance(value, bool) and bool not in allowed:
             raise ConfigError(cls, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {value!r}")

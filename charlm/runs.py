@@ -8,7 +8,6 @@ object per line) and to any extra sinks (TensorBoard); ``summary()`` reads a run
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import time
@@ -206,7 +205,5 @@ def _plain(value):
     if isinstance(value, torch.Tensor):
         return value.tolist()
     if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     raise TypeError(f"cannot write {type(value).__name__} to metrics")
