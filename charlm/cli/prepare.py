@@ -63,7 +63,10 @@ def corpora(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Data root to look in (default: "
                                             "$CHARLM_DATA, else ./data)."),
 ):
-    """List the known corpora, and which are prepared with their split sizes and vocabulary."""
+    """List the known corpora, and which are prepared with their split sizes and vocabulary.
+
+    A corpus prepared from inputs whose checksums were not enforced (--no-verify) is marked unverified.
+    """
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), title=f"corpora in {data_root(data_dir)}/")
     for column in ("corpus", "prepared", "unit"):
         table.add_column(column, no_wrap=True)
@@ -76,7 +79,8 @@ def corpora(
             table.add_row(entry.name, "no", entry.unit, "", "", "", "", entry.description, style="dim")
         else:
             sizes = [f"{corpus.tokens(s):,}" for s in SPLITS]
-            table.add_row(entry.name, "yes", corpus.unit, f"{corpus.vocab_size:,}", *sizes, entry.description)
+            prepared = "yes" if corpus.verified else "yes, unverified"
+            table.add_row(entry.name, prepared, corpus.unit, f"{corpus.vocab_size:,}", *sizes, entry.description)
     stdout.print(table)
 
 

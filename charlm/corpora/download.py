@@ -23,6 +23,7 @@ from charlm.logs import info as log_info
 from charlm.errors import CharlmError
 
 BLOCK = 1 << 16
+DOWNLOAD_SCHEMES = ("http", "https")
 
 
 @dataclass(frozen=True)
@@ -90,16 +91,29 @@ def move_aside(path: Path, sha256: str, name: str | None = None) -> Path:
     return aside
 
 
-def verify_download(path: Path, expected: RemoteFile, final: Path) -> None:
-    """Check a downloaded file against ``expected``; on a mismatch move it aside and raise."""
+def verify_download(path: Path, expected: RemoteFile, final: Path, what: str) -> None:
+    """Check a downloaded file against ``expected``; on a mismatch move it aside and raise.
+
+    ``what`` names the file in the error: where it was downloaded from, or that it was cached.
+    """
     sha256, md5 = file_digests(path)
     problems = mismatches(expected, path.stat().st_size, sha256, md5)
     if problems:
         aside = move_aside(path, sha256, final.name)
-        raise CharlmError(
-            f"{final.name} from {expected.url} does not match: {'; '.join(problems)}; "
-            f"moved aside to {aside} (not used)"
-        )
+        raise CharlmError(f"{what} does not match: {'; '.join(problems)}; moved aside to {aside} (not used)")
+
+
+def check_download_url(url: str) -> str:
+    """``url`` if it is an http(s) address with a host; otherwise a CharlmError naming it."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # raises ValueError for a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme.lower() not in DOWNLOAD_SCHEMES or not parts.hostname:
+        raise CharlmError(f"cannot download from {url!r}: only http:// and https:// addresses are accepted; "
+                          "for a file on this machine use --source PATH")
+    return url
 
 
 def fetch(remote: RemoteFile, cache_dir: Path, *, url: str | None = None, verify: bool = True,
@@ -107,7 +121,7 @@ def fetch(remote: RemoteFile, cache_dir: Path, *, url: str | None = None, verify
     """The verified local copy of ``remote`` in ``cache_dir``, downloading (from ``url`` if given) when absent."""
     log = log or log_info
     policy = policy or DownloadPolicy.from_environment()
-    url = url or remote.url
+    url = check_download_url(url or remote.url)
     cache_dir.mkdir(parents=True, exist_ok=True)
     final = cache_dir / remote.filename
     expected = remote if verify else RemoteFile(url, remote.filename)
@@ -115,14 +129,14 @@ def fetch(remote: RemoteFile, cache_dir: Path, *, url: str | None = None, verify
         log(f"warning: --no-verify: not checking the size and checksum of {remote.filename}")
 
     if final.exists():
-        verify_download(final, expected, final)
+        verify_download(final, expected, final, f"the cached {final.name}")
         if progress:
             log(f"using cached {final}")
         return final
 
     part = final.with_name(final.name + ".part")
     _download_with_retries(url, part, policy, progress, log)
-    verify_download(part, expected, final)
+    verify_download(part, expected, final, f"{final.name} downloaded from {url}")
     os.replace(part, final)
     return final
 
@@ -149,8 +163,9 @@ def _download_with_retries(url: str, part: Path, policy: DownloadPolicy, progres
             log(f"{failure}; retrying in {wait:g}s (attempt {attempt + 1} of {policy.attempts})")
             time.sleep(wait)
     kept = f"; the partial file {part} is kept and resumed next time" if part.exists() else ""
+    attempts = "1 attempt" if policy.attempts == 1 else f"{policy.attempts} attempts"
     raise CharlmError(
-        f"{failure} after {policy.attempts} attempts{kept}. Download {url} another way and pass "
+        f"{failure} after {attempts}{kept}. Download {url} another way and pass "
         "it with --source PATH, or use a mirror with --url URL"
     )
 

@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from charlm.corpora.download import DownloadPolicy, RemoteFile, fetch, file_digests, mismatches, move_aside
-from charlm.corpora.sources import TAR_SUFFIXES, archive_kind, read_members
+from charlm.corpora.sources import TAR_SUFFIXES, SizeLimits, archive_kind, read_members
 from charlm.logs import info as log_info
 from charlm.errors import CharlmError
-
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,7 @@ class RemoteInputs:
 
     file: RemoteFile
     members: tuple[str, ...]
+    limits: SizeLimits  # refuses members (zip bombs, lying headers) far larger than the corpus's own
     member_sha256: Mapping[str, str] = field(default_factory=dict)
     member_crc32: Mapping[str, int] = field(default_factory=dict)  # where no sha256 is published
     downloads = True
@@ -65,7 +65,7 @@ class RemoteInputs:
         if self.file_is_archive() and source.is_file() and archive_kind(source):
             sha256, md5 = file_digests(source)
             self._judge_local_copy(source, mismatches(self.file, source.stat().st_size, sha256, md5), request)
-        files = read_members(source, self.members)
+        files = read_members(source, self.members, self.limits)
         self._judge_local_copy(source, self._member_mismatches(files), request)
         return Gathered(files, origin=str(source), verified=request.verify)
 
@@ -81,20 +81,23 @@ class RemoteInputs:
     def _gather_download(self, request: GatherRequest) -> Gathered:
         if self.file.note and request.verify and request.progress:
             request.log(f"note: {self.file.filename}: {self.file.note}")
-        archive = fetch(self.file, request.data_root / "downloads", url=request.url, verify=request.verify,
+        downloads = request.data_root / "downloads"
+        url = request.url or self.file.url
+        what = (f"the cached {self.file.filename}" if (downloads / self.file.filename).exists()
+                else f"{self.file.filename} downloaded from {url}")
+        archive = fetch(self.file, downloads, url=request.url, verify=request.verify,
                         policy=request.policy, progress=request.progress, log=request.log)
         try:
-            files = read_members(archive, self.members)
+            files = read_members(archive, self.members, self.limits)
             problems = self._member_mismatches(files)
             if problems and request.verify:
-                raise CharlmError(f"{archive.name} holds files that differ from the published corpus: "
-                                  f"{'; '.join(problems)}")
+                raise CharlmError(f"{what} holds files that differ from the published corpus: {'; '.join(problems)}")
         except CharlmError as error:
             aside = move_aside(archive, file_digests(archive)[0])
             raise CharlmError(f"{error}; moved aside to {aside} (not used)") from None
         if problems:
             request.log(f"warning: --no-verify: using {archive.name} although {'; '.join(problems)}")
-        return Gathered(files, origin=request.url or self.file.url, verified=request.verify)
+        return Gathered(files, origin=url, verified=request.verify)
 
     def _member_mismatches(self, files: dict[str, bytes]) -> list[str]:
         problems = []

@@ -20,7 +20,8 @@ from charlm.corpora.download import DownloadPolicy
 from charlm.corpora.inputs import GatherRequest
 from charlm.corpora.recipes import Recipe
 from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS, check_fractions
-from charlm.corpora.store import FORMAT_VERSION, PreparedCorpus, data_root, open_prepared, read_meta, write_prepared
+from charlm.corpora.store import (FORMAT_VERSION, PreparedCorpus, data_root, open_prepared, read_meta,
+                                  remove_abandoned_staging, write_prepared)
 from charlm.corpora.subword import SUBWORD_KINDS, train_subword_tokenizer
 from charlm.corpora.tokenizer import UNK, ByteTokenizer, CharTokenizer, Tokenizer
 from charlm.logs import info as log_info
@@ -89,6 +90,8 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
     options = PrepareOptions.resolve(recipe, subword=subword, vocab_size=vocab_size, split=split,
                                      unknown=unknown or recipe.unknown, output_name=output_name)
     root = data_root(data_dir)
+    for done in remove_abandoned_staging(root):
+        say(f"{done}, left in {root} by a preparation that was killed")
     target = root / options.name
     request = options.request()
     existing = read_meta(target)

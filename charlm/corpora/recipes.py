@@ -11,6 +11,7 @@ from types import MappingProxyType
 
 from charlm.corpora.download import RemoteFile
 from charlm.corpora.inputs import LocalTextFiles, PythonDocumentation, RemoteInputs
+from charlm.corpora.sources import SizeLimits
 from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS, describe_fractions, split_contiguous
 from charlm.errors import CharlmError
 
@@ -161,8 +162,12 @@ PTB_SHA256 = {
 }
 
 
+# Twice the largest member (ptb.char.train.txt, 10,034,964 bytes), and twice the three char files together.
+PTB_LIMITS = SizeLimits(member=2 * 10_034_964, total=2 * 11_705_894)
+
+
 def _ptb_inputs(members):
-    return RemoteInputs(PTB_ARCHIVE, members, {name: PTB_SHA256[name] for name in members})
+    return RemoteInputs(PTB_ARCHIVE, members, PTB_LIMITS, member_sha256={name: PTB_SHA256[name] for name in members})
 
 
 PTB = Recipe(
@@ -194,6 +199,7 @@ WP = Recipe(
             sha256="fb66ba999dafe24017cdd59e04c56d385a9c8466993d374fd4c6f08b2142985e",
         ),
         members=("warpeace_input.txt",),
+        limits=SizeLimits(member=2 * 3_258_246, total=2 * 3_258_246),
         member_sha256={"warpeace_input.txt": "fb66ba999dafe24017cdd59e04c56d385a9c8466993d374fd4c6f08b2142985e"},
     ),
     parse=parse_war_and_peace,
@@ -212,6 +218,7 @@ TEXT8 = Recipe(
             note="no published sha256: the member text8 is checked by its CRC-32 (0x7d6be66f)",
         ),
         members=("text8",),
+        limits=SizeLimits(member=2 * 100_000_000, total=2 * 100_000_000),
         member_crc32={"text8": 0x7D6BE66F},
     ),
     parse=parse_text8,
@@ -230,6 +237,7 @@ ENWIK8 = Recipe(
             sha256="547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc",
         ),
         members=("enwik8",),
+        limits=SizeLimits(member=2 * 100_000_000, total=2 * 100_000_000),
     ),
     parse=parse_enwik8,
     fractions=DEFAULT_FRACTIONS,
@@ -251,6 +259,8 @@ IMDB_SUBWORD = Recipe(
         members=tuple(f"*{part}/{label}/*.txt"
                       for part, label in (("train", "pos"), ("train", "neg"), ("train", "unsup"),
                                           ("test", "pos"), ("test", "neg"))),
+        # a review is at most a few tens of kilobytes; the 100,000 read hold about 133 MB
+        limits=SizeLimits(member=1_000_000, total=300_000_000),
     ),
     parse=parse_imdb,
 )

@@ -2,11 +2,17 @@
 
 The directory is written under a temporary name inside the data root and renamed into place when
 complete, so a reader never sees half a corpus. Split arrays are memory-mapped when read.
+
+The temporary names (``.<name>.partial-<host>-<pid>-<token>``, and ``.previous-`` for the version
+being replaced) say which process made them, so that a later preparation can remove those of a
+process that was killed (``kill -9``) and leave alone those of one still at work.
 """
 
 import json
 import os
+import re
 import shutil
+import socket
 import uuid
 from pathlib import Path
 
@@ -20,6 +26,7 @@ FORMAT_VERSION = 1
 META = "meta.json"
 SUBWORD_MODEL = "tokenizer.model"  # the sentencepiece model of a subword corpus
 DEFAULT_DATA_ROOT = "data"
+STAGING_NAME = re.compile(r"\.(?P<name>.+)\.(?P<kind>partial|previous)-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}")
 
 
 def data_root(data_dir: str | Path | None = None) -> Path:
@@ -46,6 +53,14 @@ class PreparedCorpus:
     def unit(self) -> str:
         """``"char"``, ``"byte"`` or ``"subword"``."""
         return self.meta["unit"]
+
+    @property
+    def verified(self) -> bool:
+        """False when the corpus was made from inputs whose checksums were not enforced (``--no-verify``).
+
+        Metadata written before this was recorded counts as verified.
+        """
+        return self.meta.get("verified", True) is not False
 
     def split(self, which: str) -> np.ndarray:
         """The token ids of split ``which`` ("train", "valid" or "test"), memory-mapped."""
@@ -97,7 +112,7 @@ def write_prepared(root: Path, name: str, arrays: dict[str, np.ndarray], meta: d
     meta = {**meta, "tokenizer": tokenizer.plain_state()}
     extra_files = {SUBWORD_MODEL: tokenizer.model} if tokenizer.model is not None else {}
     root.mkdir(parents=True, exist_ok=True)
-    staging = root / f".{name}.partial-{uuid.uuid4().hex[:8]}"
+    staging = staging_path(root, name, "partial")
     try:
         staging.mkdir()
         for which, array in arrays.items():
@@ -107,7 +122,7 @@ def write_prepared(root: Path, name: str, arrays: dict[str, np.ndarray], meta: d
         (staging / META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         target = root / name
         if target.exists():
-            previous = root / f".{name}.previous-{uuid.uuid4().hex[:8]}"
+            previous = staging_path(root, name, "previous")
             os.replace(target, previous)
             os.replace(staging, target)
             shutil.rmtree(previous)
@@ -117,3 +132,61 @@ def write_prepared(root: Path, name: str, arrays: dict[str, np.ndarray], meta: d
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def staging_path(root: Path, name: str, kind: str) -> Path:
+    """A temporary directory name for corpus ``name`` that records this host and process."""
+    return root / f".{name}.{kind}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "localhost"
+
+
+def remove_abandoned_staging(root: Path) -> list[str]:
+    """Clear away the temporary directories in ``root`` of preparations killed on this host.
+
+    A ``.partial-`` directory is removed. A ``.previous-`` one (a replaced version) is removed when
+    its corpus is in place, and put back as the corpus when the process died between the two renames.
+    Directories of live processes, or made on another host (a shared data root), are left alone.
+    Returns what was done, one phrase per directory (``removed .wp.partial-…``).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    cleared = []
+    for path in sorted(root.glob(".*")):
+        staging = STAGING_NAME.fullmatch(path.name)
+        if not staging or staging["host"] != _host() or _process_is_alive(int(staging["pid"])):
+            continue
+        target = root / staging["name"]
+        if staging["kind"] == "previous" and not target.exists():
+            _rename_if_still_there(path, target)
+            done = f"put back {path.name} as {target.name}"
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            done = f"removed {path.name}"
+        if not path.exists():
+            cleared.append(done)
+    return cleared
+
+
+def _rename_if_still_there(path: Path, target: Path) -> None:
+    """Rename ``path`` to ``target``, unless a preparation running beside this one got there first."""
+    try:
+        os.replace(path, target)
+    except OSError:
+        pass
+
+
+def _process_is_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (assumed so where that cannot be asked)."""
+    if os.name != "posix":
+        return True  # os.kill would terminate the process on Windows
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # PermissionError: it exists, under another user
+        return True
+    return True
