@@ -12,7 +12,9 @@ its model only when the caller names that cell or trusts the file (see ``build_m
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -87,9 +89,11 @@ class Checkpoint:
         """A checkpoint file, or a run directory (its ``best.pt``, or ``last.pt`` with prefer="last")."""
         path = resolve(reference, prefer)
         try:
-            payload = torch.load(path, map_location=map_location, weights_only=True)
+            with warnings.catch_warnings():  # torch warns about pickle protocols before refusing a file
+                warnings.simplefilter("ignore")
+                payload = torch.load(path, map_location=map_location, weights_only=True)
         except Exception as error:  # torch.load raises many kinds on a file that is not a checkpoint
-            raise CharlmError(f"{path} is not a readable charlm checkpoint ({_first_line(error)})") from None
+            raise CharlmError(f"{path} is not a readable charlm checkpoint: {_load_failure(error)}") from None
         try:
             return cls.from_payload(payload, path)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
@@ -203,6 +207,18 @@ def _from_format_1(old: dict) -> dict:
         "dynamic": old.get("dynamic"),
         "charlm_version": old.get("charlm_version"),
     }
+
+
+def _load_failure(error: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in a few words."""
+    text = str(error)
+    if isinstance(error, pickle.UnpicklingError) and "WeightsUnpickler error:" in text:
+        detail = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n", 1)[0].strip()
+        return (f"it holds Python objects that a weights-only load refuses to build ({detail}); "
+                "charlm never unpickles code")
+    if isinstance(error, EOFError) or "failed finding central directory" in text:
+        return "the file is empty, truncated or not a torch file"
+    return _first_line(error)
 
 
 def _first_line(error: BaseException) -> str:

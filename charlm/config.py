@@ -105,6 +105,7 @@ class TrainConfig:
     eval_batch_size: int = setting(16, "Streams used to score validation/test.", min=1)
     eval_every: int = setting(0, "Also score validation every K steps (0: epoch ends only).", min=0)
     log_every: int = setting(50, "Write a step record to metrics.jsonl every K steps.", min=1)
+    save_every: str = setting("5m", "Also save last.pt inside an epoch, every N steps (500) or every N minutes (5m); 0: at epoch ends only.")
     max_minutes: float | None = setting(None, "Stop training after this many minutes (the run is evaluated and resumable).", min=0, min_open=True, show_default="no limit")
     data_dir: str | None = setting(None, "Root of prepared corpora.", show_default="$CHARLM_DATA or ./data")
     run_dir: str | None = setting(None, "Where to write checkpoints and metrics.", show_default="runs/CORPUS-CELL-TIME")
@@ -119,6 +120,12 @@ class TrainConfig:
             raise ConfigError(TrainConfig, "device", f"must be auto, cpu, cuda, cuda:N or mps, not {self.device!r}")
         if not isinstance(self.cell_options, dict):
             raise ConfigError(TrainConfig, "cell_options", "must be a mapping of option names to values")
+        save_interval(self.save_every)
+
+    @property
+    def save_interval(self) -> tuple[str, float] | None:
+        """``("steps", n)``, ``("seconds", s)`` or None: when to save ``last.pt`` inside an epoch."""
+        return save_interval(self.save_every)
 
     @property
     def hidden_size(self) -> int:
@@ -133,8 +140,25 @@ class TrainConfig:
         return from_dict(cls, values)
 
 
+def save_interval(text: str) -> tuple[str, float] | None:
+    """``--save-every``: ``"500"`` → ("steps", 500), ``"5m"`` → ("seconds", 300), ``"0"`` → None."""
+    cleaned = str(text).strip().lower()
+    unit = {"s": 1, "m": 60, "h": 3600}.get(cleaned[-1:], None)
+    number = cleaned[:-1] if unit else cleaned
+    try:
+        value = float(number) if unit else int(number)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(TrainConfig, "save_every", f"must be a number of steps (500) or of minutes (5m), not {text!r}")
+    if value == 0:
+        return None
+    return ("seconds", value * unit) if unit else ("steps", value)
+
+
 # Settings that may differ between a run and its resumption; the rest define the run.
-RESUMABLE_SETTINGS = ("epochs", "max_minutes", "device", "patience", "eval_every", "log_every", "tensorboard", "data_dir")
+RESUMABLE_SETTINGS = ("epochs", "max_minutes", "device", "patience", "eval_every", "log_every", "save_every",
+                      "tensorboard", "data_dir")
 
 
 _KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "an object"}

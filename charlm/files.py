@@ -1,4 +1,8 @@
-"""Writing files atomically: a temporary file beside the target, then a rename."""
+"""Writing files atomically: a temporary file beside the target, flushed to disk, then a rename.
+
+At every moment the target is either its old or its new complete contents, whatever kills the
+process (``kill -9``, a full disk, a power cut once the data reached the disk).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     os.close(handle)
     try:
         write(Path(temporary))
+        _flush_to_disk(temporary)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -28,3 +33,11 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     atomic_write(path, lambda temporary: temporary.write_bytes(data))
+
+
+def _flush_to_disk(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

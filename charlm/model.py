@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.nn.functional as F
@@ -129,6 +130,8 @@ def parse_budget(text: str) -> int:
             value = float(cleaned)
     except ValueError:
         raise CharlmError(f"parameter budget {text!r} is not a number like 1M, 2.5e6 or 800k") from None
+    if not math.isfinite(value):
+        raise CharlmError(f"parameter budget {text!r} is not a finite number")
     if value < 1:
         raise CharlmError(f"parameter budget {text!r} must be positive")
     return int(round(value))
@@ -145,6 +148,9 @@ def size_for_budget(config: ModelConfig, budget: int, max_hidden: int = 16384, c
         with torch.device("meta"):
             return count_parameters(LanguageModel(dataclasses.replace(config, hidden_size=hidden), cell_class))
 
+    if total(max_hidden) < budget:
+        raise CharlmError(f"a parameter budget of {budget:,} is beyond the largest model charlm sizes "
+                          f"(hidden {max_hidden:,}: {total(max_hidden):,} parameters)")
     low, high = 1, 1
     while total(high) < budget and high < max_hidden:
         low, high = high, min(high * 2, max_hidden)

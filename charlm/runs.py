@@ -3,6 +3,11 @@
 ``Run`` is the one place that writes them. Every record goes to ``metrics.jsonl`` (one JSON
 object per line) and to any extra sinks (TensorBoard); ``summary()`` reads a run back for
 `charlm runs`.
+
+One training at a time owns a run directory: it holds an advisory lock on ``lock`` (``flock``,
+released by the kernel when the process dies, so a killed run never blocks its resumption).
+Saving ``last.pt`` first keeps the one it replaces as ``previous.pt``, the fallback when a
+``last.pt`` cannot be read.
 """
 
 from __future__ import annotations
@@ -12,6 +17,11 @@ import os
 import platform
 import time
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, one training per directory is up to the user
+    fcntl = None
 
 import torch
 
@@ -26,9 +36,12 @@ class Run:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.sinks = []  # objects with write(event, fields) and close()
+        self._lock = None  # the open lock file while this process owns the directory
 
     # --- files ---------------------------------------------------------------------------------
     last = property(lambda self: self.path / "last.pt")
+    previous = property(lambda self: self.path / "previous.pt")
+    lock_file = property(lambda self: self.path / "lock")
     best = property(lambda self: self.path / "best.pt")
     metrics = property(lambda self: self.path / "metrics.jsonl")
     config_file = property(lambda self: self.path / "config.json")
@@ -38,28 +51,77 @@ class Run:
 
     @classmethod
     def create(cls, path: str | Path, config: dict, provenance: dict) -> "Run":
-        """A new run directory; refuses one that already holds a run."""
+        """A new run directory, locked by this process; refuses one that already holds a run."""
         run = cls(path)
-        if run.last.exists() or run.best.exists() or run.metrics.exists():
-            raise CharlmError(f"run directory {run.path} already holds a run: resume it with --resume {run.path}, "
-                              "or choose another --run-dir")
         try:
             run.path.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise CharlmError(f"cannot create run directory {run.path}: {error.strerror}") from None
+        run._refuse_existing()
+        run.acquire()
+        run._refuse_existing()  # written by another process between the first look and the lock
         atomic_write_text(run.config_file, json.dumps(config, indent=2, sort_keys=True) + "\n")
         run.write_provenance(provenance)
         return run
 
+    def _refuse_existing(self) -> None:
+        if self.last.exists() or self.best.exists() or self.metrics.exists():
+            self.release()
+            raise CharlmError(f"run directory {self.path} already holds a run: resume it with --resume {self.path}, "
+                              "or choose another --run-dir")
+
     @classmethod
     def resume(cls, path: str | Path) -> "Run":
-        """An existing run directory that holds a last checkpoint."""
+        """An existing run directory, locked by this process; temporary files a killed write left are removed."""
         run = cls(path)
         if not run.path.is_dir():
             raise CharlmError(f"no run directory {run.path} to resume")
-        if not run.last.exists():
-            raise CharlmError(f"run directory {run.path} holds no last.pt to resume from")
+        if not (run.config_file.exists() or run.last.exists()):
+            raise CharlmError(f"{run.path} is not a run directory (it has no config.json or last.pt)")
+        run.acquire()
+        for leftover in run.path.glob(".*.tmp"):
+            leftover.unlink(missing_ok=True)
         return run
+
+    # --- owning the directory --------------------------------------------------------------------
+    def acquire(self) -> None:
+        """Take the directory's lock, or refuse: another live process is training into it."""
+        if self._lock is not None or fcntl is None:
+            return
+        try:
+            handle = open(self.lock_file, "a+", encoding="utf-8")
+        except OSError as error:
+            raise CharlmError(f"cannot write to run directory {self.path}: {error.strerror}") from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise CharlmError(f"run directory {self.path} is in use by another training ({holder}): "
+                              "wait for it to end, or choose another --run-dir") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {platform.node()}\n")
+        handle.flush()
+        self._lock = handle
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def save_last(self, checkpoint) -> None:
+        """Write ``last.pt``, keeping the one it replaces as ``previous.pt`` (a hard link, no copy)."""
+        if self.last.exists():
+            keep = self.path / f".previous.{os.getpid()}.tmp"
+            try:
+                os.link(self.last, keep)
+            except OSError:  # a file system without hard links: keep no previous
+                keep = None
+            if keep is not None:
+                os.replace(keep, self.previous)
+        checkpoint.save(self.last)
 
     def write_provenance(self, provenance: dict) -> None:
         atomic_write_text(self.provenance_file, json.dumps(provenance, indent=2, sort_keys=True) + "\n")
@@ -91,10 +153,12 @@ class Run:
         atomic_write_text(self.running_file, json.dumps({"pid": os.getpid(), "host": platform.node(), "since": time.time()}))
 
     def mark_stopped(self) -> None:
+        """The training has ended: no running mark, sinks closed, the lock released."""
         self.running_file.unlink(missing_ok=True)
         for sink in self.sinks:
             sink.close()
         self.sinks = []
+        self.release()
 
     # --- reading a run back ----------------------------------------------------------------------
     def events(self) -> list[dict]:

@@ -29,7 +29,9 @@ from charlm.config import RESUMABLE_SETTINGS, TrainConfig
 from charlm.corpora import load_corpus
 from charlm.devices import resolve_device
 from charlm.errors import CharlmError, ConfigError
+from charlm.logs import get_logger
 from charlm.evaluation import LN2, characters_per_token, score_split
+from charlm.memory import check_budget_fits, check_fits, estimate_training_memory
 from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
 from charlm.runs import Run, default_run_dir
 
@@ -40,6 +42,40 @@ class TrainingDiverged(CharlmError):
 
 class TrainingInterrupted(CharlmError):
     exit_code = 130
+
+
+class StorageError(CharlmError):
+    """The run directory could not be written (full disk, read-only): exit 1, checkpoints intact."""
+
+    exit_code = 1
+
+
+PROGRESS_INTERVAL = 60.0  # seconds between plain progress lines when stderr is not a terminal
+
+
+def _last_good_checkpoint(run: Run) -> Checkpoint | None:
+    """The newest readable checkpoint with training state: last.pt, else previous.pt, else best.pt
+    (with a warning naming what could not be read); None when the run has none at all."""
+    failures = []
+    for path in (run.last, run.previous, run.best):
+        if not path.exists():
+            if path == run.last and (run.previous.exists() or run.best.exists()):
+                failures.append(f"{run.last} is missing")
+            continue
+        try:
+            checkpoint = Checkpoint.load(path)
+        except CharlmError as error:
+            failures.append(str(error))
+            continue
+        if checkpoint.training is None:
+            failures.append(f"{path} holds no training state")
+            continue
+        if failures:
+            get_logger().warning(f"warning: {'; '.join(failures)}: resuming from {path}")
+        return checkpoint
+    if failures:
+        raise CharlmError(f"{'; '.join(failures)}; no other checkpoint to resume from")
+    return None
 
 
 @dataclasses.dataclass
@@ -60,15 +96,30 @@ class Progress:
     finished: bool = False
 
 
-def model_config_for(config: TrainConfig, vocab_size: int, cell_class=None) -> ModelConfig:
-    """The model a training config describes: its hidden size given, or sized to its budget."""
+def model_config_for(config: TrainConfig, vocab_size: int, cell_class=None, device: torch.device | None = None) -> ModelConfig:
+    """The model a training config describes: its hidden size given, or sized to its budget.
+    With ``device``, a budget whose optimizer state alone cannot fit there is refused first."""
     model_config = ModelConfig(cell=config.cell, vocab_size=vocab_size, hidden_size=config.hidden_size,
                                layers=config.layers, embed_size=config.embed_size, dropout=config.dropout,
                                cell_options=dict(config.cell_options))
     if config.params is not None:
-        hidden, _ = size_for_budget(model_config, parse_budget(config.params), cell_class=cell_class)
+        budget = parse_budget(config.params)
+        if device is not None:
+            check_budget_fits(budget, device)
+        hidden, _ = size_for_budget(model_config, budget, cell_class=cell_class)
         model_config = dataclasses.replace(model_config, hidden_size=hidden)
     return model_config
+
+
+def check_model_fits(model_config: ModelConfig, config: TrainConfig, device: torch.device, cell_class=None) -> None:
+    """Refuse, before allocating it, a model that ``device`` cannot train (``charlm.memory``)."""
+    with torch.device("meta"):
+        shape = LanguageModel(model_config, cell_class)
+    embed_size = getattr(shape.embedding, "embedding_dim", 0)
+    estimate = estimate_training_memory(count_parameters(shape), model_config.cell, model_config.hidden_size,
+                                        model_config.layers, model_config.vocab_size, embed_size,
+                                        max(config.batch_size, config.eval_batch_size), config.bptt)
+    check_fits(estimate, device)
 
 
 class _StopRequest:
@@ -100,25 +151,31 @@ class Trainer:
     ``Trainer(config)`` starts a new run; ``Trainer.resume(run_dir)`` continues one.
     """
 
-    def __init__(self, config: TrainConfig, *, _resume_from: tuple[Run, Checkpoint] | None = None, cells=(),
+    def __init__(self, config: TrainConfig, *, _resume_from: tuple[Run, Checkpoint | None] | None = None, cells=(),
                  trust_code: bool = False):
+        """``_resume_from`` (used by ``resume``): the locked run and its checkpoint, or None for a run
+        that was stopped before its first checkpoint and starts again."""
         config.validate()
         if config.tensorboard:
             from charlm.tensorboard import check_available
 
             check_available()
         self.config = config
-        if _resume_from is None:
-            cell_class = CELLS.get(config.cell)  # the caller named this cell: it may be a module:Class
+        resumed_run, checkpoint = _resume_from or (None, None)
+        if checkpoint is not None:
+            cell_class = checkpoint.cell_class(cells, trust_code)
+        elif resumed_run is not None:
+            cell_class = CELLS.resolve(config.cell, cells=cells, trust_code=trust_code, source=str(resumed_run.config_file))
         else:
-            cell_class = _resume_from[1].cell_class(cells, trust_code)
+            cell_class = CELLS.get(config.cell)  # the caller named this cell: it may be a module:Class
         self.device = resolve_device(config.device)
         self.corpus = load_corpus(config.corpus, config.data_dir)
         torch.manual_seed(config.seed)
-        if _resume_from is None:
-            self.model_config = model_config_for(config, self.corpus.vocab_size, cell_class)
+        if checkpoint is None:
+            self.model_config = model_config_for(config, self.corpus.vocab_size, cell_class, self.device)
         else:
-            self.model_config = _resume_from[1].model_config
+            self.model_config = checkpoint.model_config
+        check_model_fits(self.model_config, config, self.device, cell_class)
         self.model = LanguageModel(self.model_config, cell_class).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, betas=(0.9, 0.999))
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=config.lr_decay)
@@ -129,31 +186,47 @@ class Trainer:
         self.train_chars_per_token = characters_per_token(self.corpus, "train")
         self.hidden = None
         self.provenance = provenance.collect(self.device, self.corpus)
-        if _resume_from is not None:
-            self.run = _resume_from[0]
-            self._restore(_resume_from[1])
-            self.provenance = {**_resume_from[1].provenance, "resumed": self.provenance}
+        if checkpoint is not None:
+            self.run = resumed_run
+            self._restore(checkpoint)
+            self.provenance = {**checkpoint.provenance, "resumed": self.provenance}
             self.run.write_provenance(self.provenance)
         else:
             if config.init_from:
                 self._load_initial_weights(config.init_from)
-            run_dir = config.run_dir or default_run_dir(config.corpus, config.cell)
-            self.run = Run.create(run_dir, {"train": config.to_dict(), "model": self.model_config.to_dict()}, self.provenance)
+            if resumed_run is not None:
+                self.run = resumed_run
+                self.run.write_provenance(self.provenance)
+            else:
+                run_dir = config.run_dir or default_run_dir(config.corpus, config.cell)
+                self.run = Run.create(run_dir, {"train": config.to_dict(), "model": self.model_config.to_dict()}, self.provenance)
+        self.progress_interval = PROGRESS_INTERVAL
 
     @classmethod
     def resume(cls, run_dir, *, cells=(), trust_code: bool = False, **changes) -> "Trainer":
         """A trainer that continues the run in ``run_dir`` from its last checkpoint. ``changes`` may
         set only the settings that do not define the run (``RESUMABLE_SETTINGS``: epochs,
         max_minutes, device, ...)."""
-        run = Run.resume(run_dir)
-        checkpoint = Checkpoint.load(run.last)
-        if checkpoint.training is None:
-            raise CharlmError(f"{run.last} holds no training state to resume")
         fixed = sorted(set(changes) - set(RESUMABLE_SETTINGS))
         if fixed:
             raise ConfigError(TrainConfig, fixed[0], "is fixed by the run being resumed; start a new run to change it")
-        config = dataclasses.replace(checkpoint.train_config, **{"run_dir": str(run.path), "max_minutes": None, **changes})
-        return cls(config, _resume_from=(run, checkpoint), cells=cells, trust_code=trust_code)
+        run = Run.resume(run_dir)
+        try:
+            checkpoint = _last_good_checkpoint(run)
+            if checkpoint is not None:
+                settings = checkpoint.train_config
+            else:  # stopped before its first checkpoint: start it again from its config.json
+                recorded = run.read_json(run.config_file).get("train")
+                if not recorded:
+                    raise CharlmError(f"run directory {run.path} holds no checkpoint and no readable config.json to resume")
+                settings = TrainConfig.from_dict(recorded)
+                get_logger().warning(f"warning: {run.path} holds no checkpoint (the run stopped before its first save): "
+                                     "starting it again from the beginning")
+            config = dataclasses.replace(settings, **{"run_dir": str(run.path), "max_minutes": None, **changes})
+            return cls(config, _resume_from=(run, checkpoint), cells=cells, trust_code=trust_code)
+        except BaseException:
+            run.release()
+            raise
 
     def _load_initial_weights(self, reference: str) -> None:
         checkpoint = Checkpoint.load(reference)
@@ -210,15 +283,23 @@ class Trainer:
             run.log(f"run {run.path} is already complete ({progress.epoch} epochs); pass a larger --epochs to go on")
             return self.summary()
         progress.finished = False
-        if config.tensorboard:
-            from charlm.tensorboard import TensorBoardSink
-
-            run.sinks.append(TensorBoardSink(run.path / "tensorboard"))
-        run.mark_running()
+        run.acquire()
         try:
+            if config.tensorboard:
+                from charlm.tensorboard import TensorBoardSink
+
+                run.sinks.append(TensorBoardSink(run.path / "tensorboard"))
+            run.mark_running()
             return self._fit()
+        except OSError as error:  # a full disk, a read-only or vanished run directory
+            kept = f"the last checkpoint {run.last} is intact" if run.last.exists() else "no checkpoint had been saved"
+            where = error.filename or run.path
+            raise StorageError(f"training stopped: cannot write {where}: {error.strerror or error}; {kept}") from None
         finally:
-            run.mark_stopped()
+            try:
+                run.mark_stopped()
+            except OSError:
+                run.release()
 
     def _fit(self) -> dict:
         config, progress, run = self.config, self.progress, self.run
@@ -233,7 +314,7 @@ class Trainer:
             while progress.epoch < config.epochs and time_left:
                 reason = self._train_epoch(stop, started)
                 if reason == "interrupted":
-                    self.checkpoint().save(run.last)
+                    run.save_last(self.checkpoint())
                     run.record("interrupted", epoch=progress.epoch + 1, window=progress.window, step=progress.step)
                     raise TrainingInterrupted(f"interrupted: saved {run.last} at epoch {progress.epoch + 1}, step "
                                               f"{progress.step}; continue with `charlm train --resume {run.path}`")
@@ -241,7 +322,7 @@ class Trainer:
                 if self._end_epoch(partial=not time_left):
                     break
         progress.finished = time_left
-        self.checkpoint().save(run.last)
+        run.save_last(self.checkpoint())
         summary = self.summary()
         run.record("end", **summary)
         if not time_left:
@@ -259,6 +340,8 @@ class Trainer:
                    unit="win", leave=False, disable=None, dynamic_ncols=True)
         epoch_clock = time.monotonic()
         seconds_before = progress.train_seconds
+        interval = config.save_interval
+        saved_at, reported_at = time.monotonic(), time.monotonic()
         try:
             for window in self.train_streams.windows(progress.window, device=self.device):
                 logits, hidden = self.model(window.inputs, self.hidden)
@@ -289,11 +372,32 @@ class Trainer:
                     self.run.record("valid", epoch=progress.epoch + 1, step=progress.step, **valid.as_dict("valid_"))
                 if stop.requested:
                     return "interrupted"
+                if interval and self._save_due(interval, saved_at):
+                    self.run.save_last(self.checkpoint())
+                    self.run.record("checkpoint", epoch=progress.epoch + 1, window=progress.window, step=progress.step)
+                    saved_at = time.monotonic()
+                if bar.disable and time.monotonic() - reported_at >= self.progress_interval:
+                    self._report_progress(loss.item())
+                    reported_at = time.monotonic()
                 if config.max_minutes is not None and time.monotonic() - started > config.max_minutes * 60:
                     return "time"
         finally:
             bar.close()
         return None
+
+    def _save_due(self, interval: tuple[str, float], saved_at: float) -> bool:
+        kind, every = interval
+        if kind == "steps":
+            return self.progress.step % every == 0
+        return time.monotonic() - saved_at >= every
+
+    def _report_progress(self, loss: float) -> None:
+        """A plain progress line, for logs and pipes where no progress bar is drawn."""
+        progress, windows = self.progress, len(self.train_streams)
+        bpc = loss / LN2 / self.train_chars_per_token
+        speed = progress.train_tokens / max(progress.train_seconds, 1e-9)
+        get_logger().info(f"epoch {progress.epoch + 1}/{self.config.epochs}  window {progress.window:,}/{windows:,} "
+                          f"({100 * progress.window / windows:.0f}%)  train {bpc:.4f} bpc  {speed:,.0f} chars/s")
 
     def _accumulate_grad_norms(self, groups: dict) -> None:
         sums = self.progress.grad_norm_sums
@@ -355,7 +459,7 @@ class Trainer:
         if stop_early:
             progress.finished = True
         checkpoint = self.checkpoint()
-        checkpoint.save(run.last)
+        run.save_last(checkpoint)
         if improved:
             scores = {"valid_bpc": valid.bpc, "test_bpc": test.bpc, "epoch": epoch_number}
             dataclasses.replace(checkpoint, scores=scores).save(run.best)

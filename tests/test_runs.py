@@ -234,4 +234,6 @@ def test_second_train_into_a_run_directory_is_refused(runs_root, tmp_path):
     assert {path.name: path.read_bytes() for path in run.iterdir()} == before
     assert_one_line_error(cli("train", "--resume", tmp_path / "absent"), "no run directory")
     (run / "last.pt").unlink()
-    assert_one_line_error(cli("train", "--resume", run), "holds no last.pt")
+    resumed = cli("train", "--resume", run, "--epochs", "2", check_code=0)
+    assert f"warning: {run / 'last.pt'} is missing: resuming from {run / 'previous.pt'}" in resumed.stderr
+    assert_one_line_error(cli("train", "--resume", tmp_path), "is not a run directory")

@@ -66,6 +66,10 @@ def run(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("charlm: error: interrupted", file=sys.stderr)
         return 130
+    except OSError as error:  # the disk, not the input: a full disk, a read-only directory
+        where = f" {error.filename}" if error.filename else ""
+        print(f"charlm: error: cannot access{where}: {error.strerror or error}", file=sys.stderr)
+        return 1
     except Exception as error:
         if type(error).__name__ == "Abort":
             print("charlm: error: interrupted", file=sys.stderr)

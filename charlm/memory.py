@@ -1,0 +1,109 @@
+"""Will a model fit? The memory a training run needs, estimated before anything is allocated.
+
+A run holds four float32 copies of every parameter (weights, gradients, Adam's two moments) and,
+for one window, the activations autograd keeps for the backward pass. The parameter part is
+exact; the activation part is ``batch × bptt × layers × hidden × 4 bytes`` times a per-cell factor
+measured on the CPU (peak resident memory of one forward + backward at batch 128 × bptt 50,
+2 layers of 256, rounded up by a quarter), plus the embedding and the softmax layer's inputs,
+logits and their gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import torch
+
+from charlm.errors import CharlmError
+
+BYTES_PER_PARAMETER = 16  # float32 weight, gradient, Adam first and second moment
+ACTIVATION_FACTOR = {  # bytes kept per (step, stream, layer, hidden unit), in float32 units
+    "rnn": 6, "scrn": 8, "mi-rnn": 14, "lstm": 15, "delta-rnn": 17, "gru": 19, "mgu": 19, "ho-gru": 30,
+    "ps-lru": 32, "rg-lru": 33, "ho-lstm": 33, "lru": 36, "grid-lstm": 36, "rhn": 48,
+}
+UNKNOWN_CELL_FACTOR = 64  # a user's cell: assume more than any built-in one keeps
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    parameters: int
+    state_bytes: int  # weights, gradients and optimizer moments
+    activation_bytes: int  # one window's forward and backward
+
+    @property
+    def total_bytes(self) -> int:
+        return self.state_bytes + self.activation_bytes
+
+
+def estimate_training_memory(parameters: int, cell: str, hidden_size: int, layers: int, vocab_size: int,
+                             embed_size: int, batch_size: int, bptt: int) -> MemoryEstimate:
+    positions = batch_size * bptt
+    factor = ACTIVATION_FACTOR.get(cell, UNKNOWN_CELL_FACTOR)
+    recurrent = positions * layers * hidden_size * 4 * factor
+    ends = positions * (embed_size + 4 * vocab_size) * 4  # embedding rows; logits, softmax and their gradients
+    return MemoryEstimate(parameters, parameters * BYTES_PER_PARAMETER, recurrent + ends)
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for a new run on ``device``; None where it cannot be told."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type != "cpu":
+        return None
+    candidates = [_meminfo_available(), _cgroup_available()]
+    known = [value for value in candidates if value is not None]
+    return min(known) if known else None
+
+
+def check_fits(estimate: MemoryEstimate, device: torch.device, available: int | None = None) -> None:
+    """Refuse, naming the figures, a run that ``device`` cannot hold."""
+    available = available_memory(device) if available is None else available
+    if available is None or estimate.total_bytes <= available:
+        return
+    raise CharlmError(
+        f"a model of {estimate.parameters:,} parameters needs about {_gib(estimate.total_bytes)} to train "
+        f"({_gib(estimate.state_bytes)} for weights, gradients and Adam state, {_gib(estimate.activation_bytes)} "
+        f"for one window's activations) but {device} has {_gib(available)} free: use a smaller --hidden or "
+        "--params, or a smaller --batch-size or --bptt")
+
+
+def check_budget_fits(budget: int, device: torch.device, available: int | None = None) -> None:
+    """Refuse at once a parameter budget whose optimizer state alone cannot fit (``--params 1e20``)."""
+    available = available_memory(device) if available is None else available
+    needed = budget * BYTES_PER_PARAMETER
+    if available is not None and needed > available:
+        raise CharlmError(f"a budget of {budget:,} parameters needs at least {_gib(needed)} for weights, gradients "
+                          f"and Adam state alone, but {device} has {_gib(available)} free: use a smaller --params")
+
+
+def _gib(size: int) -> str:
+    return f"{size / GIB:,.1f} GiB" if size >= GIB / 10 else f"{size / 1024**2:,.0f} MiB"
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _cgroup_available() -> int | None:
+    """What a cgroup v2 memory limit leaves (containers, Slurm jobs)."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        return max(int(limit) - used, 0)
+    except (OSError, ValueError):
+        return None
