@@ -67,6 +67,9 @@ class Run:
     def _refuse_existing(self) -> None:
         if self.last.exists() or self.best.exists() or self.metrics.exists():
             self.release()
+            holder = self.holder()
+            if holder:
+                raise _in_use(self.path, holder)
             raise CharlmError(f"run directory {self.path} already holds a run: resume it with --resume {self.path}, "
                               "or choose another --run-dir")
 
@@ -98,13 +101,27 @@ class Run:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             handle.close()
-            raise CharlmError(f"run directory {self.path} is in use by another training ({holder}): "
-                              "wait for it to end, or choose another --run-dir") from None
+            raise _in_use(self.path, holder) from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()} on {platform.node()}\n")
         handle.flush()
         self._lock = handle
+
+    def holder(self) -> str | None:
+        """Who holds the directory's lock ("pid N on HOST"), when another process does."""
+        if fcntl is None or self._lock is not None or not self.lock_file.exists():
+            return None
+        try:
+            with open(self.lock_file, "r", encoding="utf-8") as handle:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except OSError:
+                    return handle.read().strip() or "another process"
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        except OSError:
+            pass
+        return None
 
     def release(self) -> None:
         if self._lock is not None:
@@ -225,6 +242,11 @@ class Run:
             "status": self.status(events),
             "provenance": self.read_json(self.provenance_file),
         }
+
+
+def _in_use(path: Path, holder: str) -> CharlmError:
+    return CharlmError(f"run directory {path} is in use by another training ({holder}): wait for it to end, "
+                       "or choose another --run-dir")
 
 
 def find_runs(root: str | Path) -> list[Run]:

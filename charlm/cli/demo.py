@@ -19,7 +19,7 @@ def demo(
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where to write the run (default: runs/pydoc-lru-demo-TIME)."),
     given: dict = None,
 ):
-    """Prepare the embedded `pydoc` corpus, train a small LRU, report bits per character, sample."""
+    """Prepare the embedded `pydoc` corpus, size a small LRU to this machine and train it for the budget, report bits per character, sample."""
     from charlm.config import validate
     from charlm.demo import run_demo
 

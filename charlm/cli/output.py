@@ -10,13 +10,28 @@ from rich.table import Table
 stdout = Console(highlight=False, markup=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 
+def epochs_text(summary: dict) -> str:
+    """``4``, or ``4 complete; stopped inside epoch 5 when the time budget ran out``."""
+    if not summary.get("partial_epoch"):
+        return str(summary["epochs"])
+    return f"{summary['epochs']} complete; stopped inside epoch {summary['epochs'] + 1} when the time budget ran out"
+
+
+def best_epoch_text(summary: dict) -> str:
+    """``4``, or ``5 (the partial epoch, evaluated where it stopped)``."""
+    best = summary["best_epoch"]
+    if summary.get("partial_epoch") and best == summary["epochs"] + 1:
+        return f"{best} (the partial epoch, evaluated where it stopped)"
+    return str(best)
+
+
 def print_summary(summary: dict) -> None:
     test = summary.get("test_bpc_at_best")
     lines = [
         ("run", summary["run_dir"]),
         ("parameters", f"{summary['parameters']:,} (hidden {summary['hidden_size']})"),
-        ("epochs", str(summary["epochs"]) + (" (+ a partial epoch: the time budget ran out inside it)" if summary.get("partial_epoch") else "")),
-        ("best epoch", str(summary["best_epoch"])),
+        ("epochs", epochs_text(summary)),
+        ("best epoch", best_epoch_text(summary)),
         ("best valid bpc", f"{summary['best_valid_bpc']:.4f}"),
         ("test bpc", "-" if test is None else f"{test:.4f} (best-validation checkpoint)"),
     ]
