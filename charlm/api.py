@@ -23,6 +23,7 @@ from charlm.config import DEFAULT_PRIME, DynamicOptions, EvalConfig, SampleConfi
 from charlm.devices import resolve_device
 from charlm.errors import CharlmError, OutOfVocabulary
 from charlm.evaluation import LN2, Score, score_split, score_tokens
+from charlm.logs import get_logger
 from charlm.model import count_parameters
 from charlm.sampling import decoded_pieces, encode_prime, generate, outside_vocabulary, unknown_ids
 
@@ -104,6 +105,9 @@ class Model:
         prime_ids, _ = self._prime(prime)
         if not prime_ids:
             raise CharlmError("the prime is empty: give at least one symbol")
+        if top_k > len(self.tokenizer.vocab):
+            get_logger().warning(f"warning: top-k {top_k} is more than the {len(self.tokenizer.vocab)} symbols of the "
+                                 "vocabulary: sampling from all of them")
         ids = generate(self.network, prime_ids, options, unknown_ids(self.tokenizer))
         return decoded_pieces(self.tokenizer, ids)
 

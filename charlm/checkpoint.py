@@ -214,8 +214,8 @@ def _load_failure(error: Exception) -> str:
     text = str(error)
     if isinstance(error, pickle.UnpicklingError) and "WeightsUnpickler error:" in text:
         detail = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n", 1)[0].strip()
-        return (f"it holds Python objects that a weights-only load refuses to build ({detail}); "
-                "charlm never unpickles code")
+        return (f"the weights-only loader refused it ({detail}): it is not a checkpoint, or it holds Python "
+                "objects, which charlm never unpickles")
     if isinstance(error, EOFError) or "failed finding central directory" in text:
         return "the file is empty, truncated or not a torch file"
     return _first_line(error)

@@ -8,6 +8,7 @@ the same fields (``charlm.cli.options``), so a default or a bound is written onc
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import re
@@ -71,6 +72,8 @@ def validate(settings) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(type(settings), field.name, f"must be a number, not {value!r}")
+        if math.isinf(value):
+            raise ConfigError(type(settings), field.name, f"must be finite, not {value}")
         ok = not math.isnan(value)
         if low is not None:
             ok = ok and (value > low if meta["min_open"] else value >= low)
@@ -170,7 +173,10 @@ def from_dict(cls, values: dict):
     known = {field.name for field in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise CharlmError(f"unknown {cls.__name__} settings: {', '.join(unknown)}")
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise CharlmError(f"unknown {cls.__name__} setting{'s' if len(unknown) > 1 else ''}: "
+                          f"{', '.join(map(repr, unknown))}{hint}")
     hints = typing.get_type_hints(cls)
     checked = {}
     for name, value in values.items():

@@ -83,9 +83,12 @@ def about(number: float) -> str:
 def describe(sizing: Sizing) -> list[str]:
     """The lines the demo prints about its choice before training."""
     threads = f"{sizing.threads} thread{'s' if sizing.threads != 1 else ''}"
+    if sizing.seconds_left > 0:
+        budget = f"~{about(sizing.chars_in_budget)} characters in the {sizing.seconds_left / 60:.3g} min left"
+    else:
+        budget = "the measurement took the whole budget"
     lines = [f"sizing: hidden {sizing.hidden} on {threads}, ~{about(sizing.chars_per_second)} chars/s measured: "
-             f"~{about(sizing.chars_in_budget)} characters in the {max(sizing.seconds_left, 0) / 60:.2g} min left "
-             f"(readable text needs ~{about(sizing.chars_needed)})"]
+             f"{budget} (readable text needs ~{about(sizing.chars_needed)})"]
     if not sizing.enough:
         lines.append(f"this machine trains about {about(sizing.chars_per_second)} chars/s now; readable text needs "
                      f"about {about(sizing.chars_needed)} characters: try --minutes {sizing.minutes_needed}")
@@ -159,7 +162,7 @@ def measure_threads(config: TrainConfig, corpus, device, steps: int) -> tuple[in
     return threads, throughput[threads]
 
 
-def size_for_machine(settings: DemoSettings, corpus, device) -> Sizing:
+def size_for_machine(settings: DemoSettings, corpus) -> Sizing:
     """Measure the sizes of ``settings.sizes`` from the largest down until one can reach readable
     text in what is left of the budget (see ``choose_size``). Sets torch's thread count to the
     faster one; the caller restores it."""
@@ -170,6 +173,7 @@ def size_for_machine(settings: DemoSettings, corpus, device) -> Sizing:
     threads = torch.get_num_threads()
     for hidden in ladder:
         config = demo_config(settings, hidden, settings.minutes)
+        device = resolve_device(config.device)
         if not throughput:
             threads, throughput[hidden] = measure_threads(config, corpus, device, settings.calibration_steps)
             torch.set_num_threads(threads)
@@ -187,13 +191,12 @@ def run_demo(settings: DemoSettings, data_dir=None, run_dir=None, write=print, l
     """Returns the training summary (with the ``sizing``); writes the sample through ``write`` as
     it is drawn and the sizing lines through ``log``."""
     corpus = prepare_corpus("pydoc", data_dir=data_dir)
-    device = resolve_device(demo_config(settings, max(settings.sizes), settings.minutes).device)
     threads = torch.get_num_threads()
     try:
-        sizing = size_for_machine(settings, corpus, device)
+        sizing = size_for_machine(settings, corpus)
         for line in describe(sizing):
             log(line)
-        minutes_left = max(sizing.seconds_left, 0.06) / 60  # a budget used up by the measurement still trains a window
+        minutes_left = float(f"{max(sizing.seconds_left, 0.06) / 60:.3g}")  # a used-up budget still trains a window
         run_dir = run_dir or default_run_dir("pydoc", f"{settings.cell}-demo")
         summary = train(demo_config(settings, sizing.hidden, minutes_left, data_dir, run_dir))
         summary["sizing"] = {**dataclasses.asdict(sizing), "enough": sizing.enough}

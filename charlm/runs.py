@@ -196,7 +196,9 @@ class Run:
 
     def status(self, events: list[dict] | None = None) -> str:
         events = self.events() if events is None else events
-        running = self.read_json(self.running_file)
+        if self.holder():
+            return "running"
+        running = self.read_json(self.running_file)  # a process on this host without a lock (Windows)
         if running and running.get("host") == platform.node() and _alive(running.get("pid")):
             return "running"
         last_start = max((i for i, row in enumerate(events) if row.get("event") == "start"), default=None)

@@ -27,6 +27,9 @@ def outside_vocabulary(tokenizer: Tokenizer, text: str) -> list[str]:
 def encode_prime(tokenizer: Tokenizer, text: str) -> list[int]:
     """Token ids of the prime; characters the model has never seen are an error, even where the
     vocabulary has an unknown-symbol entry (a prime of unknowns would be a silent garbage start)."""
+    undecodable = [ord(c) - 0xDC00 for c in text if 0xDC80 <= ord(c) <= 0xDCFF]  # bytes the shell passed as they were
+    if undecodable:
+        raise CharlmError(f"the prime is not UTF-8 text (byte 0x{undecodable[0]:02x})")
     unknown = outside_vocabulary(tokenizer, text)
     if not unknown:
         return tokenizer.encode(text)

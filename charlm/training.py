@@ -231,8 +231,9 @@ class Trainer:
     def _load_initial_weights(self, reference: str) -> None:
         checkpoint = Checkpoint.load(reference)
         if checkpoint.model_config != self.model_config:
-            raise ConfigError(TrainConfig, "init_from", f"{reference}: its model ({checkpoint.model_config.to_dict()}) "
-                              f"differs from this one ({self.model_config.to_dict()})")
+            theirs, ours = checkpoint.model_config.to_dict(), self.model_config.to_dict()
+            differences = ", ".join(f"{key} {theirs[key]!r} there, {ours[key]!r} here" for key in ours if theirs.get(key) != ours[key])
+            raise ConfigError(TrainConfig, "init_from", f"{reference} holds another model ({differences})")
         if checkpoint.tokenizer["vocab"] != self.corpus.tokenizer.vocab:
             raise ConfigError(TrainConfig, "init_from", f"{reference}: its vocabulary differs from corpus {self.config.corpus!r}")
         self.model.load_state_dict(checkpoint.weights)

@@ -231,7 +231,7 @@ def _wrong_shapes(payload):
     (_missing_weights, "damaged charlm checkpoint"),
     (_missing_everything, "damaged charlm checkpoint"),
     (_bad_model_config, "cannot read (hidden_size must be an integer"),
-    (_unknown_setting, "cannot read (unknown TrainConfig settings: warp_drive)"),
+    (_unknown_setting, "cannot read (unknown TrainConfig setting: 'warp_drive')"),
     (_unknown_kind, "unknown kind 'mystery'"),
     (_wrong_shapes, "the weights do not fit"),
 ])

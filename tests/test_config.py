@@ -86,7 +86,7 @@ def test_from_dict_is_strict():
     assert (config.layers, config.lr, config.params, config.hidden) == (2, 1.0, "1000000", None)
     assert isinstance(config.lr, float)
     assert TrainConfig.from_dict(TrainConfig(cell="gru", hidden=64).to_dict()) == TrainConfig(cell="gru", hidden=64)
-    with pytest.raises(CharlmError, match="unknown TrainConfig settings: bogus, warp"):
+    with pytest.raises(CharlmError, match="unknown TrainConfig settings: 'bogus', 'warp'"):
         TrainConfig.from_dict({"bogus": 1, "warp": 2, "layers": 1})
     for values, message in [
         ({"layers": "x"}, "layers must be an integer, not 'x'"),
@@ -135,7 +135,7 @@ def test_config_file_values_are_checked(tmp_path, monkeypatch):
     config.write_text(json.dumps({"lr": True}), encoding="utf-8")
     assert_one_line_error(cli("train", "--config", config), "--lr must be a number, not True")
     config.write_text(json.dumps({"learning_rate": 0.1}), encoding="utf-8")
-    assert_one_line_error(cli("train", "--config", config), "unknown TrainConfig settings: learning_rate")
+    assert_one_line_error(cli("train", "--config", config), "unknown TrainConfig setting: 'learning_rate'")
     config.write_text(json.dumps({"lr": 0}), encoding="utf-8")
     assert_one_line_error(cli("train", "--config", config), "--lr must be positive")
     config.write_text("[1, 2]", encoding="utf-8")

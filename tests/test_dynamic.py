@@ -317,12 +317,12 @@ def test_cli_error_is_one_line_in_a_real_process(trained_run):
         (["--dyn-lr", "0.1"], "--dyn-lr applies to dynamic evaluation"),
         (["--dyn-search"], "--dyn-search applies to dynamic evaluation"),
         (["--dynamic", "adam"], "--dynamic must be sgd or rms"),
-        (["--dynamic", "sgd", "--dyn-lr", "-0.1"], "Invalid value for '--dyn-lr'"),  # closed bounds: typer's range check
-        (["--dynamic", "rms", "--dyn-decay", "1.5"], "Invalid value for '--dyn-decay'"),
-        (["--dynamic", "rms", "--dyn-decay", "-0.1"], "Invalid value for '--dyn-decay'"),
+        (["--dynamic", "sgd", "--dyn-lr", "-0.1"], "--dyn-lr must be zero or positive, not -0.1"),
+        (["--dynamic", "rms", "--dyn-decay", "1.5"], "--dyn-decay must be in [0, 1], not 1.5"),
+        (["--dynamic", "rms", "--dyn-decay", "-0.1"], "--dyn-decay must be in [0, 1], not -0.1"),
         (["--dynamic", "rms", "--dyn-eps", "0"], "--dyn-eps must be positive, not 0.0"),  # open bound: the library's
         (["--dynamic", "sgd", "--dyn-decay", "0.1"], "--dyn-decay applies to --dynamic rms only"),
-        (["--dynamic", "sgd", "--segment", "0"], "Invalid value for '--segment'"),
+        (["--dynamic", "sgd", "--segment", "0"], "--segment must be at least 1, not 0"),
         (["--dynamic", "sgd", "--dyn-search", "--dyn-lr", "0.1"], "--dyn-search chooses --dyn-lr"),
         (["--dynamic", "sgd", "--search-prefix", "100"], "--search-prefix applies to --dyn-search only"),
         (["--dynamic", "sgd", "--adapt-on", "train"], "--adapt-on must be valid"),

@@ -1,9 +1,10 @@
 """Command-line options built from the settings dataclasses of ``charlm.config``.
 
 ``@settings_options(TrainConfig)`` adds one typer option per field to a command: its flag, its
-help with the default taken from the field, its closed range (typer's min/max; open bounds
-are checked by the library) or its choices (a str Enum). Every option defaults to None, so the command receives only the values the user gave
-(``given``) and can layer them over a config file or a checkpoint.
+help with the default and the bounds taken from the field, or its choices (a str Enum). The
+bounds themselves are checked by the library (``charlm.config.validate``), so the command line
+and Python callers get the same message. Every option defaults to None, so the command receives
+only the values the user gave (``given``) and can layer them over a config file or a checkpoint.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from charlm.config import flag_of
+from charlm.config import bound_text, flag_of
 
 
 def help_text(owner, name: str) -> str:
@@ -28,22 +29,17 @@ def help_text(owner, name: str) -> str:
     if shown is None:
         default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
         shown = "none" if default is None else _plain(default)
-    return escape(f"{field.metadata['help']} (default: {shown})")  # typer reads help as rich markup
+    bounds = bound_text(field.metadata)
+    must = f" Must be {bounds}." if bounds else ""
+    return escape(f"{field.metadata['help']}{must} (default: {shown})")  # typer reads help as rich markup
 
 
 def option_for(owner, name: str, *extra_flags: str, help: str | None = None):
     """The typer option of one field (default None: the command sees whether it was given)."""
-    field = {f.name: f for f in dataclasses.fields(owner)}[name]
-    meta = field.metadata
-    bounds = {}
-    if meta.get("min") is not None and not meta["min_open"]:
-        bounds["min"] = meta["min"]
-    if meta.get("max") is not None and not meta["max_open"]:
-        bounds["max"] = meta["max"]  # open bounds are left to the library's validate()
     flags = [flag_of(owner, name), *extra_flags]
     if _base_type(typing.get_type_hints(owner)[name]) is bool:
         flags = [f"{flags[0]}/--no-{flags[0].removeprefix('--')}"]
-    return typer.Option(None, *flags, help=help or help_text(owner, name), show_default=False, **bounds)
+    return typer.Option(None, *flags, help=help or help_text(owner, name), show_default=False)
 
 
 def option_type(owner, name: str):

@@ -1,0 +1,246 @@
+"""Bad input: one line on stderr, exit code 2, no traceback, nothing written — case by case.
+
+The cases here are also the table in the README's Errors section: `test_readme_table_is_current`
+renders them and compares. After adding or changing a case, rewrite the table with
+
+    CHARLM_WRITE_README=1 python -m pytest tests/test_errors.py -k readme
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import REPO, assert_one_line_error, cli, prepare_tiny_corpus
+
+
+@dataclass(frozen=True)
+class Case:
+    """``command`` as the README shows it: DATA (a prepared `tiny` corpus), RUN (a trained run),
+    FILES (the bad files below) stand for paths."""
+
+    what: str
+    command: str
+    cpu_only: bool = False  # the message differs on a machine with a GPU
+
+
+CASES = [
+    # --- what to train ---
+    Case("unknown corpus", "train --corpus nope"),
+    Case("built-in corpus not prepared", "train --corpus wp"),
+    Case("unknown cell", "train --cell nope"),
+    Case("unknown option", "train --nope"),
+    Case("option without its value", "train --hidden"),
+    Case("zero hidden size", "train --hidden 0"),
+    Case("zero layers", "train --layers 0"),
+    Case("negative embedding size", "train --embed-size -5"),
+    Case("zero batch", "train --batch-size 0"),
+    Case("zero BPTT length", "train --bptt 0"),
+    Case("zero epochs", "train --epochs 0"),
+    Case("zero learning rate", "train --lr 0"),
+    Case("learning rate not a number", "train --lr fast"),
+    Case("infinite learning rate", "train --lr inf"),
+    Case("zero learning-rate decay", "train --lr-decay 0"),
+    Case("dropout of 1", "train --dropout 1"),
+    Case("train fraction 0", "train --train-fraction 0"),
+    Case("train fraction above 1", "train --train-fraction 1.5"),
+    Case("negative clipping", "train --clip -1"),
+    Case("zero patience", "train --patience 0"),
+    Case("log every 0 steps", "train --log-every 0"),
+    Case("negative eval interval", "train --eval-every -1"),
+    Case("save interval not steps or minutes", "train --save-every soon"),
+    Case("zero time budget", "train --max-minutes 0"),
+    Case("budget not a number", "train --params abc"),
+    Case("zero budget", "train --params 0"),
+    Case("infinite budget", "train --params inf"),
+    Case("budget no machine holds", "train --params 1e20"),
+    Case("model no machine holds", "train --hidden 1000000"),
+    Case("hidden size and budget", "train --hidden 8 --params 1M"),
+    Case("unknown cell option", "train --cell lstm --cell-opt nope=1"),
+    Case("cell option of the wrong type", "train --cell lstm --cell-opt peephole=maybe"),
+    Case("cell option not key=value", "train --cell-opt peephole"),
+    Case("unknown device", "train --device tpu"),
+    Case("CUDA without a GPU", "train --device cuda", cpu_only=True),
+    Case("MPS off a Mac", "train --device mps", cpu_only=True),
+    # --- config files, resuming, run directories ---
+    Case("missing config file", "train --config FILES/absent.json"),
+    Case("config file not JSON", "train --config FILES/broken.json"),
+    Case("config file with an unknown key", "train --config FILES/unknown-key.json"),
+    Case("config file with a wrong type", "train --config FILES/wrong-type.json"),
+    Case("config file that is a directory", "train --config FILES/empty-dir"),
+    Case("config file naming a module", "train --config FILES/module-cell.json"),
+    Case("run directory already used", "train --run-dir RUN"),
+    Case("resume a missing directory", "train --resume FILES/absent"),
+    Case("resume a directory that is no run", "train --resume FILES/empty-dir"),
+    Case("resume changing the model", "train --resume RUN --hidden 9"),
+    Case("initial weights of another model", "train --hidden 9 --init-from RUN"),
+    # --- checkpoints ---
+    Case("missing checkpoint", "sample FILES/absent.pt"),
+    Case("directory without checkpoints", "sample FILES/empty-dir"),
+    Case("empty .pt file", "sample FILES/empty.pt"),
+    Case("random bytes", "sample FILES/random.pt"),
+    Case("truncated checkpoint", "sample FILES/truncated.pt"),
+    Case("a .pt file of something else", "sample FILES/other.pt"),
+    Case("a pickle that would run code", "sample FILES/code.pt"),
+    Case("a corpus with another vocabulary", "eval RUN --data-dir FILES/other-data"),
+    Case("the checkpoint's corpus absent", "eval RUN --data-dir FILES/empty-dir"),
+    # --- sampling ---
+    Case("zero temperature", "sample RUN --temperature 0"),
+    Case("negative top-k", "sample RUN --top-k -1"),
+    Case("top-p 0", "sample RUN --top-p 0"),
+    Case("top-p above 1", "sample RUN --top-p 1.5"),
+    Case("negative length", "sample RUN --length -1"),
+    Case("empty prime", "sample RUN --prime ''"),
+    Case("prime outside the vocabulary", "sample RUN --prime 中文"),
+    Case("prime file not UTF-8", "sample RUN --prime-file FILES/latin-1.txt"),
+    Case("prime and prime file", "sample RUN --prime a --prime-file FILES/latin-1.txt"),
+    # --- evaluation and scoring ---
+    Case("evaluate the training split", "eval RUN --split train"),
+    Case("zero evaluation batch", "eval RUN --batch-size 0"),
+    Case("zero evaluation window", "eval RUN --bptt 0"),
+    Case("unknown dynamic method", "eval RUN --dynamic adam"),
+    Case("missing text to score", "score RUN FILES/absent.txt"),
+    Case("text to score not UTF-8", "score RUN FILES/latin-1.txt"),
+    Case("text outside the vocabulary", "score RUN FILES/chinese.txt"),
+    # --- corpora ---
+    Case("prepare an unknown corpus", "prepare nope"),
+    Case("prepare text without a name", "prepare text FILES/chinese.txt"),
+    Case("prepare a missing file", "prepare text FILES/absent.txt --name mine"),
+    Case("prepare text that is not UTF-8", "prepare text FILES/latin-1.txt --name mine"),
+    Case("download from a non-address", "prepare wp --url 'not a url'"),
+    Case("download from a local file URL", "prepare wp --url file:///etc/passwd"),
+    # --- other commands ---
+    Case("export into a missing directory", "export RUN FILES/absent/model.pt"),
+    Case("list runs of a missing directory", "runs FILES/absent"),
+    Case("benchmark zero steps", "bench --steps 0"),
+    Case("benchmark an unknown cell", "bench --cells nope"),
+    Case("demo with no time", "demo --minutes 0"),
+]
+
+BASE_ARGS = {  # put before the case's own arguments, which win; not shown in the README
+    "train": ["--corpus", "tiny", "--data-dir", "DATA", "--run-dir", "FILES/new-run"],
+    "eval": ["--data-dir", "DATA"],
+    "score": [],
+    "prepare": ["--data-dir", "FILES/data"],
+    "demo": ["--data-dir", "FILES/data", "--run-dir", "FILES/new-run"],
+}
+
+
+@pytest.fixture(scope="module")
+def places(trained_run, tiny_corpus, tmp_path_factory) -> dict[str, Path]:
+    files = tmp_path_factory.mktemp("bad-files")
+    best = (trained_run / "best.pt").read_bytes()
+    (files / "empty.pt").write_bytes(b"")
+    (files / "random.pt").write_bytes(bytes(range(256)) * 4)
+    (files / "truncated.pt").write_bytes(best[: len(best) // 3])
+    torch.save({"weights": torch.zeros(3)}, files / "other.pt")
+    (files / "code.pt").write_bytes(pickle.dumps(_WritesAMarker(str(files / "MARKER"))))
+    (files / "broken.json").write_text('{"cell": "lstm",', encoding="utf-8")
+    (files / "unknown-key.json").write_text('{"hidden_size": 64}', encoding="utf-8")
+    (files / "wrong-type.json").write_text('{"epochs": "many"}', encoding="utf-8")
+    (files / "module-cell.json").write_text('{"cell": "evilmod:Nope"}', encoding="utf-8")
+    (files / "latin-1.txt").write_bytes("café".encode("latin-1"))
+    (files / "chinese.txt").write_text("中文", encoding="utf-8")
+    (files / "empty-dir").mkdir()
+    prepare_tiny_corpus(files / "other-data", characters=3000)  # `tiny` again, with fewer symbols
+    return {"DATA": tiny_corpus, "RUN": trained_run, "FILES": files}
+
+
+class _WritesAMarker:
+    """Unpickled, this would create a file: it never is (loads are weights-only)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def arguments(case: Case, places: dict[str, Path]) -> list[str]:
+    words = shlex.split(case.command)
+    if "--resume" not in words:
+        words[1:1] = BASE_ARGS.get(words[0], [])
+    return [_fill(word, places) for word in words]
+
+
+def _fill(word: str, places: dict[str, Path]) -> str:
+    for name, path in places.items():
+        word = re.sub(rf"\b{name}\b", str(path), word)
+    return word
+
+
+def shown_message(stderr: str, places: dict[str, Path]) -> str:
+    """The error line with paths put back as DATA, RUN, FILES and machine-specific figures as …"""
+    line = stderr.strip().splitlines()[-1].removeprefix("charlm: error: ")
+    for name, path in sorted(places.items(), key=lambda item: -len(str(item[1]))):
+        line = line.replace(str(path), name)
+    line = re.sub(r"has [\d.,]+ [GM]iB free", "has … free", line)
+    return line
+
+
+def run_case(case: Case, places: dict[str, Path]):
+    if case.cpu_only and (torch.cuda.is_available() or torch.backends.mps.is_available()):
+        pytest.skip("the message differs on a machine with this device")
+    return cli(*arguments(case, places))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.what for case in CASES])
+def test_bad_input_is_one_line_and_writes_nothing(case, places):
+    before = _snapshot(places)
+    result = run_case(case, places)
+    assert_one_line_error(result)
+    assert result.stdout == ""
+    assert _snapshot(places) == before
+    assert not (places["FILES"] / "MARKER").exists()
+
+
+def _snapshot(places) -> dict[str, int]:
+    """Every file under the places, with its size."""
+    return {str(path): path.stat().st_size for root in places.values() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def test_there_are_at_least_forty_distinct_cases():
+    assert len({case.command for case in CASES}) == len(CASES) >= 40
+
+
+def test_top_k_above_the_vocabulary_samples_from_all_with_a_warning(places):
+    result = cli("sample", places["RUN"], "--top-k", "5000", "--length", "20", "--seed", "3", check_code=0)
+    assert "warning: top-k 5000 is more than the" in result.stderr
+    unfiltered = cli("sample", places["RUN"], "--top-k", "0", "--length", "20", "--seed", "3", check_code=0)
+    assert result.stdout == unfiltered.stdout
+
+
+def render_table(places) -> str:
+    rows = ["| What | Command | Message |", "| --- | --- | --- |"]
+    for case in CASES:
+        result = cli(*arguments(case, places))
+        message = shown_message(result.stderr, places)
+        rows.append(f"| {case.what} | `charlm {case.command}` | {_cell(message)} |")
+    return "\n".join(rows) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("`", "'")
+
+
+TABLE_START = "<!-- errors table: generated from tests/test_errors.py -->\n"
+TABLE_END = "<!-- end of errors table -->"
+
+
+def test_readme_table_is_current(places):
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        pytest.skip("the table shows the messages of a machine without a GPU")
+    readme = REPO / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    table = render_table(places)
+    if os.environ.get("CHARLM_WRITE_README") == "1":
+        readme.write_text(text[:start] + table + text[end:], encoding="utf-8")
+    assert text[start:end] == table, "README errors table is stale: rerun with CHARLM_WRITE_README=1"
