@@ -351,7 +351,7 @@ class Trainer:
                     self._diverged(loss.item())
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                self._accumulate_grad_norms(groups)
+                step_norms = self._accumulate_grad_norms(groups)
                 if config.clip > 0:
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.clip)
                 self.optimizer.step()
@@ -366,7 +366,8 @@ class Trainer:
                 if progress.step % config.log_every == 0:
                     bpc = loss.item() / LN2 / self.train_chars_per_token
                     bar.set_postfix(bpc=f"{bpc:.3f}", chars_s=f"{progress.train_tokens / max(progress.train_seconds, 1e-9):.0f}")
-                    self.run.record("step", epoch=progress.epoch + 1, step=progress.step, loss=loss.item(), bpc=bpc, lr=self.lr)
+                    self.run.record("step", epoch=progress.epoch + 1, step=progress.step, loss=loss.item(), bpc=bpc, lr=self.lr,
+                                    grad_norm=step_norms)
                 if config.eval_every and progress.step % config.eval_every == 0:
                     valid = self._evaluate("valid")
                     self.model.train()
@@ -400,13 +401,15 @@ class Trainer:
         get_logger().info(f"epoch {progress.epoch + 1}/{self.config.epochs}  window {progress.window:,}/{windows:,} "
                           f"({100 * progress.window / windows:.0f}%)  train {bpc:.4f} bpc  {speed:,.0f} chars/s")
 
-    def _accumulate_grad_norms(self, groups: dict) -> None:
-        sums = self.progress.grad_norm_sums
+    def _accumulate_grad_norms(self, groups: dict) -> dict[str, float]:
+        """This step's gradient norm per layer (before clipping), added to the epoch's sums."""
+        sums, norms = self.progress.grad_norm_sums, {}
         for name, params in groups.items():
             grads = [p.grad for p in params if p.grad is not None]
             if grads:
-                norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
-                sums[name] = sums.get(name, 0.0) + norm
+                norms[name] = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+                sums[name] = sums.get(name, 0.0) + norms[name]
+        return norms
 
     def _diverged(self, value: float) -> None:
         kept = self.run.last if self.run.last.exists() else None
