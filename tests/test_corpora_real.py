@@ -11,6 +11,8 @@ from charlm.corpora import DownloadPolicy, load_corpus, prepare_corpus
 from charlm.errors import CharlmError
 
 FAST = DownloadPolicy(attempts=2, backoff=0.0, timeout=5.0)
+from conftest import SHARED_CORPORA_DIR as SHARED_CORPORA_DIR_FOR_TESTS  # noqa: E402
+
 PTB_CHAR_FILES = [f"ptb.char.{split}.txt" for split in ("train", "valid", "test")]
 
 
@@ -36,6 +38,18 @@ def test_ptb_reproduces_the_published_counts(prepared):
     assert ptb.split("train").dtype == np.uint8 and isinstance(ptb.split("train"), np.memmap)
     assert ptb.meta["sources"]["ptb.char.train.txt"] == \
         "e313d91425e06c4f0a8fb6e881dcce0c291f2a0e9f4dda54833069b122f91da9"
+
+
+def test_ptb_contiguous_is_the_three_files_as_one_text_split_90_5_5(prepared):
+    """The LRU paper's PTB: first 90% / next 5% / last 5% of train+valid+test, not Mikolov's files."""
+    prepare_corpus("ptb-contiguous", source=SHARED_CORPORA_DIR_FOR_TESTS / "ptb", data_dir=prepared, progress=False)
+    contiguous, files = load_corpus("ptb-contiguous", prepared), load_corpus("ptb", prepared)
+    assert [contiguous.tokens(s) for s in ("train", "valid", "test")] == [5_267_651, 292_648, 292_648]
+    assert sum(contiguous.tokens(s) for s in ("train", "valid", "test")) == 5_017_482 + 393_042 + 442_423
+    assert contiguous.vocab_size == 50 and contiguous.meta["split_rule"] == "contiguous 90/5/5 by characters"
+    whole = np.concatenate([files.split(s) for s in ("train", "valid", "test")])
+    assert contiguous.tokenizer.vocab == files.tokenizer.vocab
+    assert np.array_equal(np.concatenate([contiguous.split(s) for s in ("train", "valid", "test")]), whole)
 
 
 def test_ptb_tokens_are_symbols_with_underscore_for_space_and_newline_per_line(prepared):

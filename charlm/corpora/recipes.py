@@ -92,6 +92,12 @@ def parse_ptb_chars(files, fractions):
             for s in SPLITS}
 
 
+def parse_ptb_chars_contiguous(files, fractions):
+    """The three char files as one text (train, valid, test in that order), cut 90/5/5 as the LRU paper does."""
+    parts = parse_ptb_chars(files, None)
+    return split_contiguous("".join(parts[s] for s in SPLITS), fractions)
+
+
 def parse_ptb_words(files, fractions):
     return {s: sentences(decode_utf8(files.pop(f"ptb.{s}.txt"), f"ptb.{s}.txt")) for s in SPLITS}
 
@@ -176,6 +182,16 @@ PTB = Recipe(
     unit="char",
     inputs=_ptb_inputs(tuple(f"ptb.char.{s}.txt" for s in SPLITS)),
     parse=parse_ptb_chars,
+    space_symbol="_",
+)
+
+PTB_CONTIGUOUS = Recipe(
+    name="ptb-contiguous",
+    description="Penn Treebank, characters, the three files as one text split 90/5/5 (the LRU paper's split)",
+    unit="char",
+    inputs=_ptb_inputs(tuple(f"ptb.char.{s}.txt" for s in SPLITS)),
+    parse=parse_ptb_chars_contiguous,
+    fractions=DEFAULT_FRACTIONS,
     space_symbol="_",
 )
 
@@ -286,5 +302,5 @@ PYDOC = Recipe(
 )
 
 RECIPES: Mapping[str, Recipe] = MappingProxyType(
-    {recipe.name: recipe for recipe in (PTB, PTB_SUBWORD, WP, TEXT8, ENWIK8, IMDB_SUBWORD, TEXT, PYDOC)}
+    {recipe.name: recipe for recipe in (PTB, PTB_CONTIGUOUS, PTB_SUBWORD, WP, TEXT8, ENWIK8, IMDB_SUBWORD, TEXT, PYDOC)}
 )
