@@ -33,9 +33,9 @@ def _root(
 
 
 def _register_commands():
-    from charlm.cli import bench, cells, demo, evaluate, export, prepare, runs, sample, score, train
+    from charlm.cli import bench, cells, demo, evaluate, export, prepare, report, runs, sample, score, sweep, train
 
-    for module in (prepare, cells, train, evaluate, score, sample, runs, export, demo, bench):
+    for module in (prepare, cells, train, evaluate, score, sample, runs, report, export, demo, bench, sweep):
         module.register(app)
 
 

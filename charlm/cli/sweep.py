@@ -1,0 +1,61 @@
+"""`charlm sweep PLAN`: a grid of training runs from a TOML plan (see charlm.plans)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from charlm.cli.loading import DATA_DIR
+from charlm.cli.output import print_table, stdout
+from charlm.errors import CharlmError
+
+
+def sweep(
+    plan: Optional[str] = typer.Argument(None, help="A plan: a .toml file, or the name of one shipped with charlm (see --list)."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="A profile of the plan, such as small (default: the plan as written, the papers' settings)."),
+    directory: Optional[Path] = typer.Option(None, "--dir", help="The sweep directory (default: sweeps/PLAN-PROFILE)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the runs (settings, hidden size, parameters, state) without training."),
+    only: Optional[List[str]] = typer.Option(None, "--only", help="Only the runs with KEY=VALUE (repeatable), e.g. --only cell=lru."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="Run the I-th of N disjoint shares, I from 0 (e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)."),
+    list_plans: bool = typer.Option(False, "--list", help="List the plans shipped with charlm and exit."),
+    data_dir: Optional[Path] = DATA_DIR,
+    trust_code: bool = typer.Option(False, "--trust-code", help="Allow the plan's module:Class cells to be imported."),
+):
+    """Run every point of a plan as its own run directory; re-running skips finished runs and resumes interrupted ones."""
+    from charlm.plan import load_plan, shipped_plans
+    from charlm.sweep import Sweep, parse_shard, select
+
+    if list_plans:
+        print_table(None, ["plan", "description"], [[name, text] for name, text in shipped_plans().items()])
+        return
+    if plan is None:
+        raise CharlmError("give a plan (a .toml file or a shipped plan's name; charlm sweep --list shows them)")
+    loaded = load_plan(plan, profile)
+    target = directory or Path("sweeps") / f"{loaded.name}-{loaded.profile}"
+    runner = Sweep(loaded, target, data_dir=data_dir, trust_code=trust_code)
+    points = select(loaded.points(), only or [], parse_shard(shard))
+    if dry_run:
+        rows = [runner.describe(point) for point in points]
+        print_table(f"{len(rows)} run(s) of {loaded.name} ({loaded.profile}) in {target}",
+                    ["run", "corpus", "cell", "layers", "budget", "hidden", "parameters", "state"],
+                    [[row["run"], row["corpus"], row["cell"], str(row["layers"]), row["params"] or "-",
+                      _or_unknown(row["hidden"]), _or_unknown(row["parameters"], "{:,}"), row["state"]] for row in rows])
+        if any(row["vocabulary_assumed"] for row in rows):
+            stdout.print("(sizes of corpora not prepared yet use their documented vocabulary sizes)")
+        return
+    outcomes = runner.run(points)
+    counts = {}
+    for outcome in outcomes:
+        counts[outcome.status] = counts.get(outcome.status, 0) + 1
+    stdout.print(f"sweep {target}: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
+                 + f"; report with `charlm report {target}`")
+
+
+def _or_unknown(value, form: str = "{}") -> str:
+    return "?" if value is None else form.format(value)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(sweep)

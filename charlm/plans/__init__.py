@@ -1,0 +1,1 @@
+"""The sweep plans shipped with charlm (TOML files; `charlm sweep --list`)."""
