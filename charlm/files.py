@@ -20,6 +20,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     os.close(handle)
     try:
         write(Path(temporary))
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes files owner-only; give the usual mode
         _flush_to_disk(temporary)
         os.replace(temporary, path)
     except BaseException:
@@ -41,3 +42,9 @@ def _flush_to_disk(path: str) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -152,7 +152,7 @@ class Sweep:
     def run(self, points: list[Point], log=None) -> list[Outcome]:
         """Train (or resume, or skip) each point, then its evaluation steps; a diverged run does not
         stop the sweep, Ctrl-C does (re-running the command continues)."""
-        from charlm.training import Trainer, TrainingDiverged
+        from charlm.training import Trainer, TrainingDiverged, TrainingInterrupted
 
         log = log or get_logger().info
         self.bind()
@@ -185,6 +185,9 @@ class Sweep:
                 log(f"{prefix}: {error}")
                 outcomes.append(Outcome(point.name, "diverged", time.monotonic() - clock))
                 continue
+            except TrainingInterrupted as error:
+                raise TrainingInterrupted(f"{error}; or run the same `charlm sweep` command again to go on with "
+                                          f"the whole sweep ({number - 1} of {len(points)} runs done)") from None
             seconds = time.monotonic() - clock
             if state == "finished":
                 log(f"{prefix}: finished earlier; skipped")

@@ -1,0 +1,169 @@
+"""The figures of `charlm report`, as PNG files of a fixed size.
+
+Drawn with matplotlib's object interface (``matplotlib.figure.Figure``, rendered by Agg), never
+pyplot: no display is needed and no global backend is switched. A figure's size in pixels is its
+size in inches (below) times ``DPI``; the PNG carries no software version or time, so the same
+data give the same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from pathlib import Path
+
+from matplotlib.ticker import MaxNLocator
+
+from charlm.files import atomic_write
+
+DPI = 100
+CURVES_SIZE = (10.0, 3.5)  # inches, per corpus (one row of two panels each)
+CONVERGENCE_SIZE = (6.0, 4.0)
+EFFICIENCY_SIZE = (5.0, 4.0)  # per corpus, side by side
+HEATMAP_SIZE = (8.0, 2.5)  # per heat map, stacked
+MAX_HEATMAPS = 4  # more runs than this: one heat map per cell
+STYLE = {"font.size": 9, "axes.grid": True, "grid.alpha": 0.3, "image.cmap": "viridis"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+    """One run's validation bpc by epoch and by cumulative training seconds."""
+
+    label: str
+    colour: str
+    epochs: list[int]
+    bpc: list[float]
+    seconds: list[float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    """Test bpc (mean, standard deviation) of one cell against the training fraction."""
+
+    label: str
+    colour: str
+    fractions: list[float]
+    bpc: list[float]
+    std: list[float]
+
+
+@dataclasses.dataclass(frozen=True)
+class HeatMap:
+    """Gradient norms: one row per layer, one column per logged step."""
+
+    title: str
+    layers: list[str]
+    steps: list[int]
+    values: list[list[float]]
+
+
+def _styled(draw):
+    """Draw under matplotlib's default style plus ``STYLE``, whatever the user's matplotlibrc says."""
+
+    @functools.wraps(draw)
+    def styled(*arguments) -> None:
+        import matplotlib.style
+
+        with matplotlib.style.context(["default", STYLE]):
+            draw(*arguments)
+
+    return styled
+
+
+def cell_colours(cells: list[str]) -> dict[str, str]:
+    """A colour per cell, the same in every figure of a report."""
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10"].colors
+    return {cell: _hex(palette[index % len(palette)]) for index, cell in enumerate(cells)}
+
+
+@_styled
+def learning_curves(panels: dict[str, list[Curve]], path: Path) -> None:
+    """Validation bpc against epochs (left) and training time (right), a row per corpus."""
+    figure = _figure(CURVES_SIZE[0], CURVES_SIZE[1] * len(panels))
+    axes = figure.subplots(len(panels), 2, squeeze=False)
+    longest = max(second for curves in panels.values() for curve in curves for second in curve.seconds)
+    unit, scale = ("hours", 3600) if longest > 7200 else ("minutes", 60) if longest > 600 else ("seconds", 1)
+    for (corpus, curves), (by_epoch, by_time) in zip(panels.items(), axes):
+        for curve in curves:
+            by_epoch.plot(curve.epochs, curve.bpc, marker="o", markersize=3, color=curve.colour, label=curve.label)
+            by_time.plot([s / scale for s in curve.seconds], curve.bpc, marker="o", markersize=3, color=curve.colour,
+                         label=curve.label)
+        by_epoch.set(title=f"{corpus}: validation bpc by epoch", xlabel="epoch", ylabel="validation bpc")
+        by_time.set(title=f"{corpus}: validation bpc by training time", xlabel=f"training time ({unit})")
+        by_epoch.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _legend(by_epoch)
+    _save(figure, path)
+
+
+@_styled
+def convergence_boxes(epochs: dict[str, list[int]], colours: dict[str, str], path: Path) -> None:
+    """A box per cell of the epoch of best validation loss (over seeds and corpora)."""
+    figure = _figure(*CONVERGENCE_SIZE)
+    axes = figure.subplots()
+    cells = list(epochs)
+    boxes = axes.boxplot([epochs[cell] for cell in cells], patch_artist=True, medianprops={"color": "black"})
+    axes.set_xticks(range(1, len(cells) + 1), cells)
+    for position, (box, cell) in enumerate(zip(boxes["boxes"], cells), start=1):
+        box.set(facecolor=colours[cell], alpha=0.6)
+        axes.plot([position] * len(epochs[cell]), epochs[cell], "o", color="black", markersize=3, alpha=0.5)
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set(title="Epochs to the best validation loss", xlabel="cell", ylabel="best epoch")
+    _save(figure, path)
+
+
+@_styled
+def efficiency_lines(panels: dict[str, list[Line]], path: Path) -> None:
+    """Test bpc against the fraction of the training split, a line per cell, a panel per corpus."""
+    figure = _figure(EFFICIENCY_SIZE[0] * len(panels), EFFICIENCY_SIZE[1])
+    for axes, (corpus, lines) in zip(figure.subplots(1, len(panels), squeeze=False)[0], panels.items()):
+        for line in lines:
+            axes.errorbar(line.fractions, line.bpc, yerr=line.std, marker="o", markersize=4, capsize=3,
+                          color=line.colour, label=line.label)
+        axes.set(title=f"{corpus}: statistical efficiency", xlabel="fraction of the training split", ylabel="test bpc")
+        _legend(axes)
+    _save(figure, path)
+
+
+@_styled
+def gradient_heatmaps(maps: list[HeatMap], path: Path) -> None:
+    """Per-layer gradient norms over the logged steps, on a logarithmic colour scale; one map per run."""
+    from matplotlib.colors import LogNorm
+
+    figure = _figure(HEATMAP_SIZE[0], HEATMAP_SIZE[1] * len(maps))
+    for axes, heat in zip(figure.subplots(len(maps), 1, squeeze=False)[:, 0], maps):
+        positive = [value for row in heat.values for value in row if math.isfinite(value) and value > 0]
+        low, high = (min(positive), max(positive)) if positive else (1e-3, 1.0)
+        values = [[value if math.isfinite(value) and value > 0 else math.nan for value in row] for row in heat.values]
+        half = (heat.steps[-1] - heat.steps[0]) / max(len(heat.steps) - 1, 1) / 2 or 0.5
+        image = axes.imshow(values, aspect="auto", interpolation="nearest", norm=LogNorm(low, max(high, low * 1.0001)),
+                            extent=(heat.steps[0] - half, heat.steps[-1] + half, len(heat.layers) - 0.5, -0.5))
+        axes.set_yticks(range(len(heat.layers)), heat.layers)
+        axes.grid(False)
+        axes.set(title=heat.title, xlabel="step")
+        figure.colorbar(image, ax=axes, label="gradient norm")
+    _save(figure, path)
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
+def _legend(axes) -> None:
+    """A legend with each label once (several runs of a cell share its colour and label)."""
+    handles, labels = axes.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    if unique:
+        axes.legend(unique.values(), unique.keys(), fontsize=8)
+
+
+def _save(figure, path: Path) -> None:
+    atomic_write(path, lambda temporary: figure.savefig(temporary, format="png", dpi=DPI, metadata={"Software": None}))
+
+
+def _hex(rgb) -> str:
+    return "#" + "".join(f"{round(channel * 255):02x}" for channel in rgb[:3])
