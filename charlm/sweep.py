@@ -77,6 +77,7 @@ class Sweep:
 
     def __init__(self, plan: Plan, directory: str | Path, *, data_dir=None, trust_code: bool = False):
         self.plan, self.directory, self.data_dir, self.trust_code = plan, Path(directory), data_dir, trust_code
+        self._sizes = {}  # (model settings) → (hidden size, parameters): points often share a model
         user_cells = sorted({p.settings.get("cell", "") for p in plan.points() if ":" in str(p.settings.get("cell", ""))})
         if user_cells and not trust_code:
             module = user_cells[0].partition(":")[0]
@@ -140,13 +141,16 @@ class Sweep:
                "params": config.params, "state": self.state(point), "hidden": None, "parameters": None,
                "vocabulary": vocabulary, "vocabulary_assumed": assumed}
         if vocabulary is not None and ":" not in config.cell:
-            import torch
+            key = json.dumps([vocabulary, config.cell, config.params, config.hidden, config.layers, config.embed_size,
+                              config.cell_options], sort_keys=True)
+            if key not in self._sizes:
+                import torch
 
-            cell_class = CELLS.get(config.cell)
-            model_config = model_config_for(config, vocabulary, cell_class)
-            with torch.device("meta"):
-                row["parameters"] = count_parameters(LanguageModel(model_config, cell_class))
-            row["hidden"] = model_config.hidden_size
+                cell_class = CELLS.get(config.cell)
+                model_config = model_config_for(config, vocabulary, cell_class)
+                with torch.device("meta"):
+                    self._sizes[key] = model_config.hidden_size, count_parameters(LanguageModel(model_config, cell_class))
+            row["hidden"], row["parameters"] = self._sizes[key]
         return row
 
     def run(self, points: list[Point], log=None) -> list[Outcome]:
