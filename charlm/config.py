@@ -113,6 +113,7 @@ class TrainConfig:
     data_dir: str | None = setting(None, "Root of prepared corpora.", show_default="$CHARLM_DATA or ./data")
     run_dir: str | None = setting(None, "Where to write checkpoints and metrics.", show_default="runs/CORPUS-CELL-TIME")
     init_from: str | None = setting(None, "Start from this checkpoint's weights (fine-tuning).", show_default="none")
+    test_every_epoch: bool = setting(False, "Score the test split at every epoch end too (learning curves); by default only the best-validation weights are scored on test, once, at the end.")
     tensorboard: bool = setting(False, "Also write every metrics record to TensorBoard (needs charlm[tensorboard]).")
 
     def validate(self) -> None:
@@ -161,7 +162,7 @@ def save_interval(text: str) -> tuple[str, float] | None:
 
 # Settings that may differ between a run and its resumption; the rest define the run.
 RESUMABLE_SETTINGS = ("epochs", "max_minutes", "device", "patience", "eval_every", "log_every", "save_every",
-                      "tensorboard", "data_dir")
+                      "test_every_epoch", "tensorboard", "data_dir")
 
 
 _KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "an object"}

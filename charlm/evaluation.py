@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from charlm.batching import IGNORE, TokenStreams
-from charlm.model import detach_state
 
 LN2 = math.log(2.0)
 
@@ -70,7 +69,7 @@ def token_nats(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, targets.reshape(-1), ignore_index=IGNORE, reduction="none").view(targets.shape)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, device, chars_per_token: float = 1.0,
                  progress=None, per_token: bool = False) -> Score:
     """Score every symbol of ``tokens`` after the first, carrying state across windows.
@@ -85,7 +84,6 @@ def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, devic
     columns = []
     for window in streams.windows(device=device):
         logits, state = model(window.inputs, state)
-        state = detach_state(state)
         each = token_nats(logits, window.targets)
         nats += each.sum().item()
         if per_token:

@@ -144,6 +144,11 @@ def read_run(run: Run, name: str) -> RunRecord:
     events = run.events()
     epochs = [row for row in events if row.get("event") == "epoch" and isinstance(row.get("epoch"), int)]
     flagged = [row for row in epochs if row.get("best")]
+    best = flagged[-1] if flagged else None
+    if best is not None and "test_loss" not in best:  # test scored once, for the best weights
+        tests = [row for row in events if row.get("event") == "test" and row.get("epoch") == best["epoch"]]
+        if tests:
+            best = {**best, **{key: value for key, value in tests[-1].items() if key.startswith("test_")}}
     starts = [row for row in events if row.get("event") == "start"]
     parameters = starts[-1].get("parameters") if starts else None
     budget, budget_size = budget_label(train.get("params"), parameters)
@@ -160,7 +165,7 @@ def read_run(run: Run, name: str) -> RunRecord:
         seed=train.get("seed"),
         status=run.status(events),
         epochs=tuple(sorted({row["epoch"]: row for row in epochs}.values(), key=lambda row: row["epoch"])),
-        best=flagged[-1] if flagged else None,
+        best=best,
         steps=tuple(row for row in events if row.get("event") == "step" and row.get("grad_norm")),
         evaluations=tuple(row for row in events if row.get("event") == "eval" and row.get("mode") == "dynamic"),
     )

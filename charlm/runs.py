@@ -238,7 +238,7 @@ class Run:
             "epochs": len(full_epochs),
             "best_epoch": best[-1]["epoch"] if best else None,
             "best_valid_bpc": best[-1].get("valid_bpc") if best else None,
-            "test_bpc": best[-1].get("test_bpc") if best else None,
+            "test_bpc": _test_at_best(best[-1], events) if best else None,
             "dynamic": dynamic,
             "train_seconds": wall,
             "status": self.status(events),
@@ -249,6 +249,14 @@ class Run:
 def _in_use(path: Path, holder: str) -> CharlmError:
     return CharlmError(f"run directory {path} is in use by another training ({holder}): wait for it to end, "
                        "or choose another --run-dir")
+
+
+def _test_at_best(best_epoch: dict, events: list[dict]):
+    """The test bpc of the best-validation weights: in their epoch record, or the later ``test`` record."""
+    if "test_bpc" in best_epoch:
+        return best_epoch["test_bpc"]
+    tests = [row for row in events if row.get("event") == "test" and row.get("epoch") == best_epoch.get("epoch")]
+    return tests[-1].get("test_bpc") if tests else None
 
 
 def find_runs(root: str | Path) -> list[Run]:

@@ -87,7 +87,8 @@ class Progress:
     step: int = 0  # optimizer steps so far
     best_valid_bpc: float = math.inf
     best_epoch: int = 0
-    best_test_bpc: float | None = None  # test bpc of the best-validation weights
+    best_test_bpc: float | None = None  # test bpc of the best-validation weights, once scored
+    wall_seconds: dict = dataclasses.field(default_factory=dict)  # train (completed epochs) / valid / test
     epochs_without_improvement: int = 0
     train_nats: float = 0.0  # this epoch so far
     train_tokens: int = 0
@@ -274,8 +275,32 @@ class Trainer:
         return self.optimizer.param_groups[0]["lr"]
 
     def _evaluate(self, split: str):
-        return score_split(self.model, self.corpus, split, batch_size=self.config.eval_batch_size,
-                           bptt=self.config.bptt, device=self.device)
+        started = time.monotonic()
+        score = score_split(self.model, self.corpus, split, batch_size=self.config.eval_batch_size,
+                            bptt=self.config.bptt, device=self.device)
+        self._add_wall(split, time.monotonic() - started)
+        return score
+
+    def _add_wall(self, part: str, seconds: float) -> None:
+        wall = self.progress.wall_seconds
+        wall[part] = wall.get(part, 0.0) + seconds
+
+    def _score_best_on_test(self) -> None:
+        """Score the test split once, with the best-validation weights (unless every epoch did)."""
+        progress, run = self.progress, self.run
+        if progress.best_test_bpc is not None or not run.best.exists():
+            return
+        best = Checkpoint.load(run.best)
+        current = {name: tensor.clone() for name, tensor in self.model.state_dict().items()}
+        self.model.load_state_dict(best.weights)
+        try:
+            test = self._evaluate("test")
+        finally:
+            self.model.load_state_dict(current)
+        progress.best_test_bpc = test.bpc
+        dataclasses.replace(best, scores={**best.scores, "test_bpc": test.bpc, "test_loss": test.loss}).save(run.best)
+        run.record("test", epoch=progress.best_epoch, **test.as_dict("test_"))
+        run.log(f"test {test.bpc:.4f} bpc with the best-validation weights (epoch {progress.best_epoch})")
 
     def fit(self) -> dict:
         """Train until ``epochs``, early stopping or ``max_minutes``; returns the summary."""
@@ -323,6 +348,7 @@ class Trainer:
                 if self._end_epoch(partial=not time_left):
                     break
         progress.finished = time_left
+        self._score_best_on_test()
         run.save_last(self.checkpoint())
         summary = self.summary()
         run.record("end", **summary)
@@ -421,7 +447,8 @@ class Trainer:
     def _end_epoch(self, partial: bool) -> bool:
         """Evaluate, record, checkpoint. Returns True when early stopping ends training."""
         config, progress, run = self.config, self.progress, self.run
-        valid, test = self._evaluate("valid"), self._evaluate("test")
+        valid = self._evaluate("valid")
+        test = self._evaluate("test") if config.test_every_epoch else None
         if not math.isfinite(valid.loss):
             self._diverged(valid.loss)
         windows = max(progress.window, 1)
@@ -429,7 +456,8 @@ class Trainer:
         epoch_number = progress.epoch + 1
         improved = valid.bpc < progress.best_valid_bpc
         if improved:
-            progress.best_valid_bpc, progress.best_epoch, progress.best_test_bpc = valid.bpc, epoch_number, test.bpc
+            progress.best_valid_bpc, progress.best_epoch = valid.bpc, epoch_number
+            progress.best_test_bpc = None if test is None else test.bpc
             progress.epochs_without_improvement = 0
         else:
             progress.epochs_without_improvement += 1
@@ -441,7 +469,7 @@ class Trainer:
             "train_bits": train_loss / LN2,
             "train_bpc": train_loss / LN2 / self.train_chars_per_token,
             **valid.as_dict("valid_"),
-            **test.as_dict("test_"),
+            **({} if test is None else test.as_dict("test_")),
             "grad_norm": {name: total / windows for name, total in progress.grad_norm_sums.items()},
             "chars_per_second": progress.train_tokens / max(progress.train_seconds, 1e-9),
             "train_seconds": progress.train_seconds,
@@ -449,12 +477,14 @@ class Trainer:
             "best": improved,
         }
         run.record("epoch", **record)
-        run.log(f"epoch {epoch_number:3d}  train {record['train_bpc']:.4f}  valid {valid.bpc:.4f}  test {test.bpc:.4f} bpc"
+        run.log(f"epoch {epoch_number:3d}  train {record['train_bpc']:.4f}  valid {valid.bpc:.4f}"
+                + ("" if test is None else f"  test {test.bpc:.4f}") + " bpc"
                 f"  lr {record['lr']:.2e}  {record['chars_per_second']:,.0f} chars/s" + ("  *best" if improved else "")
                 + ("  (partial epoch)" if partial else ""))
         if not partial:
             progress.epoch += 1
             progress.window = 0
+            self._add_wall("train", progress.train_seconds)
             progress.train_nats, progress.train_tokens, progress.train_seconds = 0.0, 0, 0.0
             progress.grad_norm_sums = {}
             self.hidden = None
@@ -465,11 +495,19 @@ class Trainer:
         checkpoint = self.checkpoint()
         run.save_last(checkpoint)
         if improved:
-            scores = {"valid_bpc": valid.bpc, "test_bpc": test.bpc, "epoch": epoch_number}
+            scores = {"valid_bpc": valid.bpc, "epoch": epoch_number}
+            if test is not None:
+                scores.update(test_bpc=test.bpc, test_loss=test.loss)
             dataclasses.replace(checkpoint, scores=scores).save(run.best)
         if stop_early:
             run.log(f"no improvement for {config.patience} epochs: stopping early")
         return stop_early
+
+    def wall_seconds(self) -> dict:
+        """Where the run's time went: training (this epoch's part included), validation, test."""
+        wall = dict(self.progress.wall_seconds)
+        wall["train"] = wall.get("train", 0.0) + self.progress.train_seconds
+        return {part: round(wall.get(part, 0.0), 3) for part in ("train", "valid", "test")}
 
     def summary(self) -> dict:
         test_at_best = self.progress.best_test_bpc
@@ -484,6 +522,7 @@ class Trainer:
             "test_bpc_at_best": test_at_best,
             "parameters": count_parameters(self.model),
             "hidden_size": self.model_config.hidden_size,
+            "wall_seconds": self.wall_seconds(),
         }
 
 

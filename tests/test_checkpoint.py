@@ -91,7 +91,7 @@ def small_runs(tmp_path_factory):
 def test_training_checkpoint_round_trips(trained_run, tmp_path):
     original = Checkpoint.load(trained_run / "best.pt")
     assert original.kind == "training" and original.path == trained_run / "best.pt"
-    assert set(original.scores) == {"valid_bpc", "test_bpc", "epoch"}
+    assert set(original.scores) == {"valid_bpc", "test_bpc", "test_loss", "epoch"}
     assert original.provenance["corpus"] == "tiny"
     copy = original.save(tmp_path / "copy.pt")
 

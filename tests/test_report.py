@@ -25,7 +25,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def config(data_dir, run_dir, **changes) -> charlm.TrainConfig:
     values = dict(corpus="tiny", cell="lstm", params="3k", batch_size=8, bptt=16, eval_batch_size=4, epochs=2, lr=3e-3,
-                  log_every=5, data_dir=str(data_dir), run_dir=str(run_dir))
+                  log_every=5, test_every_epoch=True, data_dir=str(data_dir), run_dir=str(run_dir))
     return charlm.TrainConfig(**{**values, **changes})
 
 
@@ -239,3 +239,14 @@ def test_bad_input_is_one_line(arguments, fragments, sweep, tmp_path):
     result = cli("report", *[argument.format(**places) for argument in arguments])
     assert_one_line_error(result, *fragments)
     assert not (tmp_path / "out").exists() and not (sweep / "report").exists()
+
+
+def test_test_loss_scored_once_at_the_end_is_read_from_its_record(tiny_corpus, tmp_path):
+    """Without --test-every-epoch, the best epoch's test loss is the run's one `test` record."""
+    run = tmp_path / "runs" / "once"
+    charlm.Trainer(config(tiny_corpus, run, test_every_epoch=False)).fit()
+    (tested,) = [row for row in events(run) if row["event"] == "test"]
+    assert "test_loss" not in best_epoch_record(run)
+    cli("report", run, "--out", tmp_path / "report", check_code=0)
+    summary = {row["setting"]: row["value"] for row in read_csv(tmp_path / "report" / "summary.csv")}
+    assert float(summary["test loss (nats) at best"]) == tested["test_loss"]

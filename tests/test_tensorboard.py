@@ -41,7 +41,7 @@ def test_tensorboard_scalars_match_the_metrics(data_dir, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = tmp_path / "run"
-    cli(*train_args(data_dir, run, "--epochs", "2", "--tensorboard"), check_code=0)
+    cli(*train_args(data_dir, run, "--epochs", "2", "--tensorboard", "--test-every-epoch"), check_code=0)
     event_files = list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert event_files, list(run.iterdir())
 

@@ -120,8 +120,9 @@ def test_run_directory_holds_config_metrics_log_and_checkpoints(tiny_corpus, tmp
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     epochs = [row for row in rows if row["event"] == "epoch"]
     assert [row["epoch"] for row in epochs] == [1, 2]
-    for key in ("train_loss", "train_bits", "valid_loss", "valid_bpc", "test_loss", "test_bpc", "lr", "chars_per_second", "train_seconds"):
+    for key in ("train_loss", "train_bits", "valid_loss", "valid_bpc", "lr", "chars_per_second", "train_seconds"):
         assert all(key in row for row in epochs), key
+    assert not any("test_bpc" in row for row in epochs)  # test is scored once, for the best weights
     assert set(epochs[0]["grad_norm"]) == {"embedding", "layer0", "softmax"}
     assert epochs[1]["lr"] == pytest.approx(1e-3 * 0.9)
     assert any(row["event"] == "step" for row in rows)
@@ -132,6 +133,29 @@ def test_run_directory_holds_config_metrics_log_and_checkpoints(tiny_corpus, tmp
     payload = torch.load(run / "last.pt", weights_only=True)  # plain tensors and containers only
     assert payload["tokenizer"]["vocab"] and payload["training"]["progress"]["finished"]
     assert payload["training"]["scheduler"]["last_epoch"] == 2
+
+
+def test_test_split_is_scored_once_with_the_best_validation_weights(tiny_corpus, tmp_path):
+    from charlm.api import load
+
+    run = tmp_path / "run"
+    summary = Trainer(tiny_config(tiny_corpus, run, epochs=3)).fit()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    tests = [row for row in rows if row["event"] == "test"]
+    assert len(tests) == 1 and tests[0]["epoch"] == summary["best_epoch"]
+    direct = load(run, device="cpu").evaluate("test", batch_size=4, record=False)  # eval_batch_size of tiny_config
+    assert tests[0]["test_bpc"] == pytest.approx(direct.bpc, rel=1e-12)
+    assert summary["test_bpc_at_best"] == pytest.approx(direct.bpc, rel=1e-12)
+    assert Checkpoint.load(run / "best.pt").scores["test_loss"] == pytest.approx(direct.loss, rel=1e-12)
+    wall = summary["wall_seconds"]
+    assert set(wall) == {"train", "valid", "test"} and all(seconds > 0 for seconds in wall.values())
+    assert wall["train"] == pytest.approx(sum(row["train_seconds"] for row in rows if row["event"] == "epoch"), rel=1e-3)
+
+    every = tmp_path / "every"
+    Trainer(tiny_config(tiny_corpus, every, epochs=2, test_every_epoch=True)).fit()
+    rows = [json.loads(line) for line in (every / "metrics.jsonl").read_text().splitlines()]
+    assert all("test_bpc" in row for row in rows if row["event"] == "epoch")
+    assert not any(row["event"] == "test" for row in rows)
 
 
 def test_train_fraction_uses_leading_part(tiny_corpus, tmp_path):

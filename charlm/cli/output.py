@@ -35,6 +35,9 @@ def print_summary(summary: dict) -> None:
         ("best valid bpc", f"{summary['best_valid_bpc']:.4f}"),
         ("test bpc", "-" if test is None else f"{test:.4f} (best-validation checkpoint)"),
     ]
+    wall = summary.get("wall_seconds")
+    if wall:
+        lines.append(("wall time", "  ".join(f"{part} {seconds:,.1f} s" for part, seconds in wall.items())))
     for key, value in lines:
         stdout.print(f"{key:<15} {value}")
 
