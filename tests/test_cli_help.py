@@ -43,3 +43,17 @@ def test_train_help_shows_every_training_default(monkeypatch):
 ])
 def test_other_commands_show_their_defaults(command, fragment, monkeypatch):
     assert fragment in rendered_help(command, monkeypatch)
+
+
+def test_threads_option_sets_torch_threads_and_refuses_zero():
+    import torch
+
+    from helpers import assert_one_line_error, cli
+
+    before = torch.get_num_threads()
+    try:
+        cli("--threads", "1", "cells", check_code=0)
+        assert torch.get_num_threads() == 1
+        assert_one_line_error(cli("--threads", "0", "cells"), "--threads must be at least 1, not 0")
+    finally:
+        torch.set_num_threads(before)

@@ -28,8 +28,17 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
     ),
+    threads: int = typer.Option(None, "--threads", envvar="CHARLM_THREADS", show_default=False,
+                                help="CPU threads for torch (default: torch's choice, the number of cores). "
+                                     "On a busy machine, 1 is often faster for small models."),
 ):
     """Prepare corpora, train recurrent cells, evaluate bits per character, sample text."""
+    if threads is not None:
+        if threads < 1:
+            raise CharlmError(f"--threads must be at least 1, not {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def _register_commands():
