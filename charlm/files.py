@@ -20,9 +20,13 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     os.close(handle)
     try:
         write(Path(temporary))
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes files owner-only; give the usual mode
+        try:
+            os.chmod(temporary, 0o666 & ~UMASK)  # mkstemp makes files owner-only; give the usual mode
+        except OSError:  # file systems without modes (vfat, some network mounts)
+            pass
         _flush_to_disk(temporary)
         os.replace(temporary, path)
+        _flush_directory(path.parent)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
@@ -37,14 +41,31 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 
 def _flush_to_disk(path: str) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
+    descriptor = os.open(path, os.O_RDWR)  # Windows fsyncs only handles open for writing
     try:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
 
 
-def _umask() -> int:
+def _flush_directory(directory: Path) -> None:
+    """Make the rename itself durable (POSIX; elsewhere directories cannot be opened)."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def _read_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+UMASK = _read_umask()  # read once, at import: changing the umask is not thread-safe

@@ -121,6 +121,9 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise CharlmError(f"plan {source} is not valid TOML: {error}") from None
+    for key, kind in (("base", dict), ("axes", dict), ("profiles", dict), ("eval", list)):
+        if key in raw and not isinstance(raw[key], kind):
+            raise CharlmError(f"plan {source}: {key} must be a {'table' if kind is dict else 'list of tables'}")
     unknown = sorted(set(raw) - PLAN_KEYS)
     if unknown:
         raise CharlmError(f"plan {source}: unknown key {unknown[0]!r} (a plan has {', '.join(sorted(PLAN_KEYS))})")
@@ -131,6 +134,8 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
             known = ", ".join(sorted(profiles)) or "none"
             raise CharlmError(f"plan {source} has no profile {profile!r} (its profiles: {known})")
         overrides = profiles[profile]
+        if not isinstance(overrides, dict):
+            raise CharlmError(f"plan {source}: profile {profile!r} must be a table")
         extra = sorted(set(overrides) - {"base", "axes", "eval"})
         if extra:
             raise CharlmError(f"plan {source}: profile {profile!r} has unknown key {extra[0]!r} (base, axes or eval)")
@@ -167,6 +172,8 @@ def _eval_steps(entries, source: str) -> tuple[EvalStep, ...]:
         raise CharlmError(f"plan {source}: eval must be a list of tables ([[eval]])")
     steps = []
     for entry in entries:
+        if not isinstance(entry, dict):
+            raise CharlmError(f"plan {source}: each eval step must be a table, not {entry!r}")
         unknown = sorted(set(entry) - EVAL_KEYS)
         if unknown:
             raise CharlmError(f"plan {source}: eval step has unknown key {unknown[0]!r} ({', '.join(sorted(EVAL_KEYS))})")
@@ -216,12 +223,17 @@ def _is_paired(values) -> bool:
 def settings_for(base: dict, values: dict) -> dict:
     """The training settings of a point: the base, then its axis values (cell options merged)."""
     settings = {key: value for key, value in base.items() if not key.startswith(CELL_OPTION)}
-    options = dict(base.get("cell_options", {}))
+    given = base.get("cell_options", {})
+    if not isinstance(given, dict):
+        raise CharlmError(f"cell_options must be a table of option names and values, not {given!r}")
+    options = dict(given)
     options.update({key[len(CELL_OPTION):]: value for key, value in base.items() if key.startswith(CELL_OPTION)})
     for key, value in values.items():
         if key.startswith(CELL_OPTION):
             options[key[len(CELL_OPTION):]] = value
         elif key == "cell_options":
+            if not isinstance(value, dict):
+                raise CharlmError(f"cell_options values must be tables, not {value!r}")
             options.update(value)
         elif isinstance(value, dict):  # paired settings: {cell = "gru", hidden = 387}
             settings.update(value)

@@ -198,9 +198,11 @@ class Run:
         events = self.events() if events is None else events
         if self.holder():
             return "running"
-        running = self.read_json(self.running_file)  # a process on this host without a lock (Windows)
-        if running and running.get("host") == platform.node() and _alive(running.get("pid")):
-            return "running"
+        if fcntl is None:  # no locks here (Windows): trust the running mark of a live process on this host
+            running = self.read_json(self.running_file)
+            pid = running.get("pid")
+            if running.get("host") == platform.node() and pid != os.getpid() and _alive(pid):
+                return "running"
         last_start = max((i for i, row in enumerate(events) if row.get("event") == "start"), default=None)
         if last_start is None:
             return "created"

@@ -192,6 +192,10 @@ class Sweep:
             except TrainingInterrupted as error:
                 raise TrainingInterrupted(f"{error}; or run the same `charlm sweep` command again to go on with "
                                           f"the whole sweep ({number - 1} of {len(points)} runs done)") from None
+            except CharlmError as error:  # this point cannot run (in use, too large, corpus missing): go on
+                log(f"{prefix}: not run: {error}")
+                outcomes.append(Outcome(point.name, "in use" if "in use by another training" in str(error) else "failed"))
+                continue
             seconds = time.monotonic() - clock
             if state == "finished":
                 log(f"{prefix}: finished earlier; skipped")
@@ -219,8 +223,8 @@ class Sweep:
         from charlm.config import RESUMABLE_SETTINGS
 
         config = self.config(point)
-        return {name: getattr(config, name) for name in ("epochs", "max_minutes", "save_every")
-                if name in RESUMABLE_SETTINGS}
+        names = ("epochs", "max_minutes", "save_every") + (("data_dir",) if self.data_dir is not None else ())
+        return {name: getattr(config, name) for name in names if name in RESUMABLE_SETTINGS}
 
     def _evaluate(self, point: Point, log, prefix: str) -> None:
         """The plan's evaluation steps a run has not had yet, recorded in its metrics.jsonl."""

@@ -305,18 +305,20 @@ class Trainer:
     def fit(self) -> dict:
         """Train until ``epochs``, early stopping or ``max_minutes``; returns the summary."""
         config, progress, run = self.config, self.progress, self.run
-        if progress.finished and progress.epoch >= config.epochs:
-            run.log(f"run {run.path} is already complete ({progress.epoch} epochs); pass a larger --epochs to go on")
-            return self.summary()
-        progress.finished = False
         run.acquire()
         try:
+            if progress.finished and (progress.epoch >= config.epochs or progress.epochs_without_improvement >= config.patience):
+                return self._complete()
+            progress.finished = False
             if config.tensorboard:
                 from charlm.tensorboard import TensorBoardSink
 
                 run.sinks.append(TensorBoardSink(run.path / "tensorboard"))
             run.mark_running()
             return self._fit()
+        except TrainingDiverged:
+            self._score_best_on_test()  # the best weights before the divergence still get their test score
+            raise
         except OSError as error:  # a full disk, a read-only or vanished run directory
             kept = f"the last checkpoint {run.last} is intact" if run.last.exists() else "no checkpoint had been saved"
             where = error.filename or run.path
@@ -326,6 +328,18 @@ class Trainer:
                 run.mark_stopped()
             except OSError:
                 run.release()
+
+    def _complete(self) -> dict:
+        """A run that has ended: finish what a stop during its last steps left undone (the test
+        score, the ``end`` record), then say so."""
+        run = self.run
+        if self.progress.best_test_bpc is None and run.best.exists():
+            self._score_best_on_test()
+            run.save_last(self.checkpoint())
+        if not any(row.get("event") == "end" for row in run.events()[-1:]):
+            run.record("end", **self.summary())
+        run.log(f"run {run.path} is already complete ({self.progress.epoch} epochs); pass a larger --epochs to go on")
+        return self.summary()
 
     def _fit(self) -> dict:
         config, progress, run = self.config, self.progress, self.run

@@ -184,3 +184,20 @@ def test_running_status_is_reported_while_training(tiny_corpus, tmp_path):
         process.kill()
         process.communicate(timeout=60)
     assert Run(run).status() == "interrupted"
+
+
+def test_a_run_stopped_while_scoring_test_gets_its_score_and_end_on_resume(tiny_corpus, tmp_path):
+    """Killed after its last checkpoint but before the test score and the end record were written."""
+    run = tmp_path / "run"
+    Trainer(tiny_config(tiny_corpus, run, epochs=2)).fit()
+    lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if json.loads(line)["event"] not in ("test", "end")]
+    (run / "metrics.jsonl").write_text("\n".join(kept) + "\n", encoding="utf-8")
+    last = Checkpoint.load(run / "last.pt")
+    last.training.progress["best_test_bpc"] = None
+    last.save(run / "last.pt")
+    summary = Trainer.resume(run).fit()
+    events = Run(run).events()
+    assert [row["event"] for row in events[-2:]] == ["test", "end"]
+    assert summary["test_bpc_at_best"] == events[-2]["test_bpc"] and summary["epochs"] == 2
+    assert Run(run).status() == "finished"

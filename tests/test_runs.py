@@ -60,7 +60,7 @@ def dead_pid() -> int:
 @pytest.fixture(scope="module")
 def runs_root(tmp_path_factory):
     """Runs in every state under one directory: finished (1 and 2 epochs), interrupted by Ctrl-C,
-    crashed (stale running.json), diverged, and running (running.json of this live process)."""
+    crashed (stale running.json), diverged, and running (its lock held by a live process)."""
     root = tmp_path_factory.mktemp("runs-root")
     data_dir = root / "data"
     prepare_tiny_corpus(data_dir, characters=8_000)
@@ -88,7 +88,13 @@ def runs_root(tmp_path_factory):
     shutil.copytree(runs / "finished", runs / "running")
     append_records(runs / "running", {"event": "start", "parameters": 1, "resumed_at": {"epoch": 1, "window": 0}})
     (runs / "running" / "running.json").write_text(json.dumps({"pid": os.getpid(), "host": platform.node(), "since": 0}))
+    training = Run(runs / "running")
+    training.acquire()  # as a training process holds its run directory's lock
+    HELD_LOCKS.append(training)
     return root
+
+
+HELD_LOCKS = []  # run directories whose lock this test process holds for the module's tests
 
 
 STATUSES = {"finished": "finished", "longer": "finished", "interrupted": "interrupted", "crashed": "interrupted",

@@ -187,6 +187,9 @@ def test_list_shows_every_shipped_plan_with_its_description():
     ('[axes\n', "is not valid TOML"),
     ('[base]\nrun_dir = "x"\n', "unknown setting 'run_dir'"),
     ('[[eval]]\nsplit = "train"\n', "eval split must be valid or test"),
+    ('base = 3\n', "base must be a table"),
+    ('[base]\ncell_options = 3\n', "cell_options must be a table"),
+    ('eval = [1]\n', "each eval step must be a table"),
 ])
 def test_bad_plans_are_one_line_errors(text, fragment, tmp_path, tiny_corpus):
     plan = tmp_path / "bad.toml"
@@ -207,3 +210,13 @@ def test_other_bad_sweep_input_is_one_line(plan_file, tiny_corpus, tmp_path):
     directory.mkdir()
     (directory / "sweep.json").write_text('{"plan": "other", "profile": "paper", "fingerprint": "0"}', encoding="utf-8")
     assert_one_line_error(cli(*sweep_args(plan_file, directory, tiny_corpus)), "holds runs of another plan (other")
+
+
+def test_a_point_that_cannot_run_is_reported_and_the_sweep_goes_on(tiny_corpus, tmp_path):
+    plan = tmp_path / "partly.toml"
+    plan.write_text('[base]\nhidden = 8\nbatch_size = 8\nepochs = 1\neval_batch_size = 8\n'
+                    '[axes]\ncorpus = ["absent", "tiny"]\n', encoding="utf-8")
+    result = cli(*sweep_args(plan, tmp_path / "sweep", tiny_corpus), check_code=0)
+    assert "[1/2] corpus-absent: not run: corpus 'absent' is not prepared" in result.stderr
+    assert "1 failed, 1 finished" in result.stdout
+    assert Run(tmp_path / "sweep" / "corpus-tiny").status() == "finished"

@@ -201,6 +201,8 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tiny_corpus, tmp_path):
     kept = Checkpoint.load(run / "last.pt")
     assert kept.training.progress["epoch"] == 1
     assert all(torch.isfinite(tensor).all() for tensor in kept.weights.values())
+    tests = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"event": "test"' in line]
+    assert len(tests) == 1 and tests[0]["epoch"] == 1  # the best weights before the divergence are still tested
 
 
 def test_existing_run_directory_is_not_overwritten(tiny_corpus, tmp_path):
