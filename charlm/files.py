@@ -32,6 +32,21 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
         raise
 
 
+def read_text(path: str | Path, what: str) -> str:
+    """A UTF-8 text file the user named; one-line errors say which ``what`` ("prime file") is wrong."""
+    from charlm.errors import CharlmError
+
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CharlmError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise CharlmError(f"{what} {path} is a directory") from None
+    except UnicodeDecodeError:
+        raise CharlmError(f"{what} {path} is not UTF-8 text") from None
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
 

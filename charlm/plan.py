@@ -48,6 +48,7 @@ except ImportError:  # Python 3.10
 
 from charlm.config import TrainConfig, from_dict
 from charlm.errors import CharlmError
+from charlm.files import read_text
 
 PLAN_KEYS = {"name", "description", "base", "axes", "eval", "profiles", "paper"}
 EVAL_KEYS = {"split", "dynamic", "adapt_on", "batch_size"}
@@ -153,14 +154,7 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
 def _plan_text(reference: str) -> tuple[str, str]:
     path = Path(reference)
     if path.suffix == ".toml" or path.exists():
-        try:
-            return path.read_text(encoding="utf-8"), str(path)
-        except FileNotFoundError:
-            raise CharlmError(f"plan file {path} does not exist") from None
-        except IsADirectoryError:
-            raise CharlmError(f"plan file {path} is a directory") from None
-        except UnicodeDecodeError:
-            raise CharlmError(f"plan file {path} is not UTF-8 text") from None
+        return read_text(path, "plan file"), str(path)
     shipped = shipped_plans()
     if reference not in shipped:
         raise CharlmError(f"no plan {reference!r}: give a .toml file or one of {', '.join(shipped)} (charlm sweep --list)")

@@ -124,8 +124,6 @@ class Sweep:
         run = Run(self.directory / point.name)
         if not run.config_file.exists():
             return "new"
-        if run.holder():
-            return "running"
         status = run.status()
         return {"created": "interrupted"}.get(status, status)
 

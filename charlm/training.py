@@ -387,8 +387,9 @@ class Trainer:
             for window in self.train_streams.windows(progress.window, device=self.device):
                 logits, hidden = self.model(window.inputs, self.hidden)
                 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), window.targets.reshape(-1))
-                if not torch.isfinite(loss):
-                    self._diverged(loss.item())
+                value = loss.item()  # one synchronisation per step, used by every figure below
+                if not math.isfinite(value):
+                    self._diverged(value)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 step_norms = self._accumulate_grad_norms(groups)
@@ -399,14 +400,14 @@ class Trainer:
                 tokens = window.targets.numel()
                 progress.window = window.index + 1
                 progress.step += 1
-                progress.train_nats += loss.item() * tokens
+                progress.train_nats += value * tokens
                 progress.train_tokens += tokens
                 progress.train_seconds = seconds_before + time.monotonic() - epoch_clock
                 bar.update(1)
                 if progress.step % config.log_every == 0:
-                    bpc = loss.item() / LN2 / self.train_chars_per_token
+                    bpc = value / LN2 / self.train_chars_per_token
                     bar.set_postfix(bpc=f"{bpc:.3f}", chars_s=f"{progress.train_tokens / max(progress.train_seconds, 1e-9):.0f}")
-                    self.run.record("step", epoch=progress.epoch + 1, step=progress.step, loss=loss.item(), bpc=bpc, lr=self.lr,
+                    self.run.record("step", epoch=progress.epoch + 1, step=progress.step, loss=value, bpc=bpc, lr=self.lr,
                                     grad_norm=step_norms)
                 if config.eval_every and progress.step % config.eval_every == 0:
                     valid = self._evaluate("valid")
@@ -419,7 +420,7 @@ class Trainer:
                     self.run.record("checkpoint", epoch=progress.epoch + 1, window=progress.window, step=progress.step)
                     saved_at = time.monotonic()
                 if bar.disable and time.monotonic() - reported_at >= self.progress_interval:
-                    self._report_progress(loss.item())
+                    self._report_progress(value)
                     reported_at = time.monotonic()
                 if config.max_minutes is not None and time.monotonic() - started > config.max_minutes * 60:
                     return "time"

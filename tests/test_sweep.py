@@ -161,8 +161,8 @@ def test_shipped_plans_match_the_papers():
     hidden = {(row["cell"], row["layers"]): row["hidden"] for row in map(depth.describe, depth.plan.points())}
     assert {cell: hidden[(cell, 2)] for cell in ("gru", "lstm", "grid-lstm", "rg-lru")} == \
         {"gru": 387, "lstm": 335, "grid-lstm": 237, "rg-lru": 300}
-    for cell, n in (("gru", 387), ("lstm", 335)):  # about 0.9M recurrent weights per layer
-        gates = {"gru": 3, "lstm": 4}[cell]
+    for cell, gates in (("gru", 3), ("lstm", 4)):  # about 0.9M recurrent weights per layer
+        n = hidden[(cell, 2)]
         assert abs(gates * n * 2 * n - 0.9e6) < 0.01e6
     grid = Sweep(load_plan("grid-lstm-enwik8"), "unused")
     assert abs(grid.describe(grid.plan.points()[0])["parameters"] - 16.8e6) < 0.05e6

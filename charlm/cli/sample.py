@@ -12,6 +12,7 @@ from charlm.cli.loading import CELL, CHECKPOINT, DEVICE, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
 from charlm.config import SampleConfig
 from charlm.errors import CharlmError
+from charlm.files import read_text
 
 
 @settings_options(SampleConfig)
@@ -28,7 +29,7 @@ def sample(
     if prime is not None and prime_file is not None:
         raise CharlmError("give --prime or --prime-file, not both")
     if prime_file is not None:
-        prime = _read_text(prime_file, "prime file")
+        prime = read_text(prime_file, "prime file")
     options = SampleConfig(**given)
     model = load_model(checkpoint, device, cell, trust_code)
     for index in range(options.num_samples):
@@ -46,17 +47,6 @@ def sample(
 def _write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
-
-
-def _read_text(path: Path, what: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CharlmError(f"{what} {path} does not exist") from None
-    except IsADirectoryError:
-        raise CharlmError(f"{what} {path} is a directory") from None
-    except UnicodeDecodeError:
-        raise CharlmError(f"{what} {path} is not UTF-8 text") from None
 
 
 def register(app: typer.Typer) -> None:

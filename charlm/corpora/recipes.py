@@ -5,7 +5,7 @@ the descriptions are those of the corpus specification, which the tests reproduc
 """
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from types import MappingProxyType
 
@@ -185,14 +185,12 @@ PTB = Recipe(
     space_symbol="_",
 )
 
-PTB_CONTIGUOUS = Recipe(
+PTB_CONTIGUOUS = replace(
+    PTB,
     name="ptb-contiguous",
     description="Penn Treebank, characters, the three files as one text split 90/5/5 (the LRU paper's split)",
-    unit="char",
-    inputs=_ptb_inputs(tuple(f"ptb.char.{s}.txt" for s in SPLITS)),
     parse=parse_ptb_chars_contiguous,
     fractions=DEFAULT_FRACTIONS,
-    space_symbol="_",
 )
 
 PTB_SUBWORD = Recipe(
