@@ -1,25 +1,57 @@
 """Throughput of every cell relative to PyTorch's fused LSTM, measured in the same run.
 
 Training throughput is characters per second through forward, backward and an Adam step at the
-given batch and BPTT length; evaluation throughput is the forward pass alone; sampling is one
-symbol at a time at batch 1. The baseline is ``torch.nn.LSTM`` (the fused library kernel) sized
-to the same parameter budget, so the ratio says how a cell's implementation compares with the
-fastest recurrent layer PyTorch has on this machine.
+given batch and BPTT length; evaluation throughput is the forward pass alone (inference mode);
+sampling is one symbol at a time at batch 1. The baseline is ``torch.nn.LSTM`` (the fused library
+kernel) sized to the same parameter budget, so the ratio says how a cell's implementation compares
+with the fastest recurrent layer PyTorch has on this machine.
+
+A shared machine makes single timings worthless, so the contenders are interleaved: each round
+times the baseline and then every cell, and a cell's ratio is the median over rounds of its rate
+divided by the baseline's rate *in the same round*. Every figure comes with its spread over rounds.
+
+Cells do different amounts of arithmetic per character at the same parameter count (a tied or
+high-order cell reuses weights), so a second ratio divides by the matrix-product FLOPs of the
+cell's own equations: the multiply-adds of one ``step`` at batch 1, counted by PyTorch's
+``FlopCounterMode``, times three for forward and backward, plus the softmax layer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
-from charlm.config import BenchmarkSettings
+from charlm.config import BenchmarkSettings, SampleConfig
 from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
-from charlm.config import SampleConfig
 from charlm.sampling import generate
+
+BASELINE_NAME = "torch.nn.LSTM (fused)"
+
+
+@dataclass
+class Spread:
+    """One quantity measured once per round."""
+
+    runs: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.runs)
+
+    @property
+    def relative_spread(self) -> float:
+        """Half the range over rounds, as a fraction of the median."""
+        return (max(self.runs) - min(self.runs)) / 2 / self.median if self.median else 0.0
+
+    def to_dict(self) -> dict:
+        return {"median": self.median, "min": min(self.runs), "max": max(self.runs), "runs": self.runs}
 
 
 @dataclass
@@ -27,9 +59,39 @@ class Throughput:
     name: str
     hidden_size: int
     parameters: int
-    train_chars_per_second: float
-    eval_chars_per_second: float
-    sample_chars_per_second: float | None = None
+    flops_per_char: float  # forward + backward matrix-product FLOPs per character of training
+    train: Spread = field(default_factory=Spread)  # chars/s
+    eval: Spread = field(default_factory=Spread)
+    sample: Spread = field(default_factory=Spread)
+    train_ratio: Spread = field(default_factory=Spread)  # against the baseline in the same round
+    eval_ratio: Spread = field(default_factory=Spread)
+
+    @property
+    def train_chars_per_second(self) -> float:
+        return self.train.median
+
+    @property
+    def eval_chars_per_second(self) -> float:
+        return self.eval.median
+
+    @property
+    def sample_chars_per_second(self) -> float | None:
+        return self.sample.median if self.sample.runs else None
+
+    def to_dict(self, baseline: "Throughput") -> dict:
+        flop_scale = self.flops_per_char / baseline.flops_per_char
+        values = {
+            "name": self.name, "hidden_size": self.hidden_size, "parameters": self.parameters,
+            "flops_per_char": self.flops_per_char,
+            "train_chars_per_second": self.train.to_dict(), "eval_chars_per_second": self.eval.to_dict(),
+            "train_ratio": self.train_ratio.median, "eval_ratio": self.eval_ratio.median,
+            "train_ratio_flop_normalised": self.train_ratio.median * flop_scale,
+            "eval_ratio_flop_normalised": self.eval_ratio.median * flop_scale,
+            "eval_over_train": self.eval.median / self.train.median,
+        }
+        if self.sample.runs:
+            values["sample_chars_per_second"] = self.sample.to_dict()
+        return values
 
 
 class FusedLSTMBaseline(nn.Module):
@@ -56,7 +118,20 @@ def _baseline_size(settings: BenchmarkSettings) -> int:
         with torch.device("meta"):
             return count_parameters(FusedLSTMBaseline(settings.vocab_size, hidden, settings.layers))
 
-    return min(range(8, 4096), key=lambda hidden: abs(total(hidden) - parse_budget(settings.params)))
+    budget = parse_budget(settings.params)
+    low, high = 1, 16384
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if total(middle) < budget else (low, middle)
+    return min((low, high), key=lambda hidden: abs(total(hidden) - budget))
+
+
+def training_flops_per_char(model: LanguageModel) -> float:
+    """Matrix-product FLOPs of one character of training: 3 × those of one forward ``step``."""
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model.step(torch.zeros(1, dtype=torch.long), model.initial_state(1))
+    return 3.0 * counter.get_total_flops()
 
 
 def _synchronize(device):
@@ -64,62 +139,98 @@ def _synchronize(device):
         torch.cuda.synchronize(device)
 
 
-def _measure(model: nn.Module, settings: BenchmarkSettings, device) -> tuple[float, float]:
-    generator = torch.Generator().manual_seed(settings.seed)
-    shape = (settings.batch_size, settings.bptt)
-    inputs = torch.randint(settings.vocab_size, shape, generator=generator).to(device)
-    targets = torch.randint(settings.vocab_size, shape, generator=generator).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    state = model.initial_state(settings.batch_size, device=device)
+class _Contender:
+    """A model with its synthetic data, optimiser and carried state, timed a round at a time."""
 
-    def train_step(state):
-        logits, state = model(inputs, state)
-        loss = nn.functional.cross_entropy(logits.reshape(-1, settings.vocab_size), targets.reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
+    def __init__(self, name: str, model: nn.Module, settings: BenchmarkSettings, device, flops_per_char: float):
+        self.model, self.settings, self.device = model, settings, device
+        generator = torch.Generator().manual_seed(settings.seed)
+        shape = (settings.batch_size, settings.bptt)
+        self.inputs = torch.randint(settings.vocab_size, shape, generator=generator).to(device)
+        self.targets = torch.randint(settings.vocab_size, shape, generator=generator).to(device)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        self.state = model.initial_state(settings.batch_size, device=device)
+        self.result = Throughput(name, getattr(model, "hidden_size", 0) or model.config.hidden_size,
+                                 count_parameters(model), flops_per_char)
+        self._train_step()  # warm-up: allocations, kernel selection
+        with torch.inference_mode():
+            self.model.eval()
+            self.model(self.inputs, self.state)
+        _synchronize(device)
+
+    def _train_step(self):
+        self.model.train()
+        logits, state = self.model(self.inputs, self.state)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, self.settings.vocab_size), self.targets.reshape(-1))
+        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        optimizer.step()
-        return detach_state(state)
+        self.optimizer.step()
+        self.state = detach_state(state)
 
-    model.train()
-    state = train_step(state)
-    _synchronize(device)
-    start = time.perf_counter()
-    for _ in range(settings.steps):
-        state = train_step(state)
-    _synchronize(device)
-    train_rate = settings.steps * inputs.numel() / (time.perf_counter() - start)
-
-    model.eval()
-    with torch.no_grad():
-        model(inputs, state)
-        _synchronize(device)
+    def time_training(self) -> float:
+        _synchronize(self.device)
         start = time.perf_counter()
-        for _ in range(settings.steps):
-            _, state = model(inputs, state)
-        _synchronize(device)
-    eval_rate = settings.steps * inputs.numel() / (time.perf_counter() - start)
-    return train_rate, eval_rate
+        for _ in range(self.settings.steps):
+            self._train_step()
+        _synchronize(self.device)
+        return self.settings.steps * self.inputs.numel() / (time.perf_counter() - start)
+
+    def time_evaluation(self) -> float:
+        self.model.eval()
+        state = self.state
+        with torch.inference_mode():
+            _synchronize(self.device)
+            start = time.perf_counter()
+            for _ in range(self.settings.steps):
+                _, state = self.model(self.inputs, state)
+            _synchronize(self.device)
+        return self.settings.steps * self.inputs.numel() / (time.perf_counter() - start)
+
+    def time_sampling(self) -> float:
+        self.model.eval()
+        options = SampleConfig(length=self.settings.sample_length, seed=self.settings.seed)
+        start = time.perf_counter()
+        drawn = sum(1 for _ in generate(self.model, [0], options))
+        return drawn / (time.perf_counter() - start)
 
 
-def benchmark_cells(cells: list[str], settings: BenchmarkSettings) -> list[Throughput]:
-    """The fused-LSTM baseline first, then every cell, each sized to the same parameter budget."""
+def _cell_model(cell: str, settings: BenchmarkSettings) -> LanguageModel:
+    config = ModelConfig(cell, vocab_size=settings.vocab_size, hidden_size=1, layers=settings.layers)
+    hidden, _ = size_for_budget(config, parse_budget(settings.params))
+    return LanguageModel(dataclasses.replace(config, hidden_size=hidden))
+
+
+def benchmark_cells(cells: list[str], settings: BenchmarkSettings, progress=None) -> list[Throughput]:
+    """The fused-LSTM baseline first, then every cell, each sized to the same parameter budget,
+    timed in ``settings.repeat`` interleaved rounds. ``progress(text)`` is told each round."""
     device = torch.device(settings.device)
     torch.manual_seed(settings.seed)
-    hidden = _baseline_size(settings)
-    baseline = FusedLSTMBaseline(settings.vocab_size, hidden, settings.layers).to(device)
-    results = [Throughput("torch.nn.LSTM (fused)", hidden, count_parameters(baseline), *_measure(baseline, settings, device))]
+    baseline_model = FusedLSTMBaseline(settings.vocab_size, _baseline_size(settings), settings.layers).to(device)
+    # The fused baseline computes exactly the equations of charlm's `lstm` cell at the same size.
+    reference = LanguageModel(ModelConfig("lstm", settings.vocab_size, baseline_model.hidden_size, settings.layers))
+    contenders = [_Contender(BASELINE_NAME, baseline_model, settings, device, training_flops_per_char(reference))]
     for cell in cells:
-        config = ModelConfig(cell, vocab_size=settings.vocab_size, hidden_size=1, layers=settings.layers)
-        hidden, _ = size_for_budget(config, parse_budget(settings.params))
-        model = LanguageModel(dataclasses.replace(config, hidden_size=hidden)).to(device)
-        train_rate, eval_rate = _measure(model, settings, device)
-        sample_rate = _sampling_rate(model, settings)
-        results.append(Throughput(cell, hidden, count_parameters(model), train_rate, eval_rate, sample_rate))
-    return results
+        model = _cell_model(cell, settings)
+        flops = training_flops_per_char(model)
+        contenders.append(_Contender(cell, model.to(device), settings, device, flops))
+    baseline = contenders[0].result
+    for round_index in range(settings.repeat):
+        if progress:
+            progress(f"round {round_index + 1}/{settings.repeat}")
+        for contender in contenders:
+            result = contender.result
+            result.train.runs.append(contender.time_training())
+            result.eval.runs.append(contender.time_evaluation())
+            if contender is not contenders[0]:
+                result.sample.runs.append(contender.time_sampling())
+            result.train_ratio.runs.append(result.train.runs[-1] / baseline.train.runs[-1])
+            result.eval_ratio.runs.append(result.eval.runs[-1] / baseline.eval.runs[-1])
+    return [contender.result for contender in contenders]
 
 
-def _sampling_rate(model: LanguageModel, settings: BenchmarkSettings) -> float:
-    options = SampleConfig(length=settings.sample_length, seed=settings.seed)
-    start = time.perf_counter()
-    drawn = sum(1 for _ in generate(model, [0], options))
-    return drawn / (time.perf_counter() - start)
+def machine_load() -> float | None:
+    """The one-minute load average, where the system reports one."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None

@@ -291,8 +291,10 @@ class BenchmarkSettings:
     batch_size: int = setting(250, "Streams per step.", min=1)
     bptt: int = setting(50, "Window length.", min=1)
     steps: int = setting(5, "Timed steps per measurement (after one warm-up).", min=1)
+    repeat: int = setting(3, "Interleaved rounds; figures are medians over rounds, with their spread.", min=1)
     sample_length: int = setting(200, "Symbols drawn to time sampling.", min=1)
     device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps.")
+    json: bool = setting(False, "Print the results as JSON (every round's figures) instead of a table.")
     seed: int = setting(0, "Random seed of the synthetic data and weights.", cli=False)
 
 

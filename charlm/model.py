@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from charlm.cells import CELLS, glorot_uniform_, parse_cell_options
+from charlm.cells.base import EmbeddingLookup
 from charlm.config import from_dict
 from charlm.errors import CharlmError
 
@@ -38,13 +39,21 @@ class OneHot(nn.Module):
     def __init__(self, vocab_size: int):
         super().__init__()
         self.vocab_size = vocab_size
+        self.register_buffer("dtype_probe", torch.empty(0), persistent=False)  # follows .to() and .double()
 
     def forward(self, tokens: Tensor) -> Tensor:
-        return F.one_hot(tokens.long(), self.vocab_size).float()
+        return F.one_hot(tokens.long(), self.vocab_size).to(self.dtype_probe.dtype)
 
 
 class LanguageModel(nn.Module):
-    """Predicts the next symbol at every position of a window, carrying each layer's time state."""
+    """Predicts the next symbol at every position of a window, carrying each layer's time state.
+
+    ``fold_embedding``: the bottom layer's input product is taken over the V rows of the embedding
+    table and gathered (see :mod:`charlm.cells.base`) whenever the window has more positions than
+    the vocabulary has symbols; the same function as multiplying the embedded window.
+    """
+
+    fold_embedding: bool = True
 
     def __init__(self, config: ModelConfig, cell_class=None):
         """``cell_class``: the class of ``config.cell`` when the caller has resolved it already
@@ -83,20 +92,45 @@ class LanguageModel(nn.Module):
         glorot_uniform_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
+    def _embedding_table(self) -> Tensor | None:
+        """The vector each symbol enters the bottom layer as, one row per symbol (None: one-hot)."""
+        return self.embedding.weight if isinstance(self.embedding, nn.Embedding) else None
+
     def initial_state(self, batch_size: int, device=None) -> list[tuple[Tensor, ...]]:
         return [layer.initial_state(batch_size, device=device) for layer in self.layers]
 
     def forward(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
         """``tokens`` is ``[B, T]``; returns logits ``[B, T, V]`` and the new state."""
-        hidden = self.embedding(tokens.t())
+        tokens = tokens.t()
+        hidden = self.embedding(tokens)
         new_state = []
         for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
             if index > 0:
                 hidden = self.dropout(hidden)
-            hidden, layer_state = layer(hidden, layer_state)
+                hidden, layer_state = layer(hidden, layer_state)
+            elif self.fold_embedding and layer.folds_embedding and tokens.numel() > self.config.vocab_size:
+                hidden, layer_state = layer(hidden, layer_state, lookup=EmbeddingLookup(tokens, self._embedding_table()))
+            else:
+                hidden, layer_state = layer(hidden, layer_state)
             new_state.append(layer_state)
         logits = self.head(self.dropout(hidden))
         return logits.transpose(0, 1), new_state
+
+    def step(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
+        """One symbol per stream: ``tokens`` is ``[B]``; returns logits ``[B, V]`` and the new state.
+
+        Runs each layer's ``step`` (its equations, one time step) rather than its window
+        ``forward``: at one step a fused library kernel costs more to set up than it saves, and
+        the two are held to the same function by the reference check.
+        """
+        hidden = self.embedding(tokens)
+        new_state = []
+        for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
+            if index > 0:
+                hidden = self.dropout(hidden)
+            hidden, layer_state = layer.step(hidden, layer_state)
+            new_state.append(layer_state)
+        return self.head(self.dropout(hidden)), new_state
 
     def layer_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by layer, for per-layer gradient norms (tied layers count once)."""

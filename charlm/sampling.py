@@ -56,7 +56,7 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return logits
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(model: LanguageModel, prime_ids: list[int], options: SampleConfig, banned_ids=()) -> Iterator[int]:
     """Yield ``options.length`` token ids, each drawn given the prime and everything drawn before.
 
@@ -73,12 +73,14 @@ def generate(model: LanguageModel, prime_ids: list[int], options: SampleConfig, 
     state = model.initial_state(1, device=device)
     logits, state = model(torch.tensor([prime_ids], device=device), state)
     banned = torch.tensor(list(banned_ids), dtype=torch.long, device=device)
+    last = logits[0, -1]
     for _ in range(options.length):
-        last = logits[0, -1].float().index_fill(0, banned, float("-inf"))
+        last = last.float().index_fill(0, banned, float("-inf"))
         last = filter_logits(last / options.temperature, options.top_k, options.top_p)
         token = torch.multinomial(torch.softmax(last, dim=-1), 1, generator=generator)
         yield int(token)
-        logits, state = model(token.view(1, 1), state)
+        logits, state = model.step(token, state)
+        last = logits[0]
 
 
 def decoded_pieces(tokenizer: Tokenizer, ids: Iterator[int]) -> Iterator[str]:

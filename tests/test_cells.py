@@ -56,6 +56,39 @@ def test_every_registered_cell_has_a_case():
     assert {c.name for c in CELLS} <= {case.cell for case in CASES}
 
 
+@pytest.mark.parametrize("embed_size", [None, 0], ids=["embedding", "one-hot"])
+def test_folded_embedding_agrees_with_reference_step(case, embed_size, double_precision):
+    """The bottom layer's input product taken over the embedding table and gathered (the model's
+    window path) is the reference step run on the embedded symbols, in value and gradient."""
+    cell_class = CELLS.get(case.cell)
+    if embed_size == 0 and cell_class.required_input_size(6, parse_cell_options(cell_class, case.options)) is not None:
+        pytest.skip("this cell needs an embedding as wide as its hidden size")
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(case.cell, vocab_size=4, hidden_size=6, layers=2, embed_size=embed_size,
+                                      cell_options=case.options))
+    randomise(model)
+    tokens = torch.randint(4, (3, 7))  # 21 positions > 4 symbols: the folded path is taken
+    state = [tuple(0.5 * torch.randn_like(t) for t in layer_state) for layer_state in model.initial_state(3)]
+    assert model.fold_embedding and 21 > model.config.vocab_size
+
+    logits, new_state = model(tokens, state)
+    reference, ref_state = [], state
+    for t in range(tokens.shape[1]):
+        step_logits, ref_state = model.step(tokens[:, t], ref_state)
+        reference.append(step_logits)
+    reference = torch.stack(reference, dim=1)
+    torch.testing.assert_close(logits, reference)
+    for a, b in zip(new_state, ref_state):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y)
+
+    weights = torch.randn_like(logits)
+    fast = torch.autograd.grad((logits * weights).sum(), list(model.parameters()))
+    slow = torch.autograd.grad((reference * weights).sum(), list(model.parameters()))
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b)
+
+
 def test_forward_agrees_with_reference_step_and_gradients(case, double_precision):
     torch.manual_seed(0)
     cell, d = make_cell(case)

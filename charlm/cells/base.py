@@ -10,6 +10,11 @@ To write a cell of your own, subclass :class:`RecurrentCell`, set the class attr
 implement ``initial_state`` and ``step`` (the equations, one time step). ``forward`` defaults to
 looping ``step`` over the window; override it with a faster path when there is one, and the test
 suite's reference check will hold the two to the same function.
+
+The bottom layer's inputs are rows of the embedding table. A cell that sets ``folds_embedding``
+accepts ``forward(inputs, state, lookup=...)`` and computes its hoisted input product through
+:meth:`input_product`, which then multiplies the V rows of the table once instead of the T·B
+positions of the window and gathers the result (a lookup instead of a matrix product).
 """
 
 from __future__ import annotations
@@ -19,9 +24,27 @@ import math
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 State = tuple[Tensor, ...]
+
+
+@dataclasses.dataclass
+class EmbeddingLookup:
+    """What the bottom layer's inputs are: ``inputs[t, b] = table[tokens[t, b]]``."""
+
+    tokens: Tensor  # [T, B]
+    table: Tensor | None  # [V, d]: the embedding matrix; None for one-hot inputs (the identity)
+
+    def project(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        """``inputs @ weight.T + bias`` for the whole window, from the V rows of the table."""
+        rows = weight.T if self.table is None else self.table @ weight.T
+        return F.embedding(self.tokens, rows if bias is None else rows + bias)
+
+    def narrowed(self, width: int) -> "EmbeddingLookup":
+        """The lookup of ``inputs[..., :width]`` (inputs from an embedding table)."""
+        return EmbeddingLookup(self.tokens, self.table[:, :width])
 
 
 @dataclasses.dataclass
@@ -37,6 +60,7 @@ class RecurrentCell(nn.Module):
     paper: ClassVar[str] = ""
     formula: ClassVar[str] = ""
     Config: ClassVar[type] = NoOptions
+    folds_embedding: ClassVar[bool] = False  # forward accepts lookup= (see the module docstring)
 
     def __init__(self, input_size: int, hidden_size: int, config=None):
         super().__init__()
@@ -78,6 +102,15 @@ class RecurrentCell(nn.Module):
             output, state = self.step(x, state)
             outputs.append(output)
         return torch.stack(outputs), state
+
+    @staticmethod
+    def input_product(inputs: Tensor, weight: Tensor, bias: Tensor | None = None,
+                      lookup: EmbeddingLookup | None = None) -> Tensor:
+        """``inputs @ weight.T + bias`` over a window ``[T, B, d]``; a table lookup when ``lookup``
+        says what the inputs are."""
+        if lookup is not None:
+            return lookup.project(weight, bias)
+        return inputs @ weight.T if bias is None else inputs @ weight.T + bias
 
     def _zeros(self, batch_size, device=None, dtype=None, width=None) -> Tensor:
         reference = next(self.parameters(), None)

@@ -72,6 +72,7 @@ class DeltaRNN(RecurrentCell):
     """
 
     name = "delta-rnn"
+    folds_embedding = True
     description = "Delta-RNN (Differential State Framework) (options: inner, outer, alpha_init, dropout)"
     paper = "Ororbia, Mikolov & Reitter 2017, Learning simpler language models with the Delta-RNN"
     formula = "dn + n² + 5n (second-order inner); dn + n² + 2n (first-order)"
@@ -103,8 +104,8 @@ class DeltaRNN(RecurrentCell):
         h = self.outer((1 - r) * z + r * h)
         return h, (h,)
 
-    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
-        a = inputs @ self.weight_input.T
+    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
+        a = self.input_product(inputs, self.weight_input, lookup=lookup)
         prepared = self.inner.prepare(a)
         gates = torch.sigmoid(a + self.gate_bias)
         masks = None

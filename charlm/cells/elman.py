@@ -32,6 +32,7 @@ class Elman(RecurrentCell):
     """
 
     name = "rnn"
+    folds_embedding = True  # the tanh/relu paths use the fused kernel, which multiplies its own inputs
     description = "Elman network, h = φ(Wx + Uh + b) (option: activation tanh|sigmoid|relu)"
     paper = "Elman 1990, Finding structure in time"
     formula = "dn + n² + n"
@@ -57,14 +58,14 @@ class Elman(RecurrentCell):
         h = self.activation(x @ self.weight_input.T + h @ self.weight_hidden.T + self.bias)
         return h, (h,)
 
-    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         (h,) = state
         fused = FUSED_KERNELS.get(self.config.activation)
         if fused is not None:
             weights = [self.weight_input, self.weight_hidden, self.bias, torch.zeros_like(self.bias)]
             outputs, h_n = fused(inputs, h.unsqueeze(0), weights, True, 1, 0.0, self.training, False, False)
             return outputs, (h_n.squeeze(0),)
-        pre_input = inputs @ self.weight_input.T + self.bias
+        pre_input = self.input_product(inputs, self.weight_input, self.bias, lookup)
         outputs = []
         for pre_t in pre_input:
             h = self.activation(pre_t + h @ self.weight_hidden.T)

@@ -53,6 +53,7 @@ class GridLSTM(RecurrentCell):
     """
 
     name = "grid-lstm"
+    folds_embedding = True
     description = "2-D Grid LSTM (time × depth), priority to depth, weights tied across depth by default"
     paper = "Kalchbrenner, Danihelka & Graves 2016, Grid Long Short-Term Memory"
     formula = "16n² + 8n per block (once if tied; d = 2n); depth=tanh|identity: 10n² + 5n (d = n)"
@@ -133,19 +134,25 @@ class GridLSTM(RecurrentCell):
         output = self._depth_transform(H_prime @ self.depth_weight.T + self.depth_bias, x)
         return output, (h_time, m_time)
 
-    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         # Nothing in the time recurrence depends on the depth output, so only the time transform's
-        # recurrent product runs step by step; h_depth's share of it, and the whole depth
-        # transform (once every h_time′ of the window is known), are one matrix product each.
+        # recurrent product runs step by step; h_depth's share of both transforms is one matrix
+        # product for the window, and the rest of the depth transform one more once every h_time′
+        # of the window is known.
         n = self.hidden_size
         h_depth = inputs[..., :n]
-        time_from_depth = h_depth @ self.time_weight[:, n:].T + self.time_bias
+        if lookup is not None:  # h_depth is the first n columns of the table (one-hot inputs: not folded)
+            lookup = lookup.narrowed(n) if lookup.table is not None else None
+        time_rows = self.time_weight.shape[0]
+        from_depth = self.input_product(h_depth, torch.cat([self.time_weight[:, n:], self.depth_weight[:, n:]]),
+                                        torch.cat([self.time_bias, self.depth_bias]), lookup)
+        time_from_depth, depth_from_depth = from_depth[..., :time_rows], from_depth[..., time_rows:]
         recurrent_weight = self.time_weight[:, :n]
         h_time, m_time = state
         time_outputs = []
         for pre_t in time_from_depth:
             h_time, m_time = self._lstm_transform(pre_t + h_time @ recurrent_weight.T, m_time)
             time_outputs.append(h_time)
-        H_prime = torch.cat([torch.stack(time_outputs), h_depth], dim=-1)
-        outputs = self._depth_transform(H_prime @ self.depth_weight.T + self.depth_bias, inputs)
+        depth_pre = torch.stack(time_outputs) @ self.depth_weight[:, :n].T + depth_from_depth
+        outputs = self._depth_transform(depth_pre, inputs)
         return outputs, (h_time, m_time)

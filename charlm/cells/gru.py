@@ -33,6 +33,7 @@ class GRU(RecurrentCell):
     paper = "Cho et al. 2014; form of Ahuja & Morency 2017 (LRU paper)"
     formula = "3(dn + n² + n) (+n with reset_after)"
     Config = GRUConfig
+    folds_embedding = True
 
     def __init__(self, input_size: int, hidden_size: int, config: GRUConfig | None = None):
         super().__init__(input_size, hidden_size, config)
@@ -66,11 +67,11 @@ class GRU(RecurrentCell):
         h = z * h + (1 - z) * h_hat
         return h, (h,)
 
-    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         if self.config.reset_after:
             return self._fused_forward(inputs, state)
         n = self.hidden_size
-        pre_input = inputs @ self.weight_input.T + self.bias
+        pre_input = self.input_product(inputs, self.weight_input, self.bias, lookup)
         U_rz, U_h = self.weight_hidden[: 2 * n], self.weight_hidden[2 * n :]
         (h,) = state
         outputs = []

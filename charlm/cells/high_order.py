@@ -164,10 +164,10 @@ class HighOrderLSTM(LSTM):
         h = torch.sigmoid(o + f_o) * torch.tanh(c)
         return h, (h, c)
 
-    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         n = self.hidden_size
         term = self.second_order
-        from_input = inputs @ torch.cat([self.weight_input, term.input_weight()]).T
+        from_input = self.input_product(inputs, torch.cat([self.weight_input, term.input_weight()]), lookup=lookup)
         pre_input, x_projected = from_input[..., : 4 * n] + self.bias, from_input[..., 4 * n :]
         hidden_weight = torch.cat([self.weight_hidden, term.hidden_weight()])
         mixing = term.mixing_matrix()  # rows i, f, o; a zero block for g lines them up with pre's i, f, g, o
@@ -225,10 +225,10 @@ class HighOrderGRU(GRU):
         h = z * h + (1 - z) * h_hat
         return h, (h,)
 
-    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         n = self.hidden_size
         term = self.second_order
-        from_input = inputs @ torch.cat([self.weight_input, term.input_weight()]).T
+        from_input = self.input_product(inputs, torch.cat([self.weight_input, term.input_weight()]), lookup=lookup)
         pre_input, x_projected = from_input[..., : 3 * n] + self.bias, from_input[..., 3 * n :]
         hidden_weight = torch.cat([self.weight_hidden[: 2 * n], term.hidden_weight()])  # U_r, U_z, then f's h side
         U_h = self.weight_hidden[2 * n :]

@@ -34,6 +34,7 @@ class _Lattice(RecurrentCell):
     reset_gates: ClassVar[int] = 1
     update_gates: ClassVar[int] = 1
     Config = LatticeConfig
+    folds_embedding = True
 
     def __init__(self, input_size: int, hidden_size: int, config: LatticeConfig | None = None):
         super().__init__(input_size, hidden_size, config)
@@ -85,13 +86,13 @@ class _Lattice(RecurrentCell):
         h1_new, h2_new = self._mix(h1, h2, h1_hat, h2_hat, z1, z2)
         return h1_new, (h2_new,)
 
-    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         n = self.hidden_size
         A1, A2 = self.projection_weight[:n], self.projection_weight[n:]
         # Everything h₁ enters without a gate in front, for the whole window at once.
         depth_weight = torch.cat([self.gate_weight[:, :n], A1[:, :n]])
         depth_bias = torch.cat([self.gate_bias, self.projection_bias[:n]])
-        depth_part = inputs @ depth_weight.T + depth_bias
+        depth_part = self.input_product(inputs, depth_weight, depth_bias, lookup)
         time_weight = torch.cat([self.gate_weight[:, n:], A2[:, n:]])  # what h₂ enters ungated
         A1_time, A2_depth, b2 = A1[:, n:], A2[:, :n], self.projection_bias[n:]
         gate_rows = self.gate_weight.shape[0]

@@ -33,6 +33,7 @@ class LSTM(RecurrentCell):
     paper = "Hochreiter & Schmidhuber 1997; Gers et al. 2000"
     formula = "4(dn + n² + n) (+3n with peepholes)"
     Config = LSTMConfig
+    folds_embedding = True  # the peephole path; the fused kernel multiplies its own inputs
 
     def __init__(self, input_size: int, hidden_size: int, config: LSTMConfig | None = None):
         super().__init__(input_size, hidden_size, config)
@@ -73,10 +74,10 @@ class LSTM(RecurrentCell):
         h = torch.sigmoid(o) * torch.tanh(c)
         return h, (h, c)
 
-    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         if not self.config.peephole:
             return self._fused_forward(inputs, state)
-        pre_input = inputs @ self.weight_input.T + self.bias
+        pre_input = self.input_product(inputs, self.weight_input, self.bias, lookup)
         h, c = state
         outputs = []
         for pre_t in pre_input:

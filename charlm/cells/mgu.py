@@ -19,6 +19,7 @@ class MinimalGatedUnit(RecurrentCell):
     """
 
     name = "mgu"
+    folds_embedding = True
     description = "Minimal gated unit: one gate f, used to reset and to update"
     paper = "Zhou et al. 2016, Minimal gated unit for recurrent neural networks"
     formula = "2(dn + n² + n)"
@@ -47,8 +48,8 @@ class MinimalGatedUnit(RecurrentCell):
         h = (1 - f) * h + f * h_hat
         return h, (h,)
 
-    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
-        pre_f, pre_h = (inputs @ self.weight_input.T + self.bias).chunk(2, dim=-1)
+    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
+        pre_f, pre_h = self.input_product(inputs, self.weight_input, self.bias, lookup).chunk(2, dim=-1)
         U_f, U_h = self.weight_hidden.chunk(2)
         (h,) = state
         outputs = []

@@ -59,6 +59,7 @@ class MultiplicativeRNN(RecurrentCell):
     """
 
     name = "mi-rnn"
+    folds_embedding = True
     description = "Multiplicative-integration RNN, tanh(α⊙Wx⊙Uh + β₁⊙Uh + β₂⊙Wx + b)"
     paper = "Wu et al. 2016, On multiplicative integration with recurrent neural networks"
     formula = "dn + n² + 4n"
@@ -81,8 +82,8 @@ class MultiplicativeRNN(RecurrentCell):
         h = self.integration(x @ self.weight_input.T, h @ self.weight_hidden.T)
         return h, (h,)
 
-    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
-        prepared = self.integration.prepare(inputs @ self.weight_input.T)
+    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
+        prepared = self.integration.prepare(self.input_product(inputs, self.weight_input, lookup=lookup))
         (h,) = state
         outputs = []
         for prepared_t in prepared:

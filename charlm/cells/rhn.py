@@ -38,6 +38,7 @@ class RecurrentHighwayNetwork(RecurrentCell):
     paper = "Zilly et al. 2017, Recurrent highway networks"
     formula = "2dn + 2Ln² + 2Ln (L = depth, default 5)"
     Config = RHNConfig
+    folds_embedding = True
 
     def __init__(self, input_size: int, hidden_size: int, config: RHNConfig | None = None):
         super().__init__(input_size, hidden_size, config)
@@ -68,8 +69,8 @@ class RecurrentHighwayNetwork(RecurrentCell):
             s = h * t + s * (1 - t)
         return s, (s,)
 
-    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
-        first_layer_input = inputs @ self.weight_input.T + self.bias[0]
+    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
+        first_layer_input = self.input_product(inputs, self.weight_input, self.bias[0], lookup)
         (s,) = state
         outputs = []
         for input_t in first_layer_input:

@@ -40,6 +40,7 @@ class SCRN(RecurrentCell):
     """
 
     name = "scrn"
+    folds_embedding = True
     description = "Structurally constrained RNN: sigmoid hidden state plus a slow context; depth output h and s concatenated"
     paper = "Mikolov et al. 2015, Learning longer memory in recurrent neural networks"
     formula = "dc + dn + cn + n² (c = max(1, n // 10); +c learnable α, +n bias)"
@@ -88,9 +89,9 @@ class SCRN(RecurrentCell):
         h = torch.sigmoid(s @ self.P.T + x @ self.A.T + h @ self.R.T + self._hidden_bias())
         return torch.cat([h, s], dim=-1), (h, s)
 
-    def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         c = self.context_size
-        projected = inputs @ torch.cat([self.B, self.A]).T
+        projected = self.input_product(inputs, torch.cat([self.B, self.A]), lookup=lookup)
         context_drive, hidden_drive = projected[..., :c], projected[..., c:]
         alpha = self._alpha()
         h, s = state

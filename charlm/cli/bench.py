@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
 
 import typer
 
@@ -14,7 +16,9 @@ from charlm.config import BenchmarkSettings
 @settings_options(BenchmarkSettings)
 def bench(given: dict = None):
     """Measure training, evaluation and sampling throughput (characters per second)."""
-    from charlm.benchmark import benchmark_cells
+    import torch
+
+    from charlm.benchmark import benchmark_cells, machine_load
     from charlm.cells import CELLS
     from charlm.config import validate
     from charlm.devices import resolve_device
@@ -27,22 +31,42 @@ def bench(given: dict = None):
         CELLS.get(name)
     parse_budget(settings.params)
     settings = dataclasses.replace(settings, device=str(resolve_device(settings.device)))
-    results = benchmark_cells(names, settings)
+    load_before = machine_load()
+    results = benchmark_cells(names, settings, progress=None if settings.json else _progress)
+    machine = {"device": settings.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
+               "load_before": load_before, "load_after": machine_load()}
     baseline = results[0]
+    if settings.json:
+        report = {"settings": dataclasses.asdict(settings), "machine": machine,
+                  "results": [result.to_dict(baseline) for result in results]}
+        print(json.dumps(report, indent=2))
+        return
     rows = []
     for result in results:
+        values = result.to_dict(baseline)
         rows.append([
             result.name,
             str(result.hidden_size),
             f"{result.parameters:,}",
-            f"{result.train_chars_per_second:,.0f}",
-            f"{result.train_chars_per_second / baseline.train_chars_per_second:.2f}",
-            f"{result.eval_chars_per_second:,.0f}",
-            f"{result.eval_chars_per_second / baseline.eval_chars_per_second:.2f}",
-            "-" if result.sample_chars_per_second is None else f"{result.sample_chars_per_second:,.0f}",
+            f"{result.flops_per_char / 1e6:.1f}",
+            f"{result.train.median:,.0f} ±{result.train.relative_spread:.0%}",
+            f"{values['train_ratio']:.2f}",
+            f"{values['train_ratio_flop_normalised']:.2f}",
+            f"{result.eval.median:,.0f} ±{result.eval.relative_spread:.0%}",
+            f"{values['eval_ratio']:.2f}",
+            f"{values['eval_over_train']:.1f}",
+            "-" if not result.sample.runs else f"{result.sample.median:,.0f}",
         ])
-    title = f"Throughput on {settings.device}, batch {settings.batch_size} × bptt {settings.bptt}, ~{settings.params} parameters"
-    print_table(title, ["model", "n", "params", "train chars/s", "× fused", "eval chars/s", "× fused", "sample chars/s"], rows)
+    load = "unknown" if load_before is None else f"{load_before:.2f} → {machine['load_after']:.2f}"
+    title = (f"Throughput on {settings.device} ({machine['threads']} threads, load {load}), batch {settings.batch_size} × "
+             f"bptt {settings.bptt}, ~{settings.params} parameters, {settings.layers} layer(s), "
+             f"median of {settings.repeat} interleaved rounds")
+    print_table(title, ["model", "n", "params", "MFLOP/char", "train chars/s", "× fused", "× fused/FLOP",
+                        "eval chars/s", "× fused", "eval/train", "sample chars/s"], rows)
+
+
+def _progress(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
 def register(app: typer.Typer) -> None:
