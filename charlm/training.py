@@ -33,6 +33,7 @@ from charlm.logs import get_logger
 from charlm.evaluation import LN2, characters_per_token, score_split
 from charlm.memory import check_budget_fits, check_fits, estimate_training_memory
 from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
+from charlm.precision import autocast, check_precision, float32_state, grad_scaler
 from charlm.runs import Run, default_run_dir
 
 
@@ -170,6 +171,8 @@ class Trainer:
         else:
             cell_class = CELLS.get(config.cell)  # the caller named this cell: it may be a module:Class
         self.device = resolve_device(config.device)
+        check_precision(config.precision, self.device)
+        self.scaler = grad_scaler(config.precision, self.device)
         self.corpus = load_corpus(config.corpus, config.data_dir)
         torch.manual_seed(config.seed)
         if checkpoint is None:
@@ -276,8 +279,9 @@ class Trainer:
 
     def _evaluate(self, split: str):
         started = time.monotonic()
-        score = score_split(self.model, self.corpus, split, batch_size=self.config.eval_batch_size,
-                            bptt=self.config.bptt, device=self.device)
+        with autocast(self.config.precision, self.device):
+            score = score_split(self.model, self.corpus, split, batch_size=self.config.eval_batch_size,
+                                bptt=self.config.bptt, device=self.device)
         self._add_wall(split, time.monotonic() - started)
         return score
 
@@ -385,18 +389,28 @@ class Trainer:
         saved_at, reported_at = time.monotonic(), time.monotonic()
         try:
             for window in self.train_streams.windows(progress.window, device=self.device):
-                logits, hidden = self.model(window.inputs, self.hidden)
+                with autocast(config.precision, self.device):
+                    logits, hidden = self.model(window.inputs, self.hidden)
+                logits = logits.float()  # the softmax and the loss in float32 whatever the precision
                 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), window.targets.reshape(-1))
                 value = loss.item()  # one synchronisation per step, used by every figure below
                 if not math.isfinite(value):
                     self._diverged(value)
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                if self.scaler is None:
+                    loss.backward()
+                else:
+                    self.scaler.scale(loss).backward()
+                    self.scaler.unscale_(self.optimizer)  # true gradients for the norms and the clipping
                 step_norms = self._accumulate_grad_norms(groups)
                 if config.clip > 0:
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.clip)
-                self.optimizer.step()
-                self.hidden = detach_state(hidden)
+                if self.scaler is None:
+                    self.optimizer.step()
+                else:
+                    self.scaler.step(self.optimizer)  # skipped when the scaled gradients overflowed
+                    self.scaler.update()
+                self.hidden = float32_state(detach_state(hidden))
                 tokens = window.targets.numel()
                 progress.window = window.index + 1
                 progress.step += 1

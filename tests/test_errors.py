@@ -68,6 +68,8 @@ CASES = [
     Case("cell option not key=value", "train --cell-opt peephole"),
     Case("unknown device", "train --device tpu"),
     Case("CUDA without a GPU", "train --device cuda", cpu_only=True),
+    Case("unknown precision", "train --precision fp8"),
+    Case("fp16 on the CPU", "train --device cpu --precision fp16"),
     Case("MPS off a Mac", "train --device mps", cpu_only=True),
     # --- config files, resuming, run directories ---
     Case("missing config file", "train --config FILES/absent.json"),

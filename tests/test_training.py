@@ -303,3 +303,16 @@ def test_resume_refuses_settings_that_define_the_run(tiny_corpus, tmp_path):
     with pytest.raises(ConfigError, match="lr is fixed by the run being resumed"):
         Trainer.resume(str(run), epochs=2, lr=0.5)
     assert_one_line_error(cli("train", "--resume", run, "--epochs", "2", "--hidden", "8"), "--hidden cannot change a run being resumed")
+
+
+def test_bf16_training_matches_fp32_and_resumes_across_precisions(tiny_corpus, tmp_path):
+    """bf16 autocast on the CPU: the loss is float32, the carried state is saved in float32, the
+    result is within noise of fp32, and a bf16 run resumes in fp32."""
+    fp32 = Trainer(tiny_config(tiny_corpus, tmp_path / "fp32", epochs=1, cell="gru")).fit()
+    bf16 = Trainer(tiny_config(tiny_corpus, tmp_path / "bf16", epochs=1, cell="gru", precision="bf16")).fit()
+    assert abs(bf16["best_valid_bpc"] - fp32["best_valid_bpc"]) < 0.05
+    assert bf16["best_valid_bpc"] != fp32["best_valid_bpc"]  # the low precision was really used
+    saved = Checkpoint.load(tmp_path / "bf16" / "last.pt")
+    assert all(value.dtype == torch.float32 for value in saved.weights.values())
+    resumed = Trainer.resume(tmp_path / "bf16", epochs=2, precision="fp32").fit()
+    assert resumed["epochs"] == 2

@@ -12,7 +12,7 @@ import typer
 from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_table, stdout
-from charlm.config import DEFAULT_SEARCH_PREFIX, DynamicOptions, EvalConfig, flag_of
+from charlm.config import DEFAULT_SEARCH_PREFIX, DynamicOptions, EvalConfig, flag_of, validate
 
 
 @settings_options(DynamicOptions, into="dyn")
@@ -38,6 +38,7 @@ def evaluate(
     with --dynamic, the static and the dynamically evaluated figures side by side."""
     from charlm.dynamic_search import check_protocol, resolve_options
 
+    validate(EvalConfig(**static))
     split = static.get("split", EvalConfig.split)
     given = {"--batch-size": batch_size, "--bptt": static.get("bptt"), "--adapt-on": adapt_on,
              "--search-prefix": search_prefix, "--save-adapted": save_adapted,

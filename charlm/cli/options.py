@@ -1,8 +1,8 @@
 """Command-line options built from the settings dataclasses of ``charlm.config``.
 
 ``@settings_options(TrainConfig)`` adds one typer option per field to a command: its flag, its
-help with the default and the bounds taken from the field, or its choices (a str Enum). The
-bounds themselves are checked by the library (``charlm.config.validate``), so the command line
+help with the default and the bounds or the choices taken from the field. The bounds and
+choices themselves are checked by the library (``charlm.config.validate``), so the command line
 and Python callers get the same message. Every option defaults to None, so the command receives
 only the values the user gave (``given``) and can layer them over a config file or a checkpoint.
 """
@@ -10,7 +10,6 @@ only the values the user gave (``given``) and can layer them over a config file 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import inspect
 import typing
@@ -31,6 +30,8 @@ def help_text(owner, name: str) -> str:
         shown = "none" if default is None else _plain(default)
     bounds = bound_text(field.metadata)
     must = f" Must be {bounds}." if bounds else ""
+    if field.metadata.get("choices"):
+        must = f" One of: {', '.join(map(str, field.metadata['choices']))}."
     return escape(f"{field.metadata['help']}{must} (default: {shown})")  # typer reads help as rich markup
 
 
@@ -43,11 +44,7 @@ def option_for(owner, name: str, *extra_flags: str, help: str | None = None):
 
 
 def option_type(owner, name: str):
-    """The annotation of a field's option: Optional of its type, or of a str Enum of its choices."""
-    field = {f.name: f for f in dataclasses.fields(owner)}[name]
-    choices = field.metadata.get("choices")
-    if choices:
-        return Optional[enum.Enum(f"{owner.__name__}_{name}", [(str(c), str(c)) for c in choices], type=str)]
+    """The annotation of a field's option: Optional of its type (choices are checked by the library)."""
     return Optional[_base_type(typing.get_type_hints(owner)[name])]
 
 
@@ -65,7 +62,7 @@ def settings_options(owner, *, into: str = "given", exclude: tuple = ()):
 
         @functools.wraps(command)
         def wrapper(**values):
-            given = {name: _plain_value(values.pop(name)) for name in names if values.get(name) is not None}
+            given = {name: values.pop(name) for name in names if values.get(name) is not None}
             for name in names:
                 values.pop(name, None)
             return command(**values, **{into: given})
@@ -82,10 +79,6 @@ def settings_options(owner, *, into: str = "given", exclude: tuple = ()):
 def _base_type(hint):
     arguments = [kind for kind in typing.get_args(hint) if kind is not type(None)]
     return arguments[0] if arguments else hint
-
-
-def _plain_value(value):
-    return value.value if isinstance(value, enum.Enum) else value
 
 
 def _plain(value) -> str:

@@ -12,7 +12,7 @@ import typer
 from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_table, stdout
-from charlm.config import DynamicOptions, ScoreConfig, flag_of
+from charlm.config import DynamicOptions, ScoreConfig, flag_of, validate
 from charlm.errors import CharlmError
 
 
@@ -32,6 +32,7 @@ def score(
 ):
     """Bits per character and perplexity of a text, state carried through it."""
     options = ScoreConfig(**settings)
+    validate(options)
     if dynamic is None and dyn:
         raise CharlmError(f"{flag_of(DynamicOptions, next(iter(dyn)))} applies to dynamic scoring: add --dynamic sgd or --dynamic rms")
     if dynamic is not None and dynamic not in ("sgd", "rms"):

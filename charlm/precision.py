@@ -1,0 +1,49 @@
+"""Mixed precision: ``--precision fp32|bf16|fp16``.
+
+The recurrent layers' matrix products run under ``torch.autocast`` in the chosen type; the
+softmax and the loss always run in float32 (``token_nats`` and the training loss promote the
+logits), and the weights, their gradients and Adam's moments stay float32. fp16 needs a CUDA
+device and a gradient scaler (its range is too narrow for small gradients); bf16 has float32's
+range and runs on the CPU too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from charlm.errors import CharlmError
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    """One line when ``precision`` cannot run on ``device``."""
+    if precision == "fp16" and device.type != "cuda":
+        raise CharlmError(f"--precision fp16 needs a CUDA device, not {device.type} (bf16 runs on the CPU)")
+    if precision == "bf16" and device.type not in ("cpu", "cuda"):
+        raise CharlmError(f"--precision bf16 runs on cpu or cuda, not {device.type}")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise CharlmError("--precision bf16: this GPU has no bfloat16 support; use fp16")
+
+
+def autocast(precision: str, device: torch.device):
+    """The context the forward pass runs in."""
+    dtype = PRECISIONS[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def grad_scaler(precision: str, device: torch.device):
+    """A gradient scaler for fp16, else None."""
+    if precision != "fp16":
+        return None
+    return torch.amp.GradScaler(device.type)
+
+
+def float32_state(state: list) -> list:
+    """The carried state in float32 (autocast may hand it back in the low precision), so that a
+    checkpoint holds the same state whatever the precision of the run."""
+    return [tuple(tensor.float() if tensor.is_floating_point() else tensor for tensor in layer) for layer in state]
