@@ -23,12 +23,22 @@ class Window:
 class TokenStreams:
     """A 1-D token array laid out as ``batch_size`` contiguous streams, read ``bptt`` steps at a time.
 
+    With the text a b c d … x of 24 tokens, batch 4 and bptt 3::
+
+        stream 0   a b c | d e f        each row is a contiguous stretch of the text;
+        stream 1   g h i | j k l        a window is one column block ([B, bptt]);
+        stream 2   m n o | p q r        the state carried out of window k is the state
+        stream 3   s t u | v w x        window k + 1 of the same row starts from
+                 window 0  window 1     (targets: the same layout shifted by one token)
+
     Training (``cover_all=False``) drops the remainder that does not fill every stream, as
     truncated BPTT does. Evaluation (``cover_all=True``) pads the last stream and masks the
-    padding, so that every symbol after the first is scored exactly once.
+    padding, so that every symbol after the first is scored exactly once. ``rows`` keeps only
+    some streams (one process's share when training across processes); ``tokens_scored`` still
+    counts every stream.
     """
 
-    def __init__(self, tokens: np.ndarray, batch_size: int, bptt: int, cover_all: bool = False):
+    def __init__(self, tokens: np.ndarray, batch_size: int, bptt: int, cover_all: bool = False, rows: slice = slice(None)):
         if batch_size < 1 or bptt < 1:
             raise CharlmError(f"batch size and bptt must be at least 1 (got {batch_size} and {bptt})")
         predictions = len(tokens) - 1
@@ -47,10 +57,11 @@ class TokenStreams:
             inputs = np.asarray(tokens[: batch_size * length])
             targets = np.asarray(tokens[1 : batch_size * length + 1])
         self.stream_length = length
-        self._inputs = inputs.reshape(batch_size, length)
-        self._targets = targets.reshape(batch_size, length)
+        self._inputs = inputs.reshape(batch_size, length)[rows]
+        self._targets = targets.reshape(batch_size, length)[rows]
         self.num_windows = math.ceil(length / bptt)
-        self.tokens_scored = int((self._targets != IGNORE).sum()) if cover_all else batch_size * length
+        self.tokens_scored = int((targets != IGNORE).sum()) if cover_all else batch_size * length
+        self.rows = self._inputs.shape[0]
 
     def __len__(self) -> int:
         return self.num_windows

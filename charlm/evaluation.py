@@ -71,15 +71,17 @@ def token_nats(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, device, chars_per_token: float = 1.0,
-                 progress=None, per_token: bool = False) -> Score:
+                 progress=None, per_token: bool = False, rows: slice = slice(None)) -> Score:
     """Score every symbol of ``tokens`` after the first, carrying state across windows.
 
     ``per_token=True`` also returns each prediction's NLL in text order (``Score.token_nats``).
+    ``rows``: score only these streams (one process's share); the nats are then that share's and
+    the token counts the whole split's, so the shares' nats add up to the split's score.
     """
     was_training = model.training
     model.eval()
-    streams = TokenStreams(tokens, batch_size, bptt, cover_all=True)
-    state = model.initial_state(batch_size, device=device)
+    streams = TokenStreams(tokens, batch_size, bptt, cover_all=True, rows=rows)
+    state = model.initial_state(streams.rows, device=device)
     nats = 0.0
     columns = []
     for window in streams.windows(device=device):
@@ -98,7 +100,8 @@ def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, devic
     return score
 
 
-def score_split(model, corpus, split: str, *, batch_size: int, bptt: int, device, progress=None) -> Score:
+def score_split(model, corpus, split: str, *, batch_size: int, bptt: int, device, progress=None,
+                rows: slice = slice(None)) -> Score:
     return score_tokens(
         model,
         corpus.split(split),
@@ -107,4 +110,5 @@ def score_split(model, corpus, split: str, *, batch_size: int, bptt: int, device
         device=device,
         chars_per_token=characters_per_token(corpus, split),
         progress=progress,
+        rows=rows,
     )

@@ -44,6 +44,7 @@ def grad_scaler(precision: str, device: torch.device):
 
 
 def float32_state(state: list) -> list:
-    """The carried state in float32 (autocast may hand it back in the low precision), so that a
-    checkpoint holds the same state whatever the precision of the run."""
-    return [tuple(tensor.float() if tensor.is_floating_point() else tensor for tensor in layer) for layer in state]
+    """The carried state with low-precision tensors made float32 (autocast may hand it back in
+    bf16 or fp16), so that a checkpoint holds the same state whatever the precision of the run."""
+    low = (torch.bfloat16, torch.float16)
+    return [tuple(tensor.float() if tensor.dtype in low else tensor for tensor in layer) for layer in state]

@@ -270,6 +270,35 @@ def find_runs(root: str | Path) -> list[Run]:
             or (path.parent / "last.pt").exists()]
 
 
+class FollowerRun(Run):
+    """A run directory as a process that does not write it sees it (the ranks other than 0 under
+    torchrun): it reads checkpoints; the lock, the records and every file are rank 0's."""
+
+    def acquire(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+    def save_last(self, checkpoint) -> None:
+        pass
+
+    def write_provenance(self, provenance: dict) -> None:
+        pass
+
+    def record(self, event: str, **fields) -> None:
+        pass
+
+    def log(self, message: str) -> None:
+        pass
+
+    def mark_running(self) -> None:
+        pass
+
+    def mark_stopped(self) -> None:
+        pass
+
+
 def default_run_dir(corpus: str, cell: str) -> Path:
     safe_cell = cell.replace(":", "-").replace(".", "-").replace("/", "-")
     return Path("runs") / f"{corpus}-{safe_cell}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -34,7 +34,9 @@ from charlm.evaluation import LN2, characters_per_token, score_split
 from charlm.memory import check_budget_fits, check_fits, estimate_training_memory
 from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
 from charlm.precision import autocast, check_precision, float32_state, grad_scaler
-from charlm.runs import Run, default_run_dir
+from charlm.distributed import device_for_rank, environment_rank, world_from_environment
+from torch.nn.parallel import DistributedDataParallel
+from charlm.runs import FollowerRun, Run, default_run_dir
 
 
 class TrainingDiverged(CharlmError):
@@ -172,6 +174,8 @@ class Trainer:
             cell_class = CELLS.get(config.cell)  # the caller named this cell: it may be a module:Class
         self.device = resolve_device(config.device)
         check_precision(config.precision, self.device)
+        self.world = world_from_environment(self.device)
+        self.device = device_for_rank(self.device, self.world)
         self.scaler = grad_scaler(config.precision, self.device)
         self.corpus = load_corpus(config.corpus, config.data_dir)
         torch.manual_seed(config.seed)
@@ -181,12 +185,17 @@ class Trainer:
             self.model_config = checkpoint.model_config
         check_model_fits(self.model_config, config, self.device, cell_class)
         self.model = LanguageModel(self.model_config, cell_class).to(self.device)
+        self.network = self.model  # what a training step calls: the model, or its DDP wrapper
+        if self.world.distributed:
+            self.network = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                                                   broadcast_buffers=False)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, betas=(0.9, 0.999))
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=config.lr_decay)
         self.progress = Progress()
         train_tokens = self.corpus.split("train")
         used = max(2, int(len(train_tokens) * config.train_fraction))
-        self.train_streams = TokenStreams(train_tokens[:used], config.batch_size, config.bptt)
+        self.train_streams = TokenStreams(train_tokens[:used], config.batch_size, config.bptt,
+                                          rows=self.world.share(config.batch_size))
         self.train_chars_per_token = characters_per_token(self.corpus, "train")
         self.hidden = None
         self.provenance = provenance.collect(self.device, self.corpus)
@@ -202,8 +211,11 @@ class Trainer:
                 self.run = resumed_run
                 self.run.write_provenance(self.provenance)
             else:
-                run_dir = config.run_dir or default_run_dir(config.corpus, config.cell)
-                self.run = Run.create(run_dir, {"train": config.to_dict(), "model": self.model_config.to_dict()}, self.provenance)
+                run_dir = self.world.broadcast(config.run_dir or default_run_dir(config.corpus, config.cell))
+                if self.world.is_main:
+                    self.run = Run.create(run_dir, {"train": config.to_dict(), "model": self.model_config.to_dict()}, self.provenance)
+                else:
+                    self.run = FollowerRun(run_dir)
         self.progress_interval = PROGRESS_INTERVAL
 
     @classmethod
@@ -214,7 +226,7 @@ class Trainer:
         fixed = sorted(set(changes) - set(RESUMABLE_SETTINGS))
         if fixed:
             raise ConfigError(TrainConfig, fixed[0], "is fixed by the run being resumed; start a new run to change it")
-        run = Run.resume(run_dir)
+        run = Run.resume(run_dir) if environment_rank() == 0 else FollowerRun(run_dir)
         try:
             checkpoint = _last_good_checkpoint(run)
             if checkpoint is not None:
@@ -258,15 +270,19 @@ class Trainer:
         torch.set_rng_state(state.rng["torch"])
         if state.rng.get("cuda") and torch.cuda.is_available() and len(state.rng["cuda"]) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(state.rng["cuda"])
-        if state.hidden is not None:
-            self.hidden = [tuple(t.to(self.device) for t in layer) for layer in state.hidden]
+        if state.hidden is not None:  # every stream's state: this process carries its share
+            rows = self.world.share(self.config.batch_size)
+            self.hidden = [tuple(t[rows].to(self.device) for t in layer) for layer in state.hidden]
 
     def checkpoint(self, scores: dict | None = None) -> Checkpoint:
         """The run as it stands, as a checkpoint (weights shared with the live model)."""
         rng = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        hidden = None if self.hidden is None else [[t.detach().cpu() for t in layer] for layer in self.hidden]
+        hidden = None
+        if self.hidden is not None:  # every stream's state, gathered from the processes that carry them
+            gather = self.world.gather_rows
+            hidden = [[gather(t.detach(), self.config.batch_size).cpu() for t in layer] for layer in self.hidden]
         training = TrainingState(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(), rng=rng,
                                  progress=dataclasses.asdict(self.progress), hidden=hidden)
         return Checkpoint(model_config=self.model_config, train_config=self.config,
@@ -281,7 +297,8 @@ class Trainer:
         started = time.monotonic()
         with autocast(self.config.precision, self.device):
             score = score_split(self.model, self.corpus, split, batch_size=self.config.eval_batch_size,
-                                bptt=self.config.bptt, device=self.device)
+                                bptt=self.config.bptt, device=self.device, rows=self.world.share(self.config.eval_batch_size))
+        score.nats = self.world.sum([score.nats])[0]  # each process scored its share of the streams
         self._add_wall(split, time.monotonic() - started)
         return score
 
@@ -292,6 +309,7 @@ class Trainer:
     def _score_best_on_test(self) -> None:
         """Score the test split once, with the best-validation weights (unless every epoch did)."""
         progress, run = self.progress, self.run
+        self.world.barrier()  # best.pt is written by rank 0
         if progress.best_test_bpc is not None or not run.best.exists():
             return
         best = Checkpoint.load(run.best)
@@ -302,7 +320,8 @@ class Trainer:
         finally:
             self.model.load_state_dict(current)
         progress.best_test_bpc = test.bpc
-        dataclasses.replace(best, scores={**best.scores, "test_bpc": test.bpc, "test_loss": test.loss}).save(run.best)
+        if self.world.is_main:
+            dataclasses.replace(best, scores={**best.scores, "test_bpc": test.bpc, "test_loss": test.loss}).save(run.best)
         run.record("test", epoch=progress.best_epoch, **test.as_dict("test_"))
         run.log(f"test {test.bpc:.4f} bpc with the best-validation weights (epoch {progress.best_epoch})")
 
@@ -332,6 +351,7 @@ class Trainer:
                 run.mark_stopped()
             except OSError:
                 run.release()
+            self.world.leave()
 
     def _complete(self) -> dict:
         """A run that has ended: finish what a stop during its last steps left undone (the test
@@ -378,11 +398,11 @@ class Trainer:
     def _train_epoch(self, stop: _StopRequest, started: float) -> str | None:
         config, progress = self.config, self.progress
         if progress.window == 0 or self.hidden is None:
-            self.hidden = self.model.initial_state(config.batch_size, device=self.device)
+            self.hidden = self.model.initial_state(self.train_streams.rows, device=self.device)
         self.model.train()
         groups = self.model.layer_groups()
         bar = tqdm(total=len(self.train_streams), initial=progress.window, desc=f"epoch {progress.epoch + 1}/{config.epochs}",
-                   unit="win", leave=False, disable=None, dynamic_ncols=True)
+                   unit="win", leave=False, disable=None if self.world.is_main else True, dynamic_ncols=True)
         epoch_clock = time.monotonic()
         seconds_before = progress.train_seconds
         interval = config.save_interval
@@ -390,10 +410,22 @@ class Trainer:
         try:
             for window in self.train_streams.windows(progress.window, device=self.device):
                 with autocast(config.precision, self.device):
-                    logits, hidden = self.model(window.inputs, self.hidden)
-                logits = logits.float()  # the softmax and the loss in float32 whatever the precision
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), window.targets.reshape(-1))
-                value = loss.item()  # one synchronisation per step, used by every figure below
+                    logits, hidden = self.network(window.inputs, self.hidden)
+                logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # the loss in float32 at least
+                tokens = config.batch_size * window.targets.shape[1]  # every process's streams
+                if self.world.distributed:
+                    # DDP averages the processes' gradients: scaling each share's summed loss by
+                    # W / tokens makes that average the gradient of the mean over every stream.
+                    nats = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), window.targets.reshape(-1),
+                                                             reduction="sum")
+                    loss = nats * (self.world.size / tokens)
+                    total, stop_votes, time_votes = self.world.sum([nats.item(), stop.requested, self._time_is_up(started)])
+                    value = total / tokens
+                    stop_now, time_up = stop_votes > 0, time_votes > 0  # the same decision in every process
+                else:
+                    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), window.targets.reshape(-1))
+                    value = loss.item()  # one synchronisation per step, used by every figure below
+                    stop_now, time_up = None, self._time_is_up(started)
                 if not math.isfinite(value):
                     self._diverged(value)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -411,7 +443,6 @@ class Trainer:
                     self.scaler.step(self.optimizer)  # skipped when the scaled gradients overflowed
                     self.scaler.update()
                 self.hidden = float32_state(detach_state(hidden))
-                tokens = window.targets.numel()
                 progress.window = window.index + 1
                 progress.step += 1
                 progress.train_nats += value * tokens
@@ -427,20 +458,23 @@ class Trainer:
                     valid = self._evaluate("valid")
                     self.model.train()
                     self.run.record("valid", epoch=progress.epoch + 1, step=progress.step, **valid.as_dict("valid_"))
-                if stop.requested:
+                if stop.requested if stop_now is None else stop_now:
                     return "interrupted"
-                if interval and self._save_due(interval, saved_at):
+                if interval and self.world.any(self._save_due(interval, saved_at)):
                     self.run.save_last(self.checkpoint())
                     self.run.record("checkpoint", epoch=progress.epoch + 1, window=progress.window, step=progress.step)
                     saved_at = time.monotonic()
-                if bar.disable and time.monotonic() - reported_at >= self.progress_interval:
+                if bar.disable and self.world.is_main and time.monotonic() - reported_at >= self.progress_interval:
                     self._report_progress(value)
                     reported_at = time.monotonic()
-                if config.max_minutes is not None and time.monotonic() - started > config.max_minutes * 60:
+                if time_up:
                     return "time"
         finally:
             bar.close()
         return None
+
+    def _time_is_up(self, started: float) -> bool:
+        return self.config.max_minutes is not None and time.monotonic() - started > self.config.max_minutes * 60
 
     def _save_due(self, interval: tuple[str, float], saved_at: float) -> bool:
         kind, every = interval
@@ -527,7 +561,8 @@ class Trainer:
             scores = {"valid_bpc": valid.bpc, "epoch": epoch_number}
             if test is not None:
                 scores.update(test_bpc=test.bpc, test_loss=test.loss)
-            dataclasses.replace(checkpoint, scores=scores).save(run.best)
+            if self.world.is_main:
+                dataclasses.replace(checkpoint, scores=scores).save(run.best)
         if stop_early:
             run.log(f"no improvement for {config.patience} epochs: stopping early")
         return stop_early

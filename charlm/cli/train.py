@@ -44,7 +44,9 @@ def train(
         if cell_opt:
             settings["cell_options"] = {**settings.get("cell_options", {}), **parse_key_values(cell_opt)}
         trainer = Trainer(TrainConfig.from_dict(settings))
-    print_summary(trainer.fit())
+    summary = trainer.fit()
+    if trainer.world.is_main:  # under torchrun, rank 0 speaks for every process
+        print_summary(summary)
 
 
 def register(app: typer.Typer) -> None:

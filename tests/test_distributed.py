@@ -1,0 +1,117 @@
+"""Training across processes with torchrun (DistributedDataParallel, gloo on the CPU).
+
+The same global batch split over 2 processes must give the weights of 1 process (float64, to
+1e-10), checkpoints must resume on another number of processes, and only rank 0 writes the run.
+Each torchrun launch starts 2 Python processes: the models are tiny and the runs short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from charlm.checkpoint import Checkpoint
+from charlm.config import TrainConfig
+from charlm.distributed import World
+from charlm.training import Trainer
+
+WORKER = Path(__file__).with_name("distributed_train.py")
+TOLERANCE = 1e-10
+
+
+def settings(corpus_dir, run_dir, **changes) -> dict:
+    # 5 streams over 2 processes (shares 3 and 2), 3 evaluation streams (2 and 1): uneven on purpose
+    values = dict(corpus="tiny", cell="gru", hidden=12, batch_size=5, bptt=10, epochs=2, train_fraction=0.15,
+                  eval_batch_size=3, log_every=5, save_every="0", device="cpu", data_dir=str(corpus_dir), run_dir=str(run_dir))
+    values.update(changes)
+    return values
+
+
+def torchrun(processes: int, values: dict) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
+               str(WORKER), json.dumps(values)]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture
+def float64():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_corpus, tmp_path_factory) -> Path:
+    """The reference: 2 epochs in this process, float64."""
+    run = tmp_path_factory.mktemp("one-process") / "run"
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        Trainer(TrainConfig(**settings(tiny_corpus, run))).fit()
+    finally:
+        torch.set_default_dtype(previous)
+    return run
+
+
+def largest_difference(run_a: Path, run_b: Path) -> float:
+    a, b = Checkpoint.load(run_a / "last.pt"), Checkpoint.load(run_b / "last.pt")
+    assert a.weights.keys() == b.weights.keys()
+    assert all(value.dtype == torch.float64 for value in a.weights.values())
+    return max((a.weights[key] - b.weights[key]).abs().max().item() for key in a.weights)
+
+
+def test_shares_are_contiguous_and_cover_every_stream():
+    for size in (1, 2, 3, 4):
+        for count in (1, 5, 9, 250):
+            if count < size:
+                continue
+            world_shares = [World(rank, size).share(count) for rank in range(size)]
+            rows = [row for share in world_shares for row in range(count)[share]]
+            assert rows == list(range(count))
+            assert max(s.stop - s.start for s in world_shares) - min(s.stop - s.start for s in world_shares) <= 1
+
+
+def test_two_processes_train_the_weights_of_one(tiny_corpus, tmp_path, one_process):
+    run = tmp_path / "two"
+    torchrun(2, settings(tiny_corpus, run))
+    assert largest_difference(one_process, run) < TOLERANCE
+    ours, reference = Checkpoint.load(run / "best.pt"), Checkpoint.load(one_process / "best.pt")
+    assert abs(ours.scores["valid_bpc"] - reference.scores["valid_bpc"]) < TOLERANCE
+    assert abs(ours.scores["test_bpc"] - reference.scores["test_bpc"]) < TOLERANCE
+    events = [json.loads(line)["event"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert events.count("start") == 1 and events.count("end") == 1 and events.count("epoch") == 2  # rank 0 alone wrote
+    assert len((run / "train.log").read_text().splitlines()) == len((one_process / "train.log").read_text().splitlines())
+
+
+def test_a_run_resumes_on_another_number_of_processes(tiny_corpus, tmp_path, one_process, float64):
+    two_then_one = tmp_path / "two-then-one"
+    torchrun(2, settings(tiny_corpus, two_then_one, epochs=1))
+    Trainer.resume(two_then_one, epochs=2).fit()
+    assert largest_difference(one_process, two_then_one) < TOLERANCE
+
+    one_then_two = tmp_path / "one-then-two"
+    Trainer(TrainConfig(**settings(tiny_corpus, one_then_two, epochs=1))).fit()
+    torchrun(2, {"resume": str(one_then_two), "epochs": 2})
+    assert largest_difference(one_process, one_then_two) < TOLERANCE
+
+
+def test_a_mid_epoch_checkpoint_holds_every_streams_state(tiny_corpus, tmp_path, one_process, float64):
+    """Stopped by the time budget inside an epoch on 2 processes, resumed on 1: the carried state of
+    all 5 streams was gathered into the checkpoint and the run ends where the reference does."""
+    run = tmp_path / "mid-epoch"
+    torchrun(2, settings(tiny_corpus, run, max_minutes=1e-6))
+    stopped = Checkpoint.load(run / "last.pt")
+    assert stopped.training.progress["window"] > 0
+    assert [tuple(t.shape[0] for t in layer) for layer in stopped.training.hidden] == [(5,)]
+    Trainer.resume(run).fit()
+    assert largest_difference(one_process, run) < TOLERANCE
