@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import signal
 import threading
 import time
@@ -47,6 +48,12 @@ class TrainingInterrupted(CharlmError):
     exit_code = 130
 
 
+class ProcessLost(CharlmError):
+    """Another process of a torchrun training failed or its machine was lost."""
+
+    exit_code = 1
+
+
 class StorageError(CharlmError):
     """The run directory could not be written (full disk, read-only): exit 1, checkpoints intact."""
 
@@ -54,6 +61,12 @@ class StorageError(CharlmError):
 
 
 PROGRESS_INTERVAL = 60.0  # seconds between plain progress lines when stderr is not a terminal
+
+
+def _first_sentence(error: BaseException) -> str:
+    """``Read error [127.0.0.1]:17326: Connection reset by peer`` from a backend's long message."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
+    return text.split(". ")[0].rstrip(".")
 
 
 def _last_good_checkpoint(run: Run) -> Checkpoint | None:
@@ -187,8 +200,7 @@ class Trainer:
         self.model = LanguageModel(self.model_config, cell_class).to(self.device)
         self.network = self.model  # what a training step calls: the model, or its DDP wrapper
         if self.world.distributed:
-            self.network = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                                                   broadcast_buffers=False)
+            self.network = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, betas=(0.9, 0.999))
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=config.lr_decay)
         self.progress = Progress()
@@ -342,6 +354,13 @@ class Trainer:
         except TrainingDiverged:
             self._score_best_on_test()  # the best weights before the divergence still get their test score
             raise
+        except RuntimeError as error:  # under torchrun: a collective whose peer died (gloo, NCCL)
+            if not self.world.distributed:
+                raise
+            kept = f"the last checkpoint {run.last} is intact" if run.last.exists() else "no checkpoint had been saved"
+            raise ProcessLost(f"training stopped: a process of this training failed or was lost ({_first_sentence(error)}); "
+                              f"{kept}; continue with `torchrun ... -m charlm train --resume {run.path}` on any number "
+                              "of processes") from None
         except OSError as error:  # a full disk, a read-only or vanished run directory
             kept = f"the last checkpoint {run.last} is intact" if run.last.exists() else "no checkpoint had been saved"
             where = error.filename or run.path

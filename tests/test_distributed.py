@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,48 @@ def test_a_mid_epoch_checkpoint_holds_every_streams_state(tiny_corpus, tmp_path,
     assert [tuple(t.shape[0] for t in layer) for layer in stopped.training.hidden] == [(5,)]
     Trainer.resume(run).fit()
     assert largest_difference(one_process, run) < TOLERANCE
+
+
+def _worker_of_rank(parent_pid: int, rank: int) -> int | None:
+    """The pid of the torchrun worker with RANK=rank (a child of torchrun's agent)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environment = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == parent_pid and f"RANK={rank}".encode() in environment:
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the worker through /proc")
+def test_a_killed_process_stops_the_run_with_its_checkpoint_intact(tiny_corpus, tmp_path):
+    run = tmp_path / "killed"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "charlm",
+               "train", "--corpus", "tiny", "--data-dir", str(tiny_corpus), "--cell", "gru", "--hidden", "16",
+               "--batch-size", "4", "--bptt", "10", "--epochs", "50", "--train-fraction", "0.3", "--save-every", "5",
+               "--device", "cpu", "--run-dir", str(run)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "last.pt").exists() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.2)
+        assert (run / "last.pt").exists(), process.stderr.read() if process.poll() is not None else "no save"
+        worker = _worker_of_rank(process.pid, 1)
+        assert worker is not None
+        os.kill(worker, signal.SIGKILL)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode != 0
+    assert "charlm: error: training stopped: a process of this training failed or was lost" in stderr
+    assert "the last checkpoint" in stderr and "is intact" in stderr
+    stopped = Checkpoint.load(run / "last.pt")  # complete and readable
+    epoch = stopped.training.progress["epoch"]
+    summary = Trainer.resume(run, epochs=epoch + 1).fit()  # on 1 process, to the end of that epoch
+    assert summary["epochs"] == epoch + 1
