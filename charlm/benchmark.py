@@ -142,16 +142,19 @@ def _synchronize(device):
 class _Contender:
     """A model with its synthetic data, optimiser and carried state, timed a round at a time."""
 
-    def __init__(self, name: str, model: nn.Module, settings: BenchmarkSettings, device, flops_per_char: float):
+    def __init__(self, name: str, model: nn.Module, settings: BenchmarkSettings, device, flops_per_char: float,
+                 initial_state=None):
+        """``initial_state``: where the carried state comes from when ``model`` is a wrapper (DDP)."""
         self.model, self.settings, self.device = model, settings, device
         generator = torch.Generator().manual_seed(settings.seed)
         shape = (settings.batch_size, settings.bptt)
         self.inputs = torch.randint(settings.vocab_size, shape, generator=generator).to(device)
         self.targets = torch.randint(settings.vocab_size, shape, generator=generator).to(device)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        self.state = model.initial_state(settings.batch_size, device=device)
-        self.result = Throughput(name, getattr(model, "hidden_size", 0) or model.config.hidden_size,
-                                 count_parameters(model), flops_per_char)
+        self.state = (initial_state or model.initial_state)(settings.batch_size, device=device)
+        inner = getattr(model, "module", model)
+        self.result = Throughput(name, getattr(inner, "hidden_size", 0) or inner.config.hidden_size,
+                                 count_parameters(inner), flops_per_char)
         self._train_step()  # warm-up: allocations, kernel selection
         with torch.inference_mode():
             self.model.eval()
@@ -234,3 +237,65 @@ def machine_load() -> float | None:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
         return None
+
+
+@dataclass
+class Scaling:
+    """Training throughput of one model on one process and on every process of a torchrun world."""
+
+    name: str
+    parameters: int
+    processes: int
+    single: Spread = field(default_factory=Spread)  # chars/s, rank 0 alone with the whole batch
+    together: Spread = field(default_factory=Spread)  # chars/s, the batch dealt out over every process
+    step_seconds: Spread = field(default_factory=Spread)  # one training step of the whole world
+
+    @property
+    def allreduce_bytes(self) -> int:
+        """Gradient bytes each process sends into the all-reduce per step (float32)."""
+        return 4 * self.parameters
+
+    @property
+    def efficiency(self) -> float:
+        return self.together.median / (self.processes * self.single.median)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "parameters": self.parameters, "processes": self.processes,
+                "single_chars_per_second": self.single.to_dict(), "together_chars_per_second": self.together.to_dict(),
+                "step_seconds": self.step_seconds.to_dict(), "allreduce_bytes_per_step": self.allreduce_bytes,
+                "speedup": self.together.median / self.single.median, "efficiency": self.efficiency}
+
+
+def benchmark_scaling(cells: list[str], settings: BenchmarkSettings, world, progress=None) -> list[Scaling]:
+    """Under torchrun: each model trained by rank 0 alone on the whole batch, then by every process
+    with DistributedDataParallel on its share of the streams, in interleaved rounds."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = torch.device(settings.device)
+    torch.manual_seed(settings.seed)
+    models = [(BASELINE_NAME, FusedLSTMBaseline(settings.vocab_size, _baseline_size(settings), settings.layers))]
+    models += [(cell, _cell_model(cell, settings)) for cell in cells]
+    rows = world.share(settings.batch_size)
+    results = []
+    for name, model in models:
+        model.to(device)
+        alone = _Contender(name, model, settings, device, 0.0) if world.is_main else None
+        shared_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        shared = _Contender(name, shared_model, dataclasses.replace(settings, batch_size=rows.stop - rows.start), device, 0.0,
+                            initial_state=model.initial_state)
+        result = Scaling(name, count_parameters(model), world.size)
+        for round_index in range(settings.repeat):
+            if progress and world.is_main:
+                progress(f"{name}: round {round_index + 1}/{settings.repeat}")
+            world.barrier()
+            if world.is_main:
+                result.single.runs.append(alone.time_training())
+            world.barrier()
+            started = time.perf_counter()
+            shared.time_training()
+            world.barrier()
+            seconds = time.perf_counter() - started
+            result.together.runs.append(settings.steps * settings.batch_size * settings.bptt / seconds)
+            result.step_seconds.runs.append(seconds / settings.steps)
+        results.append(result)
+    return results

@@ -162,3 +162,18 @@ def test_a_killed_process_stops_the_run_with_its_checkpoint_intact(tiny_corpus, 
     epoch = stopped.training.progress["epoch"]
     summary = Trainer.resume(run, epochs=epoch + 1).fit()  # on 1 process, to the end of that epoch
     assert summary["epochs"] == epoch + 1
+
+
+def test_bench_under_torchrun_reports_scaling(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "charlm",
+               "bench", "--cells", "gru", "--params", "20k", "--batch-size", "9", "--bptt", "5", "--steps", "1",
+               "--repeat", "2", "--device", "cpu", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)  # rank 0 alone printed
+    assert report["processes"] == 2
+    assert [row["name"] for row in report["results"]] == ["torch.nn.LSTM (fused)", "gru"]
+    for row in report["results"]:
+        assert row["allreduce_bytes_per_step"] == 4 * row["parameters"]
+        assert len(row["together_chars_per_second"]["runs"]) == 2 and row["single_chars_per_second"]["median"] > 0
+        assert row["efficiency"] == pytest.approx(row["speedup"] / 2)

@@ -11,6 +11,7 @@ import typer
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_table
 from charlm.config import BenchmarkSettings
+from charlm.distributed import launched_by_torchrun
 
 
 @settings_options(BenchmarkSettings)
@@ -31,6 +32,9 @@ def bench(given: dict = None):
         CELLS.get(name)
     parse_budget(settings.params)
     settings = dataclasses.replace(settings, device=str(resolve_device(settings.device)))
+    if launched_by_torchrun():
+        _bench_scaling(names, settings)
+        return
     load_before = machine_load()
     results = benchmark_cells(names, settings, progress=None if settings.json else _progress)
     machine = {"device": settings.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -58,11 +62,42 @@ def bench(given: dict = None):
             "-" if not result.sample.runs else f"{result.sample.median:,.0f}",
         ])
     load = "unknown" if load_before is None else f"{load_before:.2f} → {machine['load_after']:.2f}"
-    title = (f"Throughput on {settings.device} ({machine['threads']} threads, load {load}), batch {settings.batch_size} × "
+    title = (f"Throughput on {settings.device} ({machine['threads']} thread{'s' if machine['threads'] != 1 else ''}, load {load}), batch {settings.batch_size} × "
              f"bptt {settings.bptt}, ~{settings.params} parameters, {settings.layers} layer(s), "
              f"median of {settings.repeat} interleaved rounds")
     print_table(title, ["model", "n", "params", "MFLOP/char", "train chars/s", "× fused", "× fused/FLOP",
                         "eval chars/s", "× fused", "eval/train", "sample chars/s"], rows)
+
+
+def _bench_scaling(names: list[str], settings: BenchmarkSettings) -> None:
+    """Under torchrun: training throughput on one process against all of them."""
+    import torch
+
+    from charlm.benchmark import benchmark_scaling
+    from charlm.distributed import device_for_rank, world_from_environment
+
+    device = torch.device(settings.device)
+    world = world_from_environment(device)
+    settings = dataclasses.replace(settings, device=str(device_for_rank(device, world)))
+    try:
+        results = benchmark_scaling(names, settings, world, progress=None if settings.json else _progress)
+    finally:
+        world.leave()
+    if not world.is_main:
+        return
+    if settings.json:
+        print(json.dumps({"settings": dataclasses.asdict(settings), "processes": world.size,
+                          "threads_per_process": torch.get_num_threads(),
+                          "results": [result.to_dict() for result in results]}, indent=2))
+        return
+    rows = [[result.name, f"{result.parameters:,}", f"{result.single.median:,.0f}",
+             f"{result.together.median:,.0f} ±{result.together.relative_spread:.0%}",
+             f"{result.together.median / result.single.median:.2f}", f"{result.efficiency:.0%}",
+             f"{result.step_seconds.median * 1000:,.0f}", f"{result.allreduce_bytes / 2**20:.1f}"] for result in results]
+    title = (f"Scaling on {settings.device}: {world.size} processes × {torch.get_num_threads()} threads, global batch "
+             f"{settings.batch_size} × bptt {settings.bptt}, ~{settings.params} parameters, median of {settings.repeat} rounds")
+    print_table(title, ["model", "params", "1 process chars/s", f"{world.size} processes chars/s", "speed-up",
+                        "efficiency", "step ms", "all-reduce MiB/step"], rows)
 
 
 def _progress(text: str) -> None:
