@@ -345,7 +345,7 @@ class Trainer:
             if progress.finished and (progress.epoch >= config.epochs or progress.epochs_without_improvement >= config.patience):
                 return self._complete()
             progress.finished = False
-            if config.tensorboard:
+            if config.tensorboard and self.world.is_main:
                 from charlm.tensorboard import TensorBoardSink
 
                 run.sinks.append(TensorBoardSink(run.path / "tensorboard"))

@@ -177,3 +177,13 @@ def test_bench_under_torchrun_reports_scaling(tmp_path):
         assert row["allreduce_bytes_per_step"] == 4 * row["parameters"]
         assert len(row["together_chars_per_second"]["runs"]) == 2 and row["single_chars_per_second"]["median"] > 0
         assert row["efficiency"] == pytest.approx(row["speedup"] / 2)
+
+
+def test_a_sweep_under_torchrun_is_refused(monkeypatch, tmp_path):
+    from helpers import assert_one_line_error, cli
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    result = cli("sweep", "lru-table1", "--profile", "small", "--dir", str(tmp_path / "sweep"))
+    assert_one_line_error(result, "charlm sweep runs its points in one process")
+    assert not (tmp_path / "sweep").exists()

@@ -11,7 +11,6 @@ import typer
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_table
 from charlm.config import BenchmarkSettings
-from charlm.distributed import launched_by_torchrun
 
 
 @settings_options(BenchmarkSettings)
@@ -22,6 +21,7 @@ def bench(given: dict = None):
     from charlm.benchmark import benchmark_cells, machine_load
     from charlm.cells import CELLS
     from charlm.config import validate
+    from charlm.distributed import launched_by_torchrun
     from charlm.devices import resolve_device
     from charlm.model import parse_budget
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -32,6 +33,9 @@ def sweep(
         return
     if plan is None:
         raise CharlmError("give a plan (a .toml file or a shipped plan's name; charlm sweep --list shows them)")
+    if "RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1":  # started by torchrun
+        raise CharlmError("charlm sweep runs its points in one process: train a point across processes with "
+                          "`torchrun ... -m charlm train` into the sweep's directory (see the README, Multi-GPU)")
     loaded = load_plan(plan, profile)
     target = directory or Path("sweeps") / f"{loaded.name}-{loaded.profile}"
     runner = Sweep(loaded, target, data_dir=data_dir, trust_code=trust_code)
