@@ -32,7 +32,7 @@ class Elman(RecurrentCell):
     """
 
     name = "rnn"
-    folds_embedding = True  # the tanh/relu paths use the fused kernel, which multiplies its own inputs
+    folds_embedding = True
     description = "Elman network, h = φ(Wx + Uh + b) (option: activation tanh|sigmoid|relu)"
     paper = "Elman 1990, Finding structure in time"
     formula = "dn + n² + n"
@@ -61,7 +61,7 @@ class Elman(RecurrentCell):
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         (h,) = state
         fused = FUSED_KERNELS.get(self.config.activation)
-        if fused is not None:
+        if fused is not None and not self.loop_beats_fused_kernel(inputs, lookup):
             weights = [self.weight_input, self.weight_hidden, self.bias, torch.zeros_like(self.bias)]
             outputs, h_n = fused(inputs, h.unsqueeze(0), weights, True, 1, 0.0, self.training, False, False)
             return outputs, (h_n.squeeze(0),)

@@ -68,17 +68,25 @@ class GRU(RecurrentCell):
         return h, (h,)
 
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
-        if self.config.reset_after:
+        if self.config.reset_after and not self.loop_beats_fused_kernel(inputs, lookup):
             return self._fused_forward(inputs, state)
         n = self.hidden_size
         pre_input = self.input_product(inputs, self.weight_input, self.bias, lookup)
-        U_rz, U_h = self.weight_hidden[: 2 * n], self.weight_hidden[2 * n :]
         (h,) = state
         outputs = []
+        if self.config.reset_after:
+            for pre_t in pre_input:
+                from_hidden = h @ self.weight_hidden.T  # U h for r, z and ĥ at once
+                r, z = torch.sigmoid(pre_t[:, : 2 * n] + from_hidden[:, : 2 * n]).chunk(2, dim=-1)
+                h_hat = torch.tanh(pre_t[:, 2 * n :] + r * (from_hidden[:, 2 * n :] + self.bias_hidden_candidate))
+                h = torch.addcmul(h_hat, z, h - h_hat)  # z ⊙ h + (1 − z) ⊙ ĥ
+                outputs.append(h)
+            return torch.stack(outputs), (h,)
+        U_rz, U_h = self.weight_hidden[: 2 * n], self.weight_hidden[2 * n :]
         for pre_t in pre_input:
             r, z = torch.sigmoid(pre_t[:, : 2 * n] + h @ U_rz.T).chunk(2, dim=-1)
             h_hat = torch.tanh(pre_t[:, 2 * n :] + (r * h) @ U_h.T)
-            h = z * h + (1 - z) * h_hat
+            h = torch.addcmul(h_hat, z, h - h_hat)  # z ⊙ h + (1 − z) ⊙ ĥ
             outputs.append(h)
         return torch.stack(outputs), (h,)
 

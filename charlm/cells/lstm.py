@@ -33,7 +33,7 @@ class LSTM(RecurrentCell):
     paper = "Hochreiter & Schmidhuber 1997; Gers et al. 2000"
     formula = "4(dn + n² + n) (+3n with peepholes)"
     Config = LSTMConfig
-    folds_embedding = True  # the peephole path; the fused kernel multiplies its own inputs
+    folds_embedding = True
 
     def __init__(self, input_size: int, hidden_size: int, config: LSTMConfig | None = None):
         super().__init__(input_size, hidden_size, config)
@@ -75,7 +75,7 @@ class LSTM(RecurrentCell):
         return h, (h, c)
 
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
-        if not self.config.peephole:
+        if not self.config.peephole and not self.loop_beats_fused_kernel(inputs, lookup):
             return self._fused_forward(inputs, state)
         pre_input = self.input_product(inputs, self.weight_input, self.bias, lookup)
         h, c = state
