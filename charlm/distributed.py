@@ -85,10 +85,15 @@ class World:
         if self.distributed:
             dist.barrier()
 
-    def leave(self) -> None:
-        """Leave the process group (the end of this process's part in the training)."""
-        if self.distributed and dist.is_initialized():
-            dist.destroy_process_group()
+    def leave(self, together: bool = True) -> None:
+        """Leave the process group. ``together``: every process got here normally, so they first
+        wait for each other (a process that tears its connections down while a peer is still
+        using them can make that peer abort); after a failure each leaves on its own."""
+        if not (self.distributed and dist.is_initialized()):
+            return
+        if together:
+            dist.barrier()
+        dist.destroy_process_group()
 
     def _device(self) -> torch.device:
         if dist.get_backend() == "nccl":

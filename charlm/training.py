@@ -341,16 +341,21 @@ class Trainer:
         """Train until ``epochs``, early stopping or ``max_minutes``; returns the summary."""
         config, progress, run = self.config, self.progress, self.run
         run.acquire()
+        ended = False  # cleanly, in every process: they can part together
         try:
             if progress.finished and (progress.epoch >= config.epochs or progress.epochs_without_improvement >= config.patience):
-                return self._complete()
+                summary = self._complete()
+                ended = True
+                return summary
             progress.finished = False
             if config.tensorboard and self.world.is_main:
                 from charlm.tensorboard import TensorBoardSink
 
                 run.sinks.append(TensorBoardSink(run.path / "tensorboard"))
             run.mark_running()
-            return self._fit()
+            summary = self._fit()
+            ended = True
+            return summary
         except TrainingDiverged:
             self._score_best_on_test()  # the best weights before the divergence still get their test score
             raise
@@ -370,7 +375,7 @@ class Trainer:
                 run.mark_stopped()
             except OSError:
                 run.release()
-            self.world.leave()
+            self.world.leave(together=ended)
 
     def _complete(self) -> dict:
         """A run that has ended: finish what a stop during its last steps left undone (the test

@@ -187,3 +187,24 @@ def test_a_sweep_under_torchrun_is_refused(monkeypatch, tmp_path):
     result = cli("sweep", "lru-table1", "--profile", "small", "--dir", str(tmp_path / "sweep"))
     assert_one_line_error(result, "charlm sweep runs its points in one process")
     assert not (tmp_path / "sweep").exists()
+
+
+def test_a_restarted_command_goes_on_with_its_run(tiny_corpus, tmp_path, monkeypatch):
+    """torchrun --max-restarts reruns the same command line with TORCHELASTIC_RESTART_COUNT > 0:
+    charlm then continues the run in its --run-dir instead of refusing the existing directory."""
+    from helpers import cli
+
+    run = tmp_path / "restarted"
+    command = ["train", "--corpus", "tiny", "--data-dir", str(tiny_corpus), "--cell", "gru", "--hidden", "12",
+               "--batch-size", "4", "--bptt", "10", "--train-fraction", "0.1", "--device", "cpu", "--run-dir", str(run)]
+    assert cli(*command, "--epochs", "1").returncode == 0
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    result = cli(*command, "--epochs", "2")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    starts = [record for record in records if record["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["resumed_at"]["epoch"] == 1
+    assert Checkpoint.load(run / "last.pt").training.progress["epoch"] == 2
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
+    refused = cli(*command, "--epochs", "3")  # not a restart: the directory holds a run
+    assert refused.returncode == 2 and "already holds a run" in refused.stderr

@@ -81,8 +81,10 @@ def _bench_scaling(names: list[str], settings: BenchmarkSettings) -> None:
     settings = dataclasses.replace(settings, device=str(device_for_rank(device, world)))
     try:
         results = benchmark_scaling(names, settings, world, progress=None if settings.json else _progress)
-    finally:
-        world.leave()
+    except BaseException:
+        world.leave(together=False)
+        raise
+    world.leave()
     if not world.is_main:
         return
     if settings.json:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -43,10 +44,25 @@ def train(
         settings.update({key: str(value) if isinstance(value, Path) else value for key, value in given.items()})
         if cell_opt:
             settings["cell_options"] = {**settings.get("cell_options", {}), **parse_key_values(cell_opt)}
-        trainer = Trainer(TrainConfig.from_dict(settings))
+        run_dir = settings.get("run_dir")
+        if run_dir and elastic_restart() and (Path(run_dir) / "config.json").exists():
+            # torchrun --max-restarts reruns this same command after a failure: go on with the run
+            changes = {name: value for name, value in given.items() if name in RESUMABLE_SETTINGS}
+            named_cell = settings.get("cell") if ":" in str(settings.get("cell", "")) else None
+            trainer = Trainer.resume(run_dir, cells=[named_cell] if named_cell else [], **changes)
+        else:
+            trainer = Trainer(TrainConfig.from_dict(settings))
     summary = trainer.fit()
     if trainer.world.is_main:  # under torchrun, rank 0 speaks for every process
         print_summary(summary)
+
+
+def elastic_restart() -> bool:
+    """Whether torchrun restarted this process after a failure (``--max-restarts``)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    except ValueError:
+        return False
 
 
 def register(app: typer.Typer) -> None:
