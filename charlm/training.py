@@ -20,6 +20,7 @@ import threading
 import time
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from charlm import provenance
@@ -29,14 +30,13 @@ from charlm.checkpoint import Checkpoint, TrainingState
 from charlm.config import RESUMABLE_SETTINGS, TrainConfig
 from charlm.corpora import load_corpus
 from charlm.devices import resolve_device
+from charlm.distributed import device_for_rank, environment_rank, world_from_environment
 from charlm.errors import CharlmError, ConfigError
 from charlm.logs import get_logger
 from charlm.evaluation import LN2, characters_per_token, score_split
 from charlm.memory import check_budget_fits, check_fits, estimate_training_memory
 from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
 from charlm.precision import autocast, check_precision, float32_state, grad_scaler
-from charlm.distributed import device_for_rank, environment_rank, world_from_environment
-from torch.nn.parallel import DistributedDataParallel
 from charlm.runs import FollowerRun, Run, default_run_dir
 
 

@@ -110,3 +110,12 @@ def trained_run(tiny_corpus, tmp_path_factory) -> Path:
     train(TrainConfig(corpus="tiny", cell="lru", hidden=32, batch_size=16, bptt=25, epochs=2, lr=3e-3,
                       eval_batch_size=4, data_dir=str(tiny_corpus), run_dir=str(run)))
     return run
+
+
+@pytest.fixture
+def double_precision():
+    """torch's default dtype float64 for one test (the reference checks of fast paths)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)

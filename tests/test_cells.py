@@ -17,14 +17,6 @@ from charlm.model import LanguageModel, ModelConfig, count_parameters
 
 
 
-@pytest.fixture
-def double_precision():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
 def make_cell(case, input_size=5, hidden=6):
     cell_class = CELLS.get(case.cell)
     config = parse_cell_options(cell_class, case.options)

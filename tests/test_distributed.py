@@ -44,14 +44,6 @@ def torchrun(processes: int, values: dict) -> subprocess.CompletedProcess:
     return result
 
 
-@pytest.fixture
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
 @pytest.fixture(scope="module")
 def one_process(tiny_corpus, tmp_path_factory) -> Path:
     """The reference: 2 epochs in this process, float64."""
@@ -95,7 +87,7 @@ def test_two_processes_train_the_weights_of_one(tiny_corpus, tmp_path, one_proce
     assert len((run / "train.log").read_text().splitlines()) == len((one_process / "train.log").read_text().splitlines())
 
 
-def test_a_run_resumes_on_another_number_of_processes(tiny_corpus, tmp_path, one_process, float64):
+def test_a_run_resumes_on_another_number_of_processes(tiny_corpus, tmp_path, one_process, double_precision):
     two_then_one = tmp_path / "two-then-one"
     torchrun(2, settings(tiny_corpus, two_then_one, epochs=1))
     Trainer.resume(two_then_one, epochs=2).fit()
@@ -107,7 +99,7 @@ def test_a_run_resumes_on_another_number_of_processes(tiny_corpus, tmp_path, one
     assert largest_difference(one_process, one_then_two) < TOLERANCE
 
 
-def test_a_mid_epoch_checkpoint_holds_every_streams_state(tiny_corpus, tmp_path, one_process, float64):
+def test_a_mid_epoch_checkpoint_holds_every_streams_state(tiny_corpus, tmp_path, one_process, double_precision):
     """Stopped by the time budget inside an epoch on 2 processes, resumed on 1: the carried state of
     all 5 streams was gathered into the checkpoint and the run ends where the reference does."""
     run = tmp_path / "mid-epoch"
