@@ -29,7 +29,7 @@ TOLERANCE = 1e-10
 
 def settings(corpus_dir, run_dir, **changes) -> dict:
     # 5 streams over 2 processes (shares 3 and 2), 3 evaluation streams (2 and 1): uneven on purpose
-    values = dict(corpus="tiny", cell="gru", hidden=12, batch_size=5, bptt=10, epochs=2, train_fraction=0.15,
+    values = dict(corpus="tiny", cell="gru", hidden=12, batch_size=5, bptt=10, epochs=2, train_fraction=0.08,
                   eval_batch_size=3, log_every=5, save_every="0", device="cpu", data_dir=str(corpus_dir), run_dir=str(run_dir))
     values.update(changes)
     return values
