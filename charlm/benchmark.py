@@ -66,18 +66,6 @@ class Throughput:
     train_ratio: Spread = field(default_factory=Spread)  # against the baseline in the same round
     eval_ratio: Spread = field(default_factory=Spread)
 
-    @property
-    def train_chars_per_second(self) -> float:
-        return self.train.median
-
-    @property
-    def eval_chars_per_second(self) -> float:
-        return self.eval.median
-
-    @property
-    def sample_chars_per_second(self) -> float | None:
-        return self.sample.median if self.sample.runs else None
-
     def to_dict(self, baseline: "Throughput") -> dict:
         flop_scale = self.flops_per_char / baseline.flops_per_char
         values = {

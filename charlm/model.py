@@ -103,15 +103,14 @@ class LanguageModel(nn.Module):
         """``tokens`` is ``[B, T]``; returns logits ``[B, T, V]`` and the new state."""
         tokens = tokens.t()
         hidden = self.embedding(tokens)
+        bottom = {}  # what the bottom layer is told about its inputs
+        if self.fold_embedding and self.layers[0].folds_embedding and tokens.numel() > self.config.vocab_size:
+            bottom = {"lookup": EmbeddingLookup(tokens, self._embedding_table())}
         new_state = []
         for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
             if index > 0:
                 hidden = self.dropout(hidden)
-                hidden, layer_state = layer(hidden, layer_state)
-            elif self.fold_embedding and layer.folds_embedding and tokens.numel() > self.config.vocab_size:
-                hidden, layer_state = layer(hidden, layer_state, lookup=EmbeddingLookup(tokens, self._embedding_table()))
-            else:
-                hidden, layer_state = layer(hidden, layer_state)
+            hidden, layer_state = layer(hidden, layer_state, **(bottom if index == 0 else {}))
             new_state.append(layer_state)
         logits = self.head(self.dropout(hidden))
         return logits.transpose(0, 1), new_state
