@@ -111,6 +111,20 @@ def test_forward_agrees_with_reference_step_and_gradients(case, double_precision
         torch.testing.assert_close(a, b)
 
 
+def test_inference_path_agrees_with_training_path(case, double_precision):
+    """Cells may run a different loop when nothing needs a gradient (evaluation, sampling)."""
+    torch.manual_seed(0)
+    cell, d = make_cell(case)
+    randomise(cell)
+    inputs, state = torch.randn(6, 3, d), random_state(cell, 3)
+    trained, trained_state = cell(inputs, state)
+    with torch.inference_mode():
+        inferred, inferred_state = cell(inputs, state)
+    torch.testing.assert_close(inferred, trained.detach())
+    for a, b in zip(inferred_state, trained_state):
+        torch.testing.assert_close(a, b.detach())
+
+
 def test_parameter_count_matches_spec_formula(case):
     for d, n in [(5, 6), (7, 16)]:
         cell, d_used = make_cell(case, input_size=d, hidden=n)

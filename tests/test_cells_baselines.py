@@ -14,7 +14,7 @@ from charlm.cells.delta_rnn import DeltaRNN, DeltaRNNConfig
 from charlm.cells.elman import Elman, ElmanConfig
 from charlm.cells.mgu import MinimalGatedUnit
 from charlm.cells.multiplicative import MultiplicativeIntegration, MultiplicativeRNN
-from charlm.cells.rhn import RecurrentHighwayNetwork, RHNConfig
+from charlm.cells.rhn import HighwayWindow, RecurrentHighwayNetwork, RHNConfig
 from charlm.cells.scrn import SCRN, SCRNConfig
 from charlm.errors import CharlmError
 from charlm.model import LanguageModel, ModelConfig, OneHot, count_parameters
@@ -69,6 +69,26 @@ def test_rhn_init_gate_bias_and_parameter_shapes():
 
 
 # --- scrn --------------------------------------------------------------------------------------
+
+
+def test_rhn_hand_written_backward_passes_gradcheck(double_precision):
+    """HighwayWindow's backward against finite differences, every input including s₀ and the
+    gradient arriving through the returned state."""
+    torch.manual_seed(0)
+    T, B, n, L = 4, 3, 5, 3
+    arguments = [torch.randn(T, B, 2 * n), torch.randn(B, n), 0.5 * torch.randn(L, 2 * n, n), torch.randn(L, 2 * n)]
+    arguments = [argument.requires_grad_() for argument in arguments]
+    assert torch.autograd.gradcheck(HighwayWindow.apply, arguments)
+
+
+def test_rhn_uses_its_hand_written_backward_only_where_it_applies():
+    cell = RecurrentHighwayNetwork(4, 5, RHNConfig(depth=2))
+    inputs, state = torch.randn(3, 2, 4), cell.initial_state(2)
+    outputs, _ = cell(inputs, state)
+    assert type(outputs.grad_fn).__name__ == "HighwayWindowBackward"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outputs, _ = cell(inputs, state)
+    assert type(outputs.grad_fn).__name__ != "HighwayWindowBackward"
 
 
 def test_scrn_context_update_with_fixed_alpha():

@@ -72,17 +72,116 @@ class RecurrentHighwayNetwork(RecurrentCell):
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         first_layer_input = self.input_product(inputs, self.weight_input, self.bias[0], lookup)
         (s,) = state
+        if HighwayWindow.applies(first_layer_input, s, self.weight_hidden, self.bias):
+            outputs, s = HighwayWindow.apply(first_layer_input, s, self.weight_hidden, self.bias)
+            return outputs, (s,)
+        if not torch.is_grad_enabled():
+            outputs, s = highway_columns(first_layer_input, s, self.weight_hidden, self.bias)
+            return outputs, (s,)
+        hidden_weights, biases = self.weight_hidden.unbind(0), self.bias.unbind(0)  # not re-indexed every step
         outputs = []
         for input_t in first_layer_input:
-            s = self._highway(s, input_t + s @ self.weight_hidden[0].T)
+            s = _highway(s, torch.addmm(input_t, s, hidden_weights[0].T))
             for layer in range(1, self.config.depth):
-                s = self._highway(s, torch.addmm(self.bias[layer], s, self.weight_hidden[layer].T))
+                s = _highway(s, torch.addmm(biases[layer], s, hidden_weights[layer].T))
             outputs.append(s)
         return torch.stack(outputs), (s,)
 
+
+def _highway(s: Tensor, pre: Tensor) -> Tensor:
+    """s_ℓ from s_{ℓ−1} and the micro-layer's pre-activations [H; T]."""
+    pre_h, pre_t = pre.chunk(2, dim=-1)
+    t = torch.sigmoid(pre_t)
+    return torch.tanh(pre_h) * t + s * (1 - t)
+
+
+def highway_columns(first_layer_input: Tensor, s0: Tensor, weight_hidden: Tensor, bias: Tensor,
+                    states: list | None = None, activations: list | None = None) -> tuple[Tensor, Tensor]:
+    """The highway recurrence over a window without autograd: outputs ``[T, B, n]`` and the last s.
+
+    Column layout: s is kept as sᵀ ``[n, B]`` and the pre-activations as ``[2n, B]``, so the H and T
+    halves are contiguous row blocks and every elementwise op runs on contiguous memory; h_ℓ is
+    computed as 2σ(2 pre_H) − 1, the same function as tanh, so one sigmoid serves both halves
+    (PyTorch's CPU tanh costs about five sigmoids). Each step's tensors are allocated separately:
+    small blocks are reused by the memory allocator, where one window-sized buffer would be fresh
+    pages to fault in on every call. ``states``/``activations``, when given, collect each
+    micro-layer's s_{ℓ−1}ᵀ and [h_ℓ; t_ℓ] for :class:`HighwayWindow`'s backward.
+    """
+    n = weight_hidden.shape[2]
+    inputs = first_layer_input.transpose(1, 2).contiguous()  # [T, 2n, B]
+    biases = bias.unsqueeze(-1)  # [L, 2n, 1]
+    s = s0.T.contiguous()
+    outputs = []
+    for input_t in inputs:
+        for layer, weight in enumerate(weight_hidden):
+            pre = torch.addmm(input_t if layer == 0 else biases[layer], weight, s)  # [pre_H; pre_T]
+            pre[:n] *= 2
+            act = torch.sigmoid_(pre)  # [σ(2 pre_H); σ(pre_T)]
+            h, gate = act[:n].mul_(2).sub_(1), act[n:]  # h_ℓ = tanh(pre_H), t_ℓ
+            if states is not None:
+                states.append(s)
+                activations.append(act)
+            s = torch.addcmul(s, gate, h - s)  # s_ℓ = h ⊙ t + s_{ℓ−1} ⊙ (1 − t)
+        outputs.append(s)
+    return torch.stack([output.T for output in outputs]), s.T.contiguous()
+
+
+class HighwayWindow(torch.autograd.Function):
+    r"""The highway recurrence over a window, with a hand-written backward (torch-rnn style).
+
+    Inputs: the hoisted first micro-layer input ``W x_t + b_1`` ``[T, B, 2n]``, the carried
+    s₀ ``[B, n]``, every R_ℓ ``[L, 2n, n]`` and b_ℓ ``[L, 2n]`` (b₁ is already in the input; its
+    row gets no gradient here). Outputs: s_t for every t ``[T, B, n]`` and the last s.
+
+    Forward (:func:`highway_columns`) keeps s_{ℓ−1}, h_ℓ and t_ℓ of every micro-layer. With
+    s_ℓ = s_{ℓ−1} + t_ℓ (h_ℓ − s_{ℓ−1}), backward runs through the window in reverse:
+
+        ∂pre_H = ∂s_ℓ ⊙ t_ℓ ⊙ (1 − h_ℓ²)
+        ∂pre_T = ∂s_ℓ ⊙ (h_ℓ − s_{ℓ−1}) ⊙ t_ℓ (1 − t_ℓ)
+        ∂s_{ℓ−1} = ∂s_ℓ ⊙ (1 − t_ℓ) + [∂pre_H; ∂pre_T] R_ℓ
+
+    accumulating ∂R_ℓ = Σ_t ∂pre_ℓᵀ s_{ℓ−1} and ∂b_ℓ in place: two matrix products and five
+    elementwise ops per micro-layer, where autograd's graph of the same loop runs about twice as
+    many ops, each allocating its result.
+    """
+
     @staticmethod
-    def _highway(s: Tensor, pre: Tensor) -> Tensor:
-        """s_ℓ from s_{ℓ−1} and the micro-layer's pre-activations [H; T]."""
-        pre_h, pre_t = pre.chunk(2, dim=-1)
-        t = torch.sigmoid(pre_t)
-        return torch.tanh(pre_h) * t + s * (1 - t)
+    def applies(first_layer_input: Tensor, s: Tensor, weight_hidden: Tensor, bias: Tensor) -> bool:
+        """Training outside autocast (under autocast the autograd loop lets PyTorch pick each
+        product's precision; inference runs :func:`highway_columns` alone)."""
+        wants_grad = any(t.requires_grad for t in (first_layer_input, s, weight_hidden, bias))
+        autocast = torch.is_autocast_enabled(first_layer_input.device.type)
+        return torch.is_grad_enabled() and wants_grad and not autocast
+
+    @staticmethod
+    def forward(ctx, first_layer_input, s0, weight_hidden, bias):
+        ctx.states, ctx.activations = [], []
+        outputs, s = highway_columns(first_layer_input, s0, weight_hidden, bias, ctx.states, ctx.activations)
+        ctx.save_for_backward(weight_hidden)
+        return outputs, s
+
+    @staticmethod
+    def backward(ctx, grad_outputs, grad_last):
+        (weight_hidden,) = ctx.saved_tensors
+        states, activations = ctx.states, ctx.activations
+        L, two_n, n = weight_hidden.shape
+        T, B = len(states) // L, states[0].shape[1]
+        grad_weight, grad_bias = torch.zeros_like(weight_hidden), weight_hidden.new_zeros(L, two_n)
+        grad_first = []  # [∂pre_H; ∂pre_T]ᵀ of the first micro-layer, last step first
+        ds = grad_last.T.clone() if grad_last is not None else weight_hidden.new_zeros(n, B)
+        for t in reversed(range(T)):
+            if grad_outputs is not None:
+                ds += grad_outputs[t].T
+            for layer in reversed(range(L)):
+                s, act = states[t * L + layer], activations[t * L + layer]
+                h, gate = act[:n], act[n:]
+                ds_gated = ds * gate
+                grad = ds.new_empty(two_n, B)  # [∂pre_H; ∂pre_T]
+                torch.ops.aten.tanh_backward.grad_input(ds_gated, h, grad_input=grad[:n])  # ∂s ⊙ t ⊙ (1 − h²)
+                torch.ops.aten.sigmoid_backward.grad_input(ds * (h - s), gate, grad_input=grad[n:])  # ⊙ (h − s) t(1 − t)
+                grad_weight[layer].addmm_(grad, s.T)  # ∂R_ℓ += ∂preᵀ s_{ℓ−1}
+                grad_bias[layer] += grad.sum(dim=1)
+                ds = torch.addmm(ds.sub_(ds_gated), weight_hidden[layer].T, grad)  # ∂s_{ℓ−1}
+            grad_first.append(grad)
+        grad_bias[0] = 0  # b₁ reached the first micro-layer through the hoisted input
+        return torch.stack([grad.T for grad in reversed(grad_first)]), ds.T.contiguous(), grad_weight, grad_bias
