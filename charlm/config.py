@@ -106,6 +106,7 @@ class TrainConfig:
     device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps.")
     precision: str = setting("fp32", "Arithmetic of the forward pass: fp32, bf16 (CPU or GPU) or fp16 (GPU, with a gradient scaler); the loss is always float32.",
                              choices=("fp32", "bf16", "fp16"))
+    compile: bool = setting(False, "Run the training forward pass through torch.compile (the first step compiles; falls back to eager where it cannot).")
     train_fraction: float = setting(1.0, "Train on this leading fraction of the training split (0.2, 0.4, ...).", min=0, max=1, min_open=True)
     eval_batch_size: int = setting(16, "Streams used to score validation/test.", min=1)
     eval_every: int = setting(0, "Also score validation every K steps (0: epoch ends only).", min=0)
@@ -163,7 +164,7 @@ def save_interval(text: str) -> tuple[str, float] | None:
 
 
 # Settings that may differ between a run and its resumption; the rest define the run.
-RESUMABLE_SETTINGS = ("epochs", "max_minutes", "device", "precision", "patience", "eval_every", "log_every", "save_every",
+RESUMABLE_SETTINGS = ("epochs", "max_minutes", "device", "precision", "compile", "patience", "eval_every", "log_every", "save_every",
                       "test_every_epoch", "tensorboard", "data_dir")
 
 

@@ -27,6 +27,7 @@ from charlm import provenance
 from charlm.batching import TokenStreams
 from charlm.cells import CELLS
 from charlm.checkpoint import Checkpoint, TrainingState
+from charlm.compiling import CompiledForward
 from charlm.config import RESUMABLE_SETTINGS, TrainConfig
 from charlm.corpora import load_corpus
 from charlm.devices import resolve_device
@@ -201,6 +202,8 @@ class Trainer:
         self.network = self.model  # what a training step calls: the model, or its DDP wrapper
         if self.world.distributed:
             self.network = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if config.compile:
+            self.network = CompiledForward(self.network, self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, betas=(0.9, 0.999))
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=config.lr_decay)
         self.progress = Progress()
@@ -229,6 +232,7 @@ class Trainer:
                 else:
                     self.run = FollowerRun(run_dir)
         self.progress_interval = PROGRESS_INTERVAL
+        self._compile_reported = not config.compile
 
     @classmethod
     def resume(cls, run_dir, *, cells=(), trust_code: bool = False, **changes) -> "Trainer":
@@ -467,6 +471,8 @@ class Trainer:
                     self.scaler.step(self.optimizer)  # skipped when the scaled gradients overflowed
                     self.scaler.update()
                 self.hidden = float32_state(detach_state(hidden))
+                if not self._compile_reported:
+                    self._report_compilation()
                 progress.window = window.index + 1
                 progress.step += 1
                 progress.train_nats += value * tokens
@@ -496,6 +502,18 @@ class Trainer:
         finally:
             bar.close()
         return None
+
+    def _report_compilation(self) -> None:
+        """After the first step under ``--compile``: how long compiling took, or that it was not used."""
+        self._compile_reported = True
+        if not isinstance(self.network, CompiledForward):
+            return
+        compiled = self.network
+        if compiled.active:
+            self.run.log(f"torch.compile ({compiled.backend_name}): the first step, compilation included, took "
+                         f"{compiled.compile_seconds:.1f} s")
+        self.run.record("compile", active=compiled.active, seconds=round(compiled.compile_seconds, 3),
+                        backend=compiled.backend_name, failure=compiled.failure)
 
     def _time_is_up(self, started: float) -> bool:
         return self.config.max_minutes is not None and time.monotonic() - started > self.config.max_minutes * 60

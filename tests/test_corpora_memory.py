@@ -1,13 +1,9 @@
-"""Memory bound: a 100-million-character text8 is prepared in under 1 GB (about 7 s; `-m "not slow"` skips it)."""
+"""Memory bound: a 100-million-character text8 is prepared in under 1 GB (about 7 s)."""
 
 import resource
 import subprocess
 import sys
 import zipfile
-
-import pytest
-
-pytestmark = pytest.mark.slow
 
 
 def test_text8_of_100_million_characters_needs_less_than_1_gb(shared_corpora, tmp_path):
