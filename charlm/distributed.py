@@ -130,7 +130,14 @@ def world_from_environment(device: torch.device) -> World:
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
+        timeout = datetime.timedelta(minutes=30)
+        store, _, _ = next(dist.rendezvous("env://", rank, size, timeout=timeout))
+        # torchrun --max-restarts keeps its store across restarts: the processes of a new attempt
+        # would read the addresses the failed attempt's processes left in it, and wait on the dead
+        # ones. Each attempt's keys get a prefix of their own.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"charlm/attempt-{attempt}", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     return World(rank, size, local_rank)
 
 
