@@ -9,6 +9,7 @@ import torch
 from charlm.config import SampleConfig
 from charlm.corpora import Tokenizer
 from charlm.errors import CharlmError, OutOfVocabulary
+from charlm.graphs import graphed_step
 from charlm.model import LanguageModel
 
 
@@ -72,6 +73,7 @@ def generate(model: LanguageModel, prime_ids: list[int], options: SampleConfig, 
         generator.seed()
     state = model.initial_state(1, device=device)
     logits, state = model(torch.tensor([prime_ids], device=device), state)
+    step = graphed_step(model, state)  # model.step, or on a GPU its replay from a CUDA graph
     banned = torch.tensor(list(banned_ids), dtype=torch.long, device=device)
     last = logits[0, -1]
     for _ in range(options.length):
@@ -79,7 +81,7 @@ def generate(model: LanguageModel, prime_ids: list[int], options: SampleConfig, 
         last = filter_logits(last / options.temperature, options.top_k, options.top_p)
         token = torch.multinomial(torch.softmax(last, dim=-1), 1, generator=generator)
         yield int(token)
-        logits, state = model.step(token, state)
+        logits, state = step(token, state)
         last = logits[0]
 
 

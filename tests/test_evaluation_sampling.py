@@ -137,3 +137,57 @@ def test_unknown_entry_is_never_drawn():
     drawn = list(generate(model, [0], SampleConfig(length=50, seed=0), banned_ids=[3]))
     assert 3 not in drawn
     assert 3 in list(generate(model, [0], SampleConfig(length=5, seed=0)))
+
+
+@pytest.mark.parametrize("cell, layers", [("lstm", 2), ("lru", 1), ("grid-lstm", 2), ("scrn", 1)])
+def test_graphed_step_replays_what_the_step_computes(cell, layers):
+    """The CUDA-graph path's buffers (static inputs copied in, static outputs handed back and fed in
+    again), with a stand-in that replays by calling: the same logits and state as ``model.step``."""
+    from charlm.graphs import GraphedStep, ReplayByCalling
+
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(cell, vocab_size=13, hidden_size=8, layers=layers)).eval()
+    tokens = torch.randint(13, (2, 7))
+    with torch.inference_mode():
+        _, state = model(tokens[:, :3], model.initial_state(2))
+        graphed = GraphedStep(model, state, graph=ReplayByCalling())
+        eager_state, replayed_state = state, state
+        for t in range(3, 7):
+            eager_logits, eager_state = model.step(tokens[:, t], eager_state)
+            logits, replayed_state = graphed(tokens[:, t], replayed_state)
+            torch.testing.assert_close(logits, eager_logits)
+            for eager_layer, layer in zip(eager_state, replayed_state):
+                for a, b in zip(eager_layer, layer):
+                    torch.testing.assert_close(b, a)
+
+
+def test_sampling_through_the_graph_path_draws_the_same_text(monkeypatch):
+    import charlm.sampling
+    from charlm.graphs import GraphedStep, ReplayByCalling
+
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8)).eval()
+    options = SampleConfig(length=40, seed=3)
+    eager = list(generate(model, [1, 2, 3], options))
+    monkeypatch.setattr(charlm.sampling, "graphed_step", lambda m, s: GraphedStep(m, s, graph=ReplayByCalling()))
+    assert list(generate(model, [1, 2, 3], options)) == eager
+
+
+def test_graphed_step_is_only_for_cuda_and_falls_back_with_a_warning(monkeypatch, caplog):
+    import charlm.graphs
+
+    model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8))
+    state = model.initial_state(1)
+    assert charlm.graphs.graphed_step(model, state) == model.step  # the CPU: no graph
+
+    class FakeCudaTensor:
+        device = torch.device("cuda")
+
+    def capture_fails(model, state):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(charlm.graphs, "GraphedStep", capture_fails)
+    with caplog.at_level("WARNING", logger="charlm"):
+        assert charlm.graphs.graphed_step(model, [(FakeCudaTensor(),)]) == model.step
+    assert caplog.messages == ["warning: sampling without a CUDA graph (RuntimeError: operation not permitted when "
+                               "stream is capturing)"]
