@@ -98,12 +98,14 @@ class _Lattice(RecurrentCell):
         gate_rows = self.gate_weight.shape[0]
         (h2,) = state
         outputs = []
+        widths = [gate_rows, n]  # split, not sliced: autograd then joins the two gradients in one copy
         for h1, depth_t in zip(inputs, depth_part):
-            time_t = h2 @ time_weight.T
-            gates = torch.sigmoid(depth_t[:, :gate_rows] + time_t[:, :gate_rows])
+            depth_gates, depth_projection = depth_t.split(widths, dim=1)
+            time_gates, time_projection = (h2 @ time_weight.T).split(widths, dim=1)
+            gates = torch.sigmoid(depth_gates + time_gates)
             r1, r2, z1, z2 = self._split_gates(gates)
-            h1_hat = torch.tanh(depth_t[:, gate_rows:] + (r2 * h2) @ A1_time.T)
-            h2_hat = torch.tanh((r1 * h1) @ A2_depth.T + time_t[:, gate_rows:] + b2)
+            h1_hat = torch.tanh(depth_projection + (r2 * h2) @ A1_time.T)
+            h2_hat = torch.tanh((r1 * h1) @ A2_depth.T + time_projection + b2)
             h1_out, h2 = self._mix(h1, h2, h1_hat, h2_hat, z1, z2)
             outputs.append(h1_out)
         return torch.stack(outputs), (h2,)
