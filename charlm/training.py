@@ -199,7 +199,7 @@ class Trainer:
             self.model_config = checkpoint.model_config
         check_model_fits(self.model_config, config, self.device, cell_class)
         self.model = LanguageModel(self.model_config, cell_class).to(self.device)
-        self.network = self.model  # what a training step calls: the model, or its DDP wrapper
+        self.network = self.model  # what a training step calls: the model or its DDP wrapper, maybe compiled
         if self.world.distributed:
             self.network = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         if config.compile:
