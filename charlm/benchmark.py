@@ -28,8 +28,10 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from charlm.compiling import CompiledForward
 from charlm.config import BenchmarkSettings, SampleConfig
 from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
+from charlm.precision import autocast, float32_state, grad_scaler
 from charlm.sampling import generate
 
 BASELINE_NAME = "torch.nn.LSTM (fused)"
@@ -65,6 +67,7 @@ class Throughput:
     sample: Spread = field(default_factory=Spread)
     train_ratio: Spread = field(default_factory=Spread)  # against the baseline in the same round
     eval_ratio: Spread = field(default_factory=Spread)
+    compile_seconds: float | None = None  # with --compile: the warm-up step, compilation included
 
     def to_dict(self, baseline: "Throughput") -> dict:
         flop_scale = self.flops_per_char / baseline.flops_per_char
@@ -79,6 +82,8 @@ class Throughput:
         }
         if self.sample.runs:
             values["sample_chars_per_second"] = self.sample.to_dict()
+        if self.compile_seconds is not None:
+            values["compile_seconds"] = self.compile_seconds
         return values
 
 
@@ -131,9 +136,12 @@ class _Contender:
     """A model with its synthetic data, optimiser and carried state, timed a round at a time."""
 
     def __init__(self, name: str, model: nn.Module, settings: BenchmarkSettings, device, flops_per_char: float,
-                 initial_state=None):
-        """``initial_state``: where the carried state comes from when ``model`` is a wrapper (DDP)."""
+                 initial_state=None, compiled: bool = False):
+        """``initial_state``: where the carried state comes from when ``model`` is a wrapper (DDP);
+        ``compiled``: train through ``torch.compile`` (the warm-up step compiles)."""
         self.model, self.settings, self.device = model, settings, device
+        self.train_forward = CompiledForward(model, device) if compiled else model
+        self.scaler = grad_scaler(settings.precision, device)
         generator = torch.Generator().manual_seed(settings.seed)
         shape = (settings.batch_size, settings.bptt)
         self.inputs = torch.randint(settings.vocab_size, shape, generator=generator).to(device)
@@ -143,20 +151,31 @@ class _Contender:
         inner = getattr(model, "module", model)
         self.result = Throughput(name, getattr(inner, "hidden_size", 0) or inner.config.hidden_size,
                                  count_parameters(inner), flops_per_char)
-        self._train_step()  # warm-up: allocations, kernel selection
-        with torch.inference_mode():
+        started = time.perf_counter()
+        self._train_step()  # warm-up: allocations, kernel selection, compilation
+        _synchronize(device)
+        if compiled:
+            self.result.compile_seconds = time.perf_counter() - started
+        with torch.inference_mode(), autocast(settings.precision, device):
             self.model.eval()
             self.model(self.inputs, self.state)
         _synchronize(device)
 
     def _train_step(self):
         self.model.train()
-        logits, state = self.model(self.inputs, self.state)
+        with autocast(self.settings.precision, self.device):
+            logits, state = self.train_forward(self.inputs, self.state)
+        logits = logits.float()  # the loss in float32, as in training
         loss = nn.functional.cross_entropy(logits.reshape(-1, self.settings.vocab_size), self.targets.reshape(-1))
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        self.state = detach_state(state)
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        self.state = float32_state(detach_state(state))
 
     def time_training(self) -> float:
         _synchronize(self.device)
@@ -169,7 +188,7 @@ class _Contender:
     def time_evaluation(self) -> float:
         self.model.eval()
         state = self.state
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(self.settings.precision, self.device):
             _synchronize(self.device)
             start = time.perf_counter()
             for _ in range(self.settings.steps):
@@ -203,7 +222,7 @@ def benchmark_cells(cells: list[str], settings: BenchmarkSettings, progress=None
     for cell in cells:
         model = _cell_model(cell, settings)
         flops = training_flops_per_char(model)
-        contenders.append(_Contender(cell, model.to(device), settings, device, flops))
+        contenders.append(_Contender(cell, model.to(device), settings, device, flops, compiled=settings.compile))
     baseline = contenders[0].result
     for round_index in range(settings.repeat):
         if progress:

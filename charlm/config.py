@@ -297,6 +297,9 @@ class BenchmarkSettings:
     repeat: int = setting(3, "Interleaved rounds; figures are medians over rounds, with their spread.", min=1)
     sample_length: int = setting(200, "Symbols drawn to time sampling.", min=1)
     device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps.")
+    precision: str = setting("fp32", "Arithmetic of every contender's forward pass, as train --precision: fp32, bf16, or fp16 (CUDA).",
+                             choices=("fp32", "bf16", "fp16"))
+    compile: bool = setting(False, "Train every cell through torch.compile, as train --compile, and report its compile time (the fused baseline stays eager).")
     json: bool = setting(False, "Print the results as JSON (every round's figures) instead of a table.")
     seed: int = setting(0, "Random seed of the synthetic data and weights.", cli=False)
 

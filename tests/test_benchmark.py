@@ -48,3 +48,25 @@ def test_bench_table_names_machine_load_and_threads():
                  "--repeat", "1", "--sample-length", "3", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     assert "load" in result.stdout and "thread" in result.stdout and "× fused/FLOP" in result.stdout and "mgu" in result.stdout
+
+
+def test_bench_in_bf16_and_with_compiled_cells(monkeypatch):
+    """--precision runs every contender under autocast; --compile trains each cell through
+    torch.compile (traced here with TorchDynamo's eager backend) and reports the compile time."""
+    import charlm.compiling
+
+    monkeypatch.setattr(charlm.compiling, "BACKEND", "eager")
+    result = cli("bench", "--cells", "gru", "--params", "10k", "--batch-size", "2", "--bptt", "3", "--steps", "1",
+                 "--repeat", "1", "--sample-length", "3", "--device", "cpu", "--precision", "bf16", "--compile", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["settings"]["precision"] == "bf16" and report["settings"]["compile"]
+    baseline, gru = report["results"]
+    assert "compile_seconds" not in baseline and gru["compile_seconds"] > 0
+    assert gru["train_chars_per_second"]["median"] > 0
+
+
+def test_bench_in_fp16_needs_a_gpu():
+    result = cli("bench", "--cells", "gru", "--device", "cpu", "--precision", "fp16")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "charlm: error: --precision fp16 needs a CUDA device, not cpu (bf16 runs on the CPU)")

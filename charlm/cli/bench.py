@@ -24,6 +24,7 @@ def bench(given: dict = None):
     from charlm.distributed import launched_by_torchrun
     from charlm.devices import resolve_device
     from charlm.model import parse_budget
+    from charlm.precision import check_precision
 
     settings = BenchmarkSettings(**given)
     validate(settings)
@@ -32,6 +33,7 @@ def bench(given: dict = None):
         CELLS.get(name)
     parse_budget(settings.params)
     settings = dataclasses.replace(settings, device=str(resolve_device(settings.device)))
+    check_precision(settings.precision, torch.device(settings.device))
     if launched_by_torchrun():
         _bench_scaling(names, settings)
         return
@@ -60,13 +62,14 @@ def bench(given: dict = None):
             f"{values['eval_ratio']:.2f}",
             f"{values['eval_over_train']:.1f}",
             "-" if not result.sample.runs else f"{result.sample.median:,.0f}",
-        ])
+        ] + ([f"{result.compile_seconds:.1f}" if result.compile_seconds is not None else "-"] if settings.compile else []))
     load = "unknown" if load_before is None else f"{load_before:.2f} → {machine['load_after']:.2f}"
     title = (f"Throughput on {settings.device} ({machine['threads']} thread{'s' if machine['threads'] != 1 else ''}, load {load}), batch {settings.batch_size} × "
-             f"bptt {settings.bptt}, ~{settings.params} parameters, {settings.layers} layer(s), "
-             f"median of {settings.repeat} interleaved rounds")
+             f"bptt {settings.bptt}, ~{settings.params} parameters, {settings.layers} layer(s), {settings.precision}"
+             f"{', cells compiled' if settings.compile else ''}, median of {settings.repeat} interleaved rounds")
     print_table(title, ["model", "n", "params", "MFLOP/char", "train chars/s", "× fused", "× fused/FLOP",
-                        "eval chars/s", "× fused", "eval/train", "sample chars/s"], rows)
+                        "eval chars/s", "× fused", "eval/train", "sample chars/s"] + (["compile s"] if settings.compile else []),
+                rows)
 
 
 def _bench_scaling(names: list[str], settings: BenchmarkSettings) -> None:
