@@ -30,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from charlm.compiling import CompiledForward
 from charlm.config import BenchmarkSettings, SampleConfig
+from charlm.graphs import GraphedWindow
 from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
 from charlm.precision import autocast, float32_state, grad_scaler
 from charlm.sampling import generate
@@ -68,6 +69,7 @@ class Throughput:
     train_ratio: Spread = field(default_factory=Spread)  # against the baseline in the same round
     eval_ratio: Spread = field(default_factory=Spread)
     compile_seconds: float | None = None  # with --compile: the warm-up step, compilation included
+    capture_seconds: float | None = None  # with --cuda-graph: the warm-up step, graph capture included
 
     def to_dict(self, baseline: "Throughput") -> dict:
         flop_scale = self.flops_per_char / baseline.flops_per_char
@@ -84,6 +86,8 @@ class Throughput:
             values["sample_chars_per_second"] = self.sample.to_dict()
         if self.compile_seconds is not None:
             values["compile_seconds"] = self.compile_seconds
+        if self.capture_seconds is not None:
+            values["capture_seconds"] = self.capture_seconds
         return values
 
 
@@ -136,11 +140,16 @@ class _Contender:
     """A model with its synthetic data, optimiser and carried state, timed a round at a time."""
 
     def __init__(self, name: str, model: nn.Module, settings: BenchmarkSettings, device, flops_per_char: float,
-                 initial_state=None, compiled: bool = False):
+                 initial_state=None, compiled: bool = False, graphed: bool = False):
         """``initial_state``: where the carried state comes from when ``model`` is a wrapper (DDP);
-        ``compiled``: train through ``torch.compile`` (the warm-up step compiles)."""
+        ``compiled``: train through ``torch.compile`` (the warm-up step compiles); ``graphed``: through
+        captured CUDA graphs (the warm-up step captures)."""
         self.model, self.settings, self.device = model, settings, device
-        self.train_forward = CompiledForward(model, device) if compiled else model
+        self.train_forward = model
+        if compiled:
+            self.train_forward = CompiledForward(model, device)
+        elif graphed:
+            self.train_forward = GraphedWindow(model, settings.precision, device)
         self.scaler = grad_scaler(settings.precision, device)
         generator = torch.Generator().manual_seed(settings.seed)
         shape = (settings.batch_size, settings.bptt)
@@ -156,6 +165,8 @@ class _Contender:
         _synchronize(device)
         if compiled:
             self.result.compile_seconds = time.perf_counter() - started
+        if graphed:
+            self.result.capture_seconds = time.perf_counter() - started
         with torch.inference_mode(), autocast(settings.precision, device):
             self.model.eval()
             self.model(self.inputs, self.state)
@@ -222,7 +233,8 @@ def benchmark_cells(cells: list[str], settings: BenchmarkSettings, progress=None
     for cell in cells:
         model = _cell_model(cell, settings)
         flops = training_flops_per_char(model)
-        contenders.append(_Contender(cell, model.to(device), settings, device, flops, compiled=settings.compile))
+        contenders.append(_Contender(cell, model.to(device), settings, device, flops, compiled=settings.compile,
+                                     graphed=settings.cuda_graph))
     baseline = contenders[0].result
     for round_index in range(settings.repeat):
         if progress:

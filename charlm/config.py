@@ -107,6 +107,7 @@ class TrainConfig:
     precision: str = setting("fp32", "Arithmetic of the forward pass: fp32, bf16 (CPU or GPU) or fp16 (GPU, with a gradient scaler); the loss is always float32.",
                              choices=("fp32", "bf16", "fp16"))
     compile: bool = setting(False, "Run the training forward pass through torch.compile (the first step compiles; falls back to eager where it cannot).")
+    cuda_graph: bool = setting(False, "CUDA only: capture the forward and backward of a training window as CUDA graphs once and replay them (falls back to eager where capture fails).")
     train_fraction: float = setting(1.0, "Train on this leading fraction of the training split (0.2, 0.4, ...).", min=0, max=1, min_open=True)
     eval_batch_size: int = setting(16, "Streams used to score validation/test.", min=1)
     eval_every: int = setting(0, "Also score validation every K steps (0: epoch ends only).", min=0)
@@ -128,6 +129,8 @@ class TrainConfig:
         if not isinstance(self.cell_options, dict):
             raise ConfigError(TrainConfig, "cell_options", "must be a mapping of option names to values")
         save_interval(self.save_every)
+        if self.cuda_graph and self.compile:
+            raise ConfigError(TrainConfig, "cuda_graph", "and --compile are exclusive: give one, not both")
 
     @property
     def save_interval(self) -> tuple[str, float] | None:
@@ -164,7 +167,7 @@ def save_interval(text: str) -> tuple[str, float] | None:
 
 
 # Settings that may differ between a run and its resumption; the rest define the run.
-RESUMABLE_SETTINGS = ("epochs", "max_minutes", "device", "precision", "compile", "patience", "eval_every", "log_every", "save_every",
+RESUMABLE_SETTINGS = ("epochs", "max_minutes", "device", "precision", "compile", "cuda_graph", "patience", "eval_every", "log_every", "save_every",
                       "test_every_epoch", "tensorboard", "data_dir")
 
 
@@ -300,6 +303,7 @@ class BenchmarkSettings:
     precision: str = setting("fp32", "Arithmetic of every contender's forward pass, as train --precision: fp32, bf16, or fp16 (CUDA).",
                              choices=("fp32", "bf16", "fp16"))
     compile: bool = setting(False, "Train every cell through torch.compile, as train --compile, and report its compile time (the fused baseline stays eager).")
+    cuda_graph: bool = setting(False, "CUDA only: train every cell through captured CUDA graphs, as train --cuda-graph (the fused baseline stays eager).")
     json: bool = setting(False, "Print the results as JSON (every round's figures) instead of a table.")
     seed: int = setting(0, "Random seed of the synthetic data and weights.", cli=False)
 

@@ -1,24 +1,34 @@
-"""One symbol at a time on a GPU, replayed from a CUDA graph.
+"""CUDA graphs: sampling's step and training's window, captured once and replayed.
 
-Sampling runs ``LanguageModel.step`` at batch 1: a few dozen small kernels a symbol, each of
+**Sampling** runs ``LanguageModel.step`` at batch 1: a few dozen small kernels a symbol, each of
 which costs more to launch than to run. The shapes never change, so the step is captured once as
 a CUDA graph and replayed: one launch a symbol. The graph reads its inputs from, and writes its
 outputs to, fixed ("static") tensors; a call copies the token and the carried state into the
 static inputs, replays, and hands back the static outputs, which the next call copies in again.
 
+**Training** (``charlm train --cuda-graph``) runs a window of T steps through a Python loop: on a
+GPU about a dozen kernels a step, forward and backward, each waiting on its launch. A full window
+always has the same shape, so :class:`GraphedWindow` captures the network's forward and backward
+once with ``torch.cuda.make_graphed_callables`` and replays them for every full window; the loss,
+the gradient clipping and Adam's step stay as they are (a few launches a window). The shorter last
+window of an epoch runs eagerly, as it does under ``--compile``.
+
 The buffer handling is the same whatever does the capturing, and the test suite checks it on the
-CPU with :class:`ReplayByCalling` standing in for the CUDA graph (no GPU was available to measure
-the real one).
+CPU with stand-ins (:class:`ReplayByCalling` for sampling's graph, a pass-through for
+``make_graphed_callables``); no GPU was available to measure the real graphs.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.cuda import make_graphed_callables
 
 from charlm.logs import get_logger
+from charlm.precision import autocast
 
 
 class ReplayByCalling:
@@ -65,19 +75,15 @@ class GraphedStep:
         first = state[0][0]
         self.static_tokens = torch.zeros(first.shape[0], dtype=torch.long, device=first.device)
         self.static_state = [tuple(tensor.clone() for tensor in layer) for layer in state]
-        self._layout = [len(layer) for layer in state]
         self.graph = graph or CudaGraph(first.device)
 
         def run() -> list[Tensor]:
             logits, new_state = model.step(self.static_tokens, self.static_state)
-            return [logits, *(tensor for layer in new_state for tensor in layer)]
+            return [logits, *flatten_state(new_state)[0]]
 
         outputs = self.graph.capture(run)
-        self.static_logits, flat = outputs[0], outputs[1:]
-        self.static_new_state, start = [], 0
-        for width in self._layout:
-            self.static_new_state.append(tuple(flat[start:start + width]))
-            start += width
+        self.static_logits = outputs[0]
+        self.static_new_state = unflatten_state(outputs[1:], [len(layer) for layer in state])
 
     def __call__(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
         """The logits and the new state; both are the graph's own tensors, valid until the next call."""
@@ -102,3 +108,99 @@ def graphed_step(model, state: list):
         message = " ".join(str(error).split())[:160]
         get_logger().warning(f"warning: sampling without a CUDA graph ({type(error).__name__}: {message})")
         return model.step
+
+
+def flatten_state(state: list) -> tuple[list[Tensor], list[int]]:
+    """The carried state as one list of tensors, and how many of them each layer has."""
+    return [tensor for layer in state for tensor in layer], [len(layer) for layer in state]
+
+
+def unflatten_state(flat, layout: list[int]) -> list[tuple[Tensor, ...]]:
+    """The inverse of :func:`flatten_state`."""
+    state, start = [], 0
+    for width in layout:
+        state.append(tuple(flat[start:start + width]))
+        start += width
+    return state
+
+
+class FlatWindow(nn.Module):
+    """``network(tokens, state)`` in the form ``make_graphed_callables`` takes: tensors in (the
+    state flattened), tensors out (the logits, then the new state, detached: the next window reads
+    it as an input, gradients never flow back through it)."""
+
+    def __init__(self, network: nn.Module, layout: list[int]):
+        super().__init__()
+        self.network, self.layout = network, layout
+
+    def forward(self, tokens: Tensor, *flat_state: Tensor) -> tuple[Tensor, ...]:
+        logits, new_state = self.network(tokens, unflatten_state(flat_state, self.layout))
+        return (logits, *(tensor.detach() for layer in new_state for tensor in layer))
+
+
+class GraphedWindow:
+    """Calls ``network(tokens, state)`` for training, its forward and backward replayed from CUDA
+    graphs captured on the first full window.
+
+    The graphs read the parameters where they are (Adam updates them in place) and copy the tokens
+    and the carried state into their static inputs; the logits and the new state they return are
+    their own static tensors, overwritten by the next replay (training computes the loss from the
+    logits and copies the state before then). A window of another shape runs eagerly. Where
+    capturing fails (a cell that reads a value back to the CPU mid-window, an old driver) charlm
+    says so in one line and trains eagerly: the same function, so a run never depends on it.
+
+    ``graph_callables``: what captures (``torch.cuda.make_graphed_callables``; tests pass a stand-in).
+    """
+
+    def __init__(self, network: nn.Module, precision: str, device: torch.device, graph_callables=None):
+        self.network, self.precision, self.device = network, precision, device
+        self.graph_callables = graph_callables or make_graphed_callables
+        self.capture_seconds = 0.0
+        self.failure: str | None = None
+        self._shape = None  # the window shape captured for
+        self._graphed = None
+        self._layout: list[int] = []
+
+    @property
+    def active(self) -> bool:
+        return self.failure is None
+
+    def __call__(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
+        if self.failure is not None or (self._shape is not None and tokens.shape != self._shape):
+            return self.network(tokens, state)  # the epoch's last, shorter window
+        flat, layout = flatten_state(state)
+        if self._graphed is None:
+            started = time.monotonic()
+            try:
+                self._capture(tokens, flat, layout)
+            except Exception as error:  # a cell that synchronises with the CPU, an old driver
+                self._fall_back(error)
+                return self.network(tokens, state)
+            self.capture_seconds = time.monotonic() - started
+        logits, *new_flat = self._graphed(tokens, *flat)
+        return logits, unflatten_state(new_flat, layout)
+
+    def _capture(self, tokens: Tensor, flat: list[Tensor], layout: list[int]) -> None:
+        window = FlatWindow(self.network, layout)
+        sample = (tokens.clone(), *(tensor.detach().clone() for tensor in flat))
+        # Autocast's cache of cast weights cannot live in a graph: the capture casts them itself.
+        with autocast(self.precision, self.device, cache=False):
+            self._graphed = self.graph_callables(window, sample, allow_unused_input=True)
+        self._shape, self._layout = tokens.shape, layout
+
+    def _fall_back(self, error: BaseException) -> None:
+        message = " ".join(str(error).split())
+        self.failure = f"{type(error).__name__}: {message[:157] + '...' if len(message) > 160 else message}"
+        get_logger().warning(f"warning: --cuda-graph: capturing the training window failed ({self.failure}); "
+                             "training continues without it (the same results at eager speed)")
+
+
+def graphed_window(network: nn.Module, precision: str, device: torch.device, distributed: bool):
+    """What ``--cuda-graph`` trains through: a :class:`GraphedWindow`, or under torchrun (whose
+    DistributedDataParallel hooks into the backward pass, which a captured graph skips), with a
+    one-line warning, ``network`` itself."""
+    if distributed:
+        get_logger().warning("warning: --cuda-graph is not used under torchrun (DistributedDataParallel's "
+                             "gradient hooks cannot run inside a captured backward); training eagerly")
+        return network
+    return GraphedWindow(network, precision, device)

@@ -28,12 +28,13 @@ def check_precision(precision: str, device: torch.device) -> None:
         raise CharlmError("--precision bf16: this GPU has no bfloat16 support; use fp16")
 
 
-def autocast(precision: str, device: torch.device):
-    """The context the forward pass runs in."""
+def autocast(precision: str, device: torch.device, cache: bool = True):
+    """The context the forward pass runs in. ``cache=False``: cast the weights at every use (what a
+    CUDA graph capture needs) instead of once per context."""
     dtype = PRECISIONS[precision]
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+    return torch.autocast(device.type, dtype=dtype, cache_enabled=cache)
 
 
 def grad_scaler(precision: str, device: torch.device):

@@ -35,6 +35,7 @@ from charlm.distributed import device_for_rank, environment_rank, world_from_env
 from charlm.errors import CharlmError, ConfigError
 from charlm.logs import get_logger
 from charlm.evaluation import LN2, characters_per_token, score_split
+from charlm.graphs import GraphedWindow, graphed_window
 from charlm.memory import check_budget_fits, check_fits, estimate_training_memory
 from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
 from charlm.precision import autocast, check_precision, float32_state, grad_scaler
@@ -163,6 +164,12 @@ class _StopRequest:
         self.requested = True
 
 
+def check_cuda_graph(cuda_graph: bool, device: torch.device) -> None:
+    """One line when ``--cuda-graph`` is asked for off a CUDA device."""
+    if cuda_graph and device.type != "cuda":
+        raise CharlmError(f"--cuda-graph needs a CUDA device, not {device.type}")
+
+
 class Trainer:
     """Trains one model under ``config`` into a run directory (``charlm.runs.Run``).
 
@@ -188,6 +195,7 @@ class Trainer:
             cell_class = CELLS.get(config.cell)  # the caller named this cell: it may be a module:Class
         self.device = resolve_device(config.device)
         check_precision(config.precision, self.device)
+        check_cuda_graph(config.cuda_graph, self.device)
         self.world = world_from_environment(self.device)
         self.device = device_for_rank(self.device, self.world)
         self.scaler = grad_scaler(config.precision, self.device)
@@ -199,11 +207,14 @@ class Trainer:
             self.model_config = checkpoint.model_config
         check_model_fits(self.model_config, config, self.device, cell_class)
         self.model = LanguageModel(self.model_config, cell_class).to(self.device)
-        self.network = self.model  # what a training step calls: the model or its DDP wrapper, maybe compiled
+        # What a training step calls: the model or its DDP wrapper, maybe compiled or replayed from graphs.
+        self.network = self.model
         if self.world.distributed:
             self.network = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         if config.compile:
             self.network = CompiledForward(self.network, self.device)
+        if config.cuda_graph:
+            self.network = graphed_window(self.network, config.precision, self.device, self.world.distributed)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, betas=(0.9, 0.999))
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=config.lr_decay)
         self.progress = Progress()
@@ -232,7 +243,7 @@ class Trainer:
                 else:
                     self.run = FollowerRun(run_dir)
         self.progress_interval = PROGRESS_INTERVAL
-        self._compile_reported = not config.compile
+        self._compile_reported = not (config.compile or config.cuda_graph)
 
     @classmethod
     def resume(cls, run_dir, *, cells=(), trust_code: bool = False, **changes) -> "Trainer":
@@ -504,8 +515,15 @@ class Trainer:
         return None
 
     def _report_compilation(self) -> None:
-        """After the first step under ``--compile``: how long compiling took, or that it was not used."""
+        """After the first step under ``--compile`` or ``--cuda-graph``: how long compiling or
+        capturing took, or that it was not used."""
         self._compile_reported = True
+        if isinstance(self.network, GraphedWindow):
+            graphed = self.network
+            if graphed.active:
+                self.run.log(f"CUDA graphs of the training window captured in {graphed.capture_seconds:.1f} s")
+            self.run.record("cuda_graph", active=graphed.active, seconds=round(graphed.capture_seconds, 3),
+                            failure=graphed.failure)
         if not isinstance(self.network, CompiledForward):
             return
         compiled = self.network

@@ -24,7 +24,9 @@ def bench(given: dict = None):
     from charlm.distributed import launched_by_torchrun
     from charlm.devices import resolve_device
     from charlm.model import parse_budget
+    from charlm.errors import ConfigError
     from charlm.precision import check_precision
+    from charlm.training import check_cuda_graph
 
     settings = BenchmarkSettings(**given)
     validate(settings)
@@ -34,6 +36,9 @@ def bench(given: dict = None):
     parse_budget(settings.params)
     settings = dataclasses.replace(settings, device=str(resolve_device(settings.device)))
     check_precision(settings.precision, torch.device(settings.device))
+    check_cuda_graph(settings.cuda_graph, torch.device(settings.device))
+    if settings.cuda_graph and settings.compile:
+        raise ConfigError(BenchmarkSettings, "cuda_graph", "and --compile are exclusive: give one, not both")
     if launched_by_torchrun():
         _bench_scaling(names, settings)
         return
@@ -62,13 +67,15 @@ def bench(given: dict = None):
             f"{values['eval_ratio']:.2f}",
             f"{values['eval_over_train']:.1f}",
             "-" if not result.sample.runs else f"{result.sample.median:,.0f}",
-        ] + ([f"{result.compile_seconds:.1f}" if result.compile_seconds is not None else "-"] if settings.compile else []))
+        ] + ([f"{result.compile_seconds:.1f}" if result.compile_seconds is not None else "-"] if settings.compile else [])
+          + ([f"{result.capture_seconds:.1f}" if result.capture_seconds is not None else "-"] if settings.cuda_graph else []))
     load = "unknown" if load_before is None else f"{load_before:.2f} → {machine['load_after']:.2f}"
     title = (f"Throughput on {settings.device} ({machine['threads']} thread{'s' if machine['threads'] != 1 else ''}, load {load}), batch {settings.batch_size} × "
              f"bptt {settings.bptt}, ~{settings.params} parameters, {settings.layers} layer(s), {settings.precision}"
-             f"{', cells compiled' if settings.compile else ''}, median of {settings.repeat} interleaved rounds")
+             f"{', cells compiled' if settings.compile else ''}{', cells on CUDA graphs' if settings.cuda_graph else ''}, median of {settings.repeat} interleaved rounds")
     print_table(title, ["model", "n", "params", "MFLOP/char", "train chars/s", "× fused", "× fused/FLOP",
-                        "eval chars/s", "× fused", "eval/train", "sample chars/s"] + (["compile s"] if settings.compile else []),
+                        "eval chars/s", "× fused", "eval/train", "sample chars/s"] + (["compile s"] if settings.compile else [])
+                + (["capture s"] if settings.cuda_graph else []),
                 rows)
 
 
