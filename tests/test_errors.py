@@ -70,6 +70,8 @@ CASES = [
     Case("CUDA without a GPU", "train --device cuda", cpu_only=True),
     Case("unknown precision", "train --precision fp8"),
     Case("fp16 on the CPU", "train --device cpu --precision fp16"),
+    Case("CUDA graphs on the CPU", "train --device cpu --cuda-graph"),
+    Case("CUDA graphs and compilation at once", "train --cuda-graph --compile"),
     Case("MPS off a Mac", "train --device mps", cpu_only=True),
     # --- config files, resuming, run directories ---
     Case("missing config file", "train --config FILES/absent.json"),
