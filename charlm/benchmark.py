@@ -149,7 +149,7 @@ class _Contender:
         if compiled:
             self.train_forward = CompiledForward(model, device)
         elif graphed:
-            self.train_forward = GraphedWindow(model, settings.precision, device)
+            self.train_forward = GraphedWindow(model, device)
         self.scaler = grad_scaler(settings.precision, device)
         generator = torch.Generator().manual_seed(settings.seed)
         shape = (settings.batch_size, settings.bptt)

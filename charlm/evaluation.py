@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from charlm.batching import IGNORE, TokenStreams
+from charlm.graphs import ScoringForward
 
 LN2 = math.log(2.0)
 
@@ -82,10 +83,11 @@ def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, devic
     model.eval()
     streams = TokenStreams(tokens, batch_size, bptt, cover_all=True, rows=rows)
     state = model.initial_state(streams.rows, device=device)
+    forward = ScoringForward(model, torch.device(device), len(streams))  # on a GPU, replayed from a CUDA graph
     nats = 0.0
     columns = []
     for window in streams.windows(device=device):
-        logits, state = model(window.inputs, state)
+        logits, state = forward(window.inputs, state)
         each = token_nats(logits, window.targets)
         nats += each.sum().item()
         if per_token:

@@ -1,4 +1,4 @@
-"""CUDA graphs: sampling's step and training's window, captured once and replayed.
+"""CUDA graphs: sampling's step, training's and scoring's windows, captured once and replayed.
 
 **Sampling** runs ``LanguageModel.step`` at batch 1: a few dozen small kernels a symbol, each of
 which costs more to launch than to run. The shapes never change, so the step is captured once as
@@ -13,9 +13,13 @@ once with ``torch.cuda.make_graphed_callables`` and replays them for every full 
 the gradient clipping and Adam's step stay as they are (a few launches a window). The shorter last
 window of an epoch runs eagerly, as it does under ``--compile``.
 
+**Scoring** a split runs the forward pass window after window under ``inference_mode``; on a GPU
+:class:`ScoringForward` captures it on the first full window and replays it for the others.
+
 The buffer handling is the same whatever does the capturing, and the test suite checks it on the
-CPU with stand-ins (:class:`ReplayByCalling` for sampling's graph, a pass-through for
-``make_graphed_callables``); no GPU was available to measure the real graphs.
+CPU with stand-ins (:class:`ReplayByCalling` for the graphs of sampling and scoring, one that
+keeps the contract of ``make_graphed_callables`` for training); no GPU was available to measure
+the real graphs.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from torch import Tensor, nn
 from torch.cuda import make_graphed_callables
 
 from charlm.logs import get_logger
-from charlm.precision import autocast
+from charlm.precision import without_autocast_cache
 
 
 class ReplayByCalling:
@@ -68,32 +72,42 @@ class CudaGraph:
         self.graph.replay()
 
 
-class GraphedStep:
-    """``model.step(tokens, state)`` at a fixed batch size, replayed from a captured graph."""
+class GraphedCall:
+    """``function(tokens, state)`` at the shapes of the ``tokens`` and ``state`` given, replayed from
+    a captured graph."""
 
-    def __init__(self, model, state: list, graph=None):
-        first = state[0][0]
-        self.static_tokens = torch.zeros(first.shape[0], dtype=torch.long, device=first.device)
+    def __init__(self, function: Callable, tokens: Tensor, state: list, graph=None):
+        self.static_tokens = tokens.clone()
         self.static_state = [tuple(tensor.clone() for tensor in layer) for layer in state]
-        self.graph = graph or CudaGraph(first.device)
+        self.graph = graph or CudaGraph(tokens.device)
 
         def run() -> list[Tensor]:
-            logits, new_state = model.step(self.static_tokens, self.static_state)
+            logits, new_state = function(self.static_tokens, self.static_state)
             return [logits, *flatten_state(new_state)[0]]
 
-        outputs = self.graph.capture(run)
+        with without_autocast_cache(tokens.device):
+            outputs = self.graph.capture(run)
         self.static_logits = outputs[0]
         self.static_new_state = unflatten_state(outputs[1:], [len(layer) for layer in state])
 
     def __call__(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
         """The logits and the new state; both are the graph's own tensors, valid until the next call."""
-        self.static_tokens.copy_(tokens.reshape(-1))
+        self.static_tokens.copy_(tokens.reshape(self.static_tokens.shape))
         for static_layer, layer in zip(self.static_state, state):
             for static, given in zip(static_layer, layer):
                 if static is not given:
                     static.copy_(given)
         self.graph.replay()
         return self.static_logits, self.static_new_state
+
+
+class GraphedStep(GraphedCall):
+    """``model.step(tokens, state)`` at a fixed batch size, replayed from a captured graph."""
+
+    def __init__(self, model, state: list, graph=None):
+        first = state[0][0]
+        tokens = torch.zeros(first.shape[0], dtype=torch.long, device=first.device)
+        super().__init__(model.step, tokens, state, graph)
 
 
 def graphed_step(model, state: list):
@@ -152,8 +166,8 @@ class GraphedWindow:
     ``graph_callables``: what captures (``torch.cuda.make_graphed_callables``; tests pass a stand-in).
     """
 
-    def __init__(self, network: nn.Module, precision: str, device: torch.device, graph_callables=None):
-        self.network, self.precision, self.device = network, precision, device
+    def __init__(self, network: nn.Module, device: torch.device, graph_callables=None):
+        self.network, self.device = network, device
         self.graph_callables = graph_callables or make_graphed_callables
         self.capture_seconds = 0.0
         self.failure: str | None = None
@@ -183,8 +197,7 @@ class GraphedWindow:
     def _capture(self, tokens: Tensor, flat: list[Tensor], layout: list[int]) -> None:
         window = FlatWindow(self.network, layout)
         sample = (tokens.clone(), *(tensor.detach().clone() for tensor in flat))
-        # Autocast's cache of cast weights cannot live in a graph: the capture casts them itself.
-        with autocast(self.precision, self.device, cache=False):
+        with without_autocast_cache(self.device):
             self._graphed = self.graph_callables(window, sample, allow_unused_input=True)
         self._shape, self._layout = tokens.shape, layout
 
@@ -195,7 +208,7 @@ class GraphedWindow:
                              "training continues without it (the same results at eager speed)")
 
 
-def graphed_window(network: nn.Module, precision: str, device: torch.device, distributed: bool):
+def graphed_window(network: nn.Module, device: torch.device, distributed: bool):
     """What ``--cuda-graph`` trains through: a :class:`GraphedWindow`, or under torchrun (whose
     DistributedDataParallel hooks into the backward pass, which a captured graph skips), with a
     one-line warning, ``network`` itself."""
@@ -203,4 +216,33 @@ def graphed_window(network: nn.Module, precision: str, device: torch.device, dis
         get_logger().warning("warning: --cuda-graph is not used under torchrun (DistributedDataParallel's "
                              "gradient hooks cannot run inside a captured backward); training eagerly")
         return network
-    return GraphedWindow(network, precision, device)
+    return GraphedWindow(network, device)
+
+
+class ScoringForward:
+    """``model(tokens, state)`` for scoring a split window by window (no gradients).
+
+    On a CUDA device, when there are at least ``MIN_WINDOWS`` full windows to score, the first of
+    them captures the forward pass as a graph, and every window of that shape replays it; the
+    shorter last window calls the model. Where capture fails, a one-line warning, and the model is
+    called for every window. ``graph`` (tests) stands in for the CUDA graph, on any device.
+    """
+
+    MIN_WINDOWS = 8  # below this, the warm-up and capture cost more than replaying saves
+
+    def __init__(self, model, device: torch.device, windows: int, graph=None):
+        self.model, self.graph = model, graph
+        self.wanted = (graph is not None or device.type == "cuda") and windows >= self.MIN_WINDOWS
+        self._graphed: GraphedCall | None = None
+
+    def __call__(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
+        if self._graphed is None and self.wanted:
+            self.wanted = False
+            try:
+                self._graphed = GraphedCall(self.model, tokens, state, self.graph)
+            except Exception as error:  # a cell that synchronises with the CPU, an old driver
+                message = " ".join(str(error).split())[:160]
+                get_logger().warning(f"warning: scoring without a CUDA graph ({type(error).__name__}: {message})")
+        if self._graphed is not None and tokens.shape == self._graphed.static_tokens.shape:
+            return self._graphed(tokens, state)
+        return self.model(tokens, state)

@@ -28,13 +28,20 @@ def check_precision(precision: str, device: torch.device) -> None:
         raise CharlmError("--precision bf16: this GPU has no bfloat16 support; use fp16")
 
 
-def autocast(precision: str, device: torch.device, cache: bool = True):
-    """The context the forward pass runs in. ``cache=False``: cast the weights at every use (what a
-    CUDA graph capture needs) instead of once per context."""
+def autocast(precision: str, device: torch.device):
+    """The context the forward pass runs in."""
     dtype = PRECISIONS[precision]
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype, cache_enabled=cache)
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def without_autocast_cache(device: torch.device):
+    """The autocast in force on ``device`` with its cache of cast weights off (a CUDA graph must
+    cast the weights itself: a cached copy would be stale at the next replay)."""
+    if not torch.is_autocast_enabled(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.get_autocast_dtype(device.type), cache_enabled=False)
 
 
 def grad_scaler(precision: str, device: torch.device):

@@ -214,7 +214,7 @@ class Trainer:
         if config.compile:
             self.network = CompiledForward(self.network, self.device)
         if config.cuda_graph:
-            self.network = graphed_window(self.network, config.precision, self.device, self.world.distributed)
+            self.network = graphed_window(self.network, self.device, self.world.distributed)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, betas=(0.9, 0.999))
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=config.lr_decay)
         self.progress = Progress()

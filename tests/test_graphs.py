@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pytest
 import torch
 
 import charlm.graphs
@@ -113,7 +115,7 @@ def test_the_capture_runs_with_autocast_caching_off():
         return replayed_by_calling(module, sample_args, allow_unused_input)
 
     model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8))
-    window = GraphedWindow(model, "bf16", torch.device("cpu"), graph_callables=capture)
+    window = GraphedWindow(model, torch.device("cpu"), graph_callables=capture)
     tokens = torch.randint(13, (3, 5))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits, state = window(tokens, model.initial_state(3))
@@ -131,7 +133,7 @@ def test_torchrun_trains_eagerly_with_a_warning(monkeypatch):
 
     monkeypatch.setattr(charlm.graphs, "get_logger", Recorder)
     model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8))
-    assert graphed_window(model, "fp32", torch.device("cuda"), distributed=True) is model
+    assert graphed_window(model, torch.device("cuda"), distributed=True) is model
     assert messages == ["warning: --cuda-graph is not used under torchrun (DistributedDataParallel's gradient hooks "
                         "cannot run inside a captured backward); training eagerly"]
 
@@ -157,3 +159,58 @@ def test_bench_trains_every_cell_through_the_graphs_and_reports_the_capture(monk
     assert "capture_seconds" not in baseline  # the fused baseline stays eager
     assert [cell["name"] for cell in cells] == ["gru", "rhn"] and all(cell["capture_seconds"] > 0 for cell in cells)
     assert len(replayed_by_calling.captures) == 2
+
+
+def scoring_through(monkeypatch, graph_factory):
+    """Make ``score_tokens`` build its ``ScoringForward`` with the graph ``graph_factory()`` gives."""
+    import charlm.evaluation
+
+    built = []
+
+    def forward(model, device, windows):
+        built.append(charlm.graphs.ScoringForward(model, device, windows, graph=graph_factory()))
+        return built[-1]
+
+    monkeypatch.setattr(charlm.evaluation, "ScoringForward", forward)
+    return built
+
+
+def test_scoring_through_the_graph_gives_the_eager_score(monkeypatch):
+    """Full windows replayed from the graph, the shorter last one called: the same nats per token."""
+    from charlm.evaluation import score_tokens
+    from charlm.graphs import ReplayByCalling
+
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig("lstm", vocab_size=13, hidden_size=8, layers=2))
+    tokens = torch.randint(13, (3 * 7 * 9 + 5,)).numpy()  # 3 streams: 9 windows of 7, and a short one
+    eager = score_tokens(model, tokens, batch_size=3, bptt=7, device="cpu", per_token=True)
+    built = scoring_through(monkeypatch, ReplayByCalling)
+    replayed = score_tokens(model, tokens, batch_size=3, bptt=7, device="cpu", per_token=True)
+    assert built[0]._graphed is not None
+    assert replayed.nats == pytest.approx(eager.nats, rel=1e-12)
+    np.testing.assert_array_equal(replayed.token_nats, eager.token_nats)
+    few = score_tokens(model, tokens[:3 * 7 * 4], batch_size=3, bptt=7, device="cpu")  # 4 windows: not worth a graph
+    assert built[1]._graphed is None and few.tokens == 3 * 7 * 4 - 1
+
+
+def test_scoring_falls_back_with_a_warning_where_capture_fails(monkeypatch):
+    from charlm.evaluation import score_tokens
+
+    class CaptureFails:
+        def capture(self, function):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    messages = []
+
+    class Recorder:
+        def warning(self, message):
+            messages.append(message)
+
+    monkeypatch.setattr(charlm.graphs, "get_logger", Recorder)
+    model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8))
+    tokens = torch.randint(13, (2 * 5 * 10,)).numpy()
+    eager = score_tokens(model, tokens, batch_size=2, bptt=5, device="cpu")
+    scoring_through(monkeypatch, CaptureFails)
+    assert score_tokens(model, tokens, batch_size=2, bptt=5, device="cpu").nats == eager.nats
+    assert messages == ["warning: scoring without a CUDA graph (RuntimeError: operation not permitted when stream "
+                        "is capturing)"]
