@@ -79,23 +79,26 @@ def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, devic
     ``rows``: score only these streams (one process's share); the nats are then that share's and
     the token counts the whole split's, so the shares' nats add up to the split's score.
     """
+    device = torch.device(device if device is not None else "cpu")
     was_training = model.training
     model.eval()
     streams = TokenStreams(tokens, batch_size, bptt, cover_all=True, rows=rows)
     state = model.initial_state(streams.rows, device=device)
-    forward = ScoringForward(model, torch.device(device), len(streams))  # on a GPU, replayed from a CUDA graph
-    nats = 0.0
+    forward = ScoringForward(model, device, len(streams))  # on a GPU, replayed from a CUDA graph
+    # Summed where computed, so a GPU never waits for the CPU between windows (MPS has no float64).
+    total_on = torch.device("cpu") if device.type == "mps" else device
+    nats = torch.zeros((), dtype=torch.float64, device=total_on)
     columns = []
     for window in streams.windows(device=device):
         logits, state = forward(window.inputs, state)
         each = token_nats(logits, window.targets)
-        nats += each.sum().item()
+        nats += each.sum().to(total_on)
         if per_token:
             columns.append(each.double().cpu())
         if progress is not None:
             progress(window.targets.numel())
     model.train(was_training)
-    score = Score(nats, streams.tokens_scored, streams.tokens_scored * chars_per_token)
+    score = Score(nats.item(), streams.tokens_scored, streams.tokens_scored * chars_per_token)
     if per_token:
         # stream b holds a contiguous stretch of the text, so row-major order is text order
         score.token_nats = torch.cat(columns, dim=1).reshape(-1)[: streams.tokens_scored].numpy()
