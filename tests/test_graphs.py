@@ -65,6 +65,19 @@ def graph_on_the_cpu(monkeypatch, capture=replayed_by_calling):
     monkeypatch.setattr(charlm.graphs, "make_graphed_callables", capture)
 
 
+@pytest.fixture
+def warnings(monkeypatch) -> list[str]:
+    """The warnings charlm.graphs logs, as a list."""
+    messages = []
+
+    class Recorder:
+        def warning(self, message):
+            messages.append(message)
+
+    monkeypatch.setattr(charlm.graphs, "get_logger", Recorder)
+    return messages
+
+
 def records(run_dir, event):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [row for row in rows if row["event"] == event]
@@ -124,17 +137,10 @@ def test_the_capture_runs_with_autocast_caching_off():
     assert seen == [(True, False)]
 
 
-def test_torchrun_trains_eagerly_with_a_warning(monkeypatch):
-    messages = []
-
-    class Recorder:
-        def warning(self, message):
-            messages.append(message)
-
-    monkeypatch.setattr(charlm.graphs, "get_logger", Recorder)
+def test_torchrun_trains_eagerly_with_a_warning(warnings):
     model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8))
     assert graphed_window(model, torch.device("cuda"), distributed=True) is model
-    assert messages == ["warning: --cuda-graph is not used under torchrun (DistributedDataParallel's gradient hooks "
+    assert warnings == ["warning: --cuda-graph is not used under torchrun (DistributedDataParallel's gradient hooks "
                         "cannot run inside a captured backward); training eagerly"]
 
 
@@ -193,24 +199,17 @@ def test_scoring_through_the_graph_gives_the_eager_score(monkeypatch):
     assert built[1]._graphed is None and few.tokens == 3 * 7 * 4 - 1
 
 
-def test_scoring_falls_back_with_a_warning_where_capture_fails(monkeypatch):
+def test_scoring_falls_back_with_a_warning_where_capture_fails(monkeypatch, warnings):
     from charlm.evaluation import score_tokens
 
     class CaptureFails:
         def capture(self, function):
             raise RuntimeError("operation not permitted when stream is capturing")
 
-    messages = []
-
-    class Recorder:
-        def warning(self, message):
-            messages.append(message)
-
-    monkeypatch.setattr(charlm.graphs, "get_logger", Recorder)
     model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8))
     tokens = torch.randint(13, (2 * 5 * 10,)).numpy()
     eager = score_tokens(model, tokens, batch_size=2, bptt=5, device="cpu")
     scoring_through(monkeypatch, CaptureFails)
     assert score_tokens(model, tokens, batch_size=2, bptt=5, device="cpu").nats == eager.nats
-    assert messages == ["warning: scoring without a CUDA graph (RuntimeError: operation not permitted when stream "
+    assert warnings == ["warning: scoring without a CUDA graph (RuntimeError: operation not permitted when stream "
                         "is capturing)"]
