@@ -35,6 +35,26 @@ from charlm.logs import get_logger
 from charlm.precision import without_autocast_cache
 
 
+def flatten_state(state: list) -> tuple[list[Tensor], list[int]]:
+    """The carried state as one list of tensors, and how many of them each layer has."""
+    return [tensor for layer in state for tensor in layer], [len(layer) for layer in state]
+
+
+def unflatten_state(flat, layout: list[int]) -> list[tuple[Tensor, ...]]:
+    """The inverse of :func:`flatten_state`."""
+    state, start = [], 0
+    for width in layout:
+        state.append(tuple(flat[start:start + width]))
+        start += width
+    return state
+
+
+def one_line(error: BaseException) -> str:
+    """``Type: message`` of an error on one line, cut to 160 characters."""
+    message = " ".join(str(error).split())
+    return f"{type(error).__name__}: {message[:157] + '...' if len(message) > 160 else message}"
+
+
 class ReplayByCalling:
     """What a CUDA graph does, done by calling the function again: ``capture`` runs it and keeps
     its outputs as the static outputs; ``replay`` runs it again on the static inputs and copies the
@@ -119,23 +139,8 @@ def graphed_step(model, state: list):
     try:
         return GraphedStep(model, state)
     except Exception as error:  # a cell that synchronises with the CPU, an old driver
-        message = " ".join(str(error).split())[:160]
-        get_logger().warning(f"warning: sampling without a CUDA graph ({type(error).__name__}: {message})")
+        get_logger().warning(f"warning: sampling without a CUDA graph ({one_line(error)})")
         return model.step
-
-
-def flatten_state(state: list) -> tuple[list[Tensor], list[int]]:
-    """The carried state as one list of tensors, and how many of them each layer has."""
-    return [tensor for layer in state for tensor in layer], [len(layer) for layer in state]
-
-
-def unflatten_state(flat, layout: list[int]) -> list[tuple[Tensor, ...]]:
-    """The inverse of :func:`flatten_state`."""
-    state, start = [], 0
-    for width in layout:
-        state.append(tuple(flat[start:start + width]))
-        start += width
-    return state
 
 
 class FlatWindow(nn.Module):
@@ -173,7 +178,6 @@ class GraphedWindow:
         self.failure: str | None = None
         self._shape = None  # the window shape captured for
         self._graphed = None
-        self._layout: list[int] = []
 
     @property
     def active(self) -> bool:
@@ -199,11 +203,10 @@ class GraphedWindow:
         sample = (tokens.clone(), *(tensor.detach().clone() for tensor in flat))
         with without_autocast_cache(self.device):
             self._graphed = self.graph_callables(window, sample, allow_unused_input=True)
-        self._shape, self._layout = tokens.shape, layout
+        self._shape = tokens.shape
 
     def _fall_back(self, error: BaseException) -> None:
-        message = " ".join(str(error).split())
-        self.failure = f"{type(error).__name__}: {message[:157] + '...' if len(message) > 160 else message}"
+        self.failure = one_line(error)
         get_logger().warning(f"warning: --cuda-graph: capturing the training window failed ({self.failure}); "
                              "training continues without it (the same results at eager speed)")
 
@@ -241,8 +244,7 @@ class ScoringForward:
             try:
                 self._graphed = GraphedCall(self.model, tokens, state, self.graph)
             except Exception as error:  # a cell that synchronises with the CPU, an old driver
-                message = " ".join(str(error).split())[:160]
-                get_logger().warning(f"warning: scoring without a CUDA graph ({type(error).__name__}: {message})")
+                get_logger().warning(f"warning: scoring without a CUDA graph ({one_line(error)})")
         if self._graphed is not None and tokens.shape == self._graphed.static_tokens.shape:
             return self._graphed(tokens, state)
         return self.model(tokens, state)
