@@ -131,6 +131,12 @@ class LanguageModel(nn.Module):
             new_state.append(layer_state)
         return self.head(self.dropout(hidden)), new_state
 
+    @torch.no_grad()
+    def for_sampling(self) -> "InferenceModel | LanguageModel":
+        """What sampling calls ``step`` on, symbol after symbol: an :class:`InferenceModel` of the
+        current weights, or in training mode (dropout drawn) the model itself."""
+        return self if self.training else InferenceModel(self)
+
     def layer_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by layer, for per-layer gradient norms (tied layers count once)."""
         groups = {"embedding": list(self.embedding.parameters())}
@@ -142,6 +148,41 @@ class LanguageModel(nn.Module):
             groups[f"layer{index}"] = list(layer.parameters())
         groups["softmax"] = list(self.head.parameters())
         return {name: params for name, params in groups.items() if params}
+
+
+class InferenceModel:
+    """``LanguageModel.step`` of an eval-mode model, with the weights arranged once for sampling.
+
+    Each layer runs its :class:`~charlm.cells.base.InferenceStep`; the bottom layer's input share
+    is taken once for every symbol of the vocabulary and gathered by token, as the window path
+    does. Its weights are views or copies of the model's: build it again after they change.
+    """
+
+    def __init__(self, model: LanguageModel):
+        table = model._embedding_table()
+        vocabulary = torch.arange(model.config.vocab_size, device=model.head.weight.device)
+        self.inputs = table if table is not None else model.embedding(vocabulary)  # one row per symbol
+        built = {}  # tied layers (one module repeated in the stack) share one
+        for layer in model.layers:
+            if id(layer) not in built:
+                built[id(layer)] = layer.inference_step()
+        self.layers = [built[id(layer)] for layer in model.layers]
+        self.table = self.layers[0].project(self.inputs)  # [V, k], or None where the cell takes nothing ahead
+        self.head_weight = model.head.weight.T
+        self.head_bias = model.head.bias
+
+    def step(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
+        """The same function as :meth:`LanguageModel.step` in eval mode."""
+        bottom = self.layers[0]
+        hidden = self.inputs.index_select(0, tokens) if bottom.reads_input or self.table is None else None
+        projected = None if self.table is None else self.table.index_select(0, tokens)
+        new_state = []
+        for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
+            if index > 0:
+                projected = layer.project(hidden)
+            hidden, layer_state = layer.advance(projected, hidden, layer_state)
+            new_state.append(layer_state)
+        return torch.addmm(self.head_bias, hidden, self.head_weight), new_state
 
 
 def count_parameters(model: nn.Module) -> int:

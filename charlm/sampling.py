@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import torch
+from torch import Tensor
 
 from charlm.config import SampleConfig
 from charlm.corpora import Tokenizer
@@ -57,6 +58,17 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return logits
 
 
+def draw(probabilities: Tensor, generator: torch.Generator) -> Tensor:
+    """One index drawn from ``probabilities`` ``[V]``, as a tensor ``[1]``.
+
+    The algorithm of ``torch.multinomial(probabilities, 1, generator=generator)`` (the index of
+    the largest p / q, q ~ Exp(1)), so a generator state draws the same index, without
+    multinomial's checks of the distribution, each of which reads a result back.
+    """
+    race = torch.empty_like(probabilities).exponential_(generator=generator)
+    return torch.argmax(probabilities / race, dim=-1, keepdim=True)
+
+
 @torch.inference_mode()
 def generate(model: LanguageModel, prime_ids: list[int], options: SampleConfig, banned_ids=()) -> Iterator[int]:
     """Yield ``options.length`` token ids, each drawn given the prime and everything drawn before.
@@ -73,13 +85,20 @@ def generate(model: LanguageModel, prime_ids: list[int], options: SampleConfig, 
         generator.seed()
     state = model.initial_state(1, device=device)
     logits, state = model(torch.tensor([prime_ids], device=device), state)
-    step = graphed_step(model, state)  # model.step, or on a GPU its replay from a CUDA graph
+    step = graphed_step(model.for_sampling(), state)  # its step, or on a GPU that step replayed from a CUDA graph
     banned = torch.tensor(list(banned_ids), dtype=torch.long, device=device)
     last = logits[0, -1]
     for _ in range(options.length):
-        last = last.float().index_fill(0, banned, float("-inf"))
-        last = filter_logits(last / options.temperature, options.top_k, options.top_p)
-        token = torch.multinomial(torch.softmax(last, dim=-1), 1, generator=generator)
+        last = last.float()
+        if len(banned):
+            last = last.index_fill(0, banned, float("-inf"))
+        if options.temperature != 1.0:  # dividing by 1 changes nothing
+            last = last / options.temperature
+        probabilities = torch.softmax(filter_logits(last, options.top_k, options.top_p), dim=-1)
+        if torch.isnan(probabilities).any():
+            raise CharlmError("the model's next-symbol probabilities are not numbers (NaN): "
+                              "its weights or its state overflowed")
+        token = draw(probabilities, generator)
         yield int(token)
         logits, state = step(token, state)
         last = logits[0]

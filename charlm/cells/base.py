@@ -15,6 +15,13 @@ The bottom layer's inputs are rows of the embedding table. A cell that sets ``fo
 accepts ``forward(inputs, state, lookup=...)`` and computes its hoisted input product through
 :meth:`input_product`, which then multiplies the V rows of the table once instead of the T·B
 positions of the window and gathers the result (a lookup instead of a matrix product).
+
+Sampling calls a layer once per symbol at batch 1, where every operation costs more to dispatch
+than to compute. :meth:`RecurrentCell.inference_step` gives the step in a form for that: weights
+transposed (and stacked) once, and the step split into the input's share
+(:meth:`InferenceStep.project`, which the model takes for every symbol of the vocabulary at once)
+and the rest (:meth:`InferenceStep.advance`). The default wraps ``step``; the test suite holds
+every cell's own version to ``step``.
 """
 
 from __future__ import annotations
@@ -62,6 +69,13 @@ class RecurrentCell(nn.Module):
     Config: ClassVar[type] = NoOptions
     folds_embedding: ClassVar[bool] = False  # forward accepts lookup= (see the module docstring)
 
+    def __init_subclass__(cls, **kwargs):
+        """A subclass that writes its own ``step`` samples through it unless it also writes its own
+        ``inference_step`` (its parent's would compute the parent's equations)."""
+        super().__init_subclass__(**kwargs)
+        if "step" in cls.__dict__ and "inference_step" not in cls.__dict__:
+            cls.inference_step = RecurrentCell.inference_step
+
     def __init__(self, input_size: int, hidden_size: int, config=None):
         super().__init__()
         self.input_size = input_size
@@ -96,6 +110,11 @@ class RecurrentCell(nn.Module):
         """One time step written from the cell's equations: ``x`` is ``[B, d]``."""
         raise NotImplementedError
 
+    def inference_step(self) -> "InferenceStep":
+        """This layer's ``step`` for many calls without autograd (sampling); build it under
+        ``torch.no_grad()`` or ``torch.inference_mode()``, and again after the weights change."""
+        return InferenceStep(self)
+
     def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
         outputs = []
         for x in inputs:
@@ -128,6 +147,29 @@ class RecurrentCell(nn.Module):
             device = device or reference.device
             dtype = dtype or reference.dtype
         return torch.zeros(batch_size, width or self.hidden_size, device=device, dtype=dtype)
+
+
+class InferenceStep:
+    """A cell's ``step`` in two parts, ``advance(project(x), x, state) == cell.step(x, state)``.
+
+    ``project`` is the share of the step that depends on the input alone, computed row by row, so
+    the model can take it once for every row of the embedding table and gather a row per symbol.
+    ``advance`` finishes the step. This default projects nothing and calls ``cell.step``; cells
+    override both with their weights arranged once, in as few operations as their equations allow.
+    """
+
+    reads_input = True  # whether advance reads x itself, besides its projection
+
+    def __init__(self, cell: RecurrentCell):
+        self.cell = cell
+
+    def project(self, x: Tensor) -> Tensor | None:
+        """The input's share of the step, ``[B, k]`` (None: nothing is taken ahead)."""
+        return None
+
+    def advance(self, projected: Tensor | None, x: Tensor | None, state: State) -> tuple[Tensor, State]:
+        """The depth output and the new state, from ``project(x)`` (and ``x``, if ``reads_input``)."""
+        return self.cell.step(x, state)
 
 
 def glorot_uniform_(weight: Tensor, blocks: int = 1) -> Tensor:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
 from charlm.cells.multiplicative import MultiplicativeIntegration
 
 
@@ -104,6 +104,9 @@ class DeltaRNN(RecurrentCell):
         h = self.outer((1 - r) * z + r * h)
         return h, (h,)
 
+    def inference_step(self) -> "DeltaInference":
+        return DeltaInference(self)
+
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         a = self.input_product(inputs, self.weight_input, lookup=lookup)
         prepared = self.inner.prepare(a)
@@ -120,3 +123,27 @@ class DeltaRNN(RecurrentCell):
             h = self.outer((1 - r) * z + r * h)
             outputs.append(h)
         return torch.stack(outputs), (h,)
+
+
+class DeltaInference(InferenceStep):
+    """The Delta-RNN step for sampling (no dropout: eval mode): the inner function's input-only
+    parts and the gate r taken ahead from W x, then one product V h."""
+
+    reads_input = False
+
+    def __init__(self, cell: DeltaRNN):
+        super().__init__(cell)
+        self.weight_input, self.weight_hidden = cell.weight_input.T, cell.weight_hidden.T
+        self.inner, self.outer, self.gate_bias = cell.inner, cell.outer, cell.gate_bias
+
+    def project(self, x: Tensor) -> Tensor:
+        a = x @ self.weight_input
+        return torch.cat([self.inner.prepare(a), torch.sigmoid(a + self.gate_bias)], dim=-1)
+
+    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
+        (h,) = state
+        n = h.shape[-1]
+        prepared, r = projected.split([projected.shape[-1] - n, n], dim=-1)
+        z = self.inner.combine(h @ self.weight_hidden, prepared)
+        h = self.outer(torch.addcmul(z, r, h - z))  # (1 − r) ⊙ z + r ⊙ h
+        return h, (h,)

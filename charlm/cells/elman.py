@@ -7,9 +7,10 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
 
 ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu}
+IN_PLACE = {"tanh": torch.tanh_, "sigmoid": torch.sigmoid_, "relu": torch.relu_}
 FUSED_KERNELS = {"tanh": torch.rnn_tanh, "relu": torch.rnn_relu}  # PyTorch's own loops for the same function
 
 
@@ -58,6 +59,9 @@ class Elman(RecurrentCell):
         h = self.activation(x @ self.weight_input.T + h @ self.weight_hidden.T + self.bias)
         return h, (h,)
 
+    def inference_step(self) -> "ElmanInference":
+        return ElmanInference(self)
+
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         (h,) = state
         fused = FUSED_KERNELS.get(self.config.activation)
@@ -71,3 +75,23 @@ class Elman(RecurrentCell):
             h = self.activation(pre_t + h @ self.weight_hidden.T)
             outputs.append(h)
         return torch.stack(outputs), (h,)
+
+
+class ElmanInference(InferenceStep):
+    """The Elman step for sampling: W x + b taken ahead, then one product and φ in place."""
+
+    reads_input = False
+
+    def __init__(self, cell: Elman):
+        super().__init__(cell)
+        self.weight_input, self.weight_hidden = cell.weight_input.T, cell.weight_hidden.T
+        self.bias = cell.bias
+        self.activation_ = IN_PLACE[cell.config.activation]
+
+    def project(self, x: Tensor) -> Tensor:
+        return torch.addmm(self.bias, x, self.weight_input)
+
+    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
+        (h,) = state
+        h = self.activation_(torch.addmm(projected, h, self.weight_hidden))
+        return h, (h,)

@@ -7,7 +7,8 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
+from charlm.cells.lstm import lstm_memory_
 
 _DEPTH_ACTIVATIONS = {"tanh": torch.tanh, "identity": lambda pre: pre}
 
@@ -134,6 +135,9 @@ class GridLSTM(RecurrentCell):
         output = self._depth_transform(H_prime @ self.depth_weight.T + self.depth_bias, x)
         return output, (h_time, m_time)
 
+    def inference_step(self) -> "GridInference":
+        return GridInference(self)
+
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         # Nothing in the time recurrence depends on the depth output, so only the time transform's
         # recurrent product runs step by step; h_depth's share of both transforms is one matrix
@@ -156,3 +160,41 @@ class GridLSTM(RecurrentCell):
         depth_pre = torch.stack(time_outputs) @ self.depth_weight[:, :n].T + depth_from_depth
         outputs = self._depth_transform(depth_pre, inputs)
         return outputs, (h_time, m_time)
+
+
+class GridInference(InferenceStep):
+    """The block's step for sampling: h_depth's share of both transforms (and their biases) is
+    taken ahead; then one product for the time transform and one for the depth transform, each
+    LSTM transform's gates applied in place."""
+
+    def __init__(self, cell: GridLSTM):
+        super().__init__(cell)
+        n = self.hidden_size = cell.hidden_size
+        self.paper_output = cell.config.output == "paper"
+        self.depth = cell.config.depth
+        # Copies of the column blocks, transposed: views of them are slower operands at batch 1.
+        self.from_depth = torch.cat([cell.time_weight[:, n:], cell.depth_weight[:, n:]]).T.contiguous()
+        self.bias = torch.cat([cell.time_bias, cell.depth_bias])
+        self.time_recurrent = cell.time_weight[:, :n].T.contiguous()
+        self.depth_from_time = cell.depth_weight[:, :n].T.contiguous()
+
+    def project(self, x: Tensor) -> Tensor:
+        return torch.addmm(self.bias, x.narrow(-1, 0, self.hidden_size), self.from_depth)
+
+    def _transform(self, pre: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """(h′, m′) of an LSTM transform; overwrites ``pre``."""
+        gate, memory = lstm_memory_(pre, memory, blocks="ifog")  # u, f, o, c
+        hidden = torch.tanh(gate.mul_(memory)) if self.paper_output else gate * torch.tanh(memory)
+        return hidden, memory
+
+    def advance(self, projected: Tensor, x: Tensor, state: State) -> tuple[Tensor, State]:
+        h_time, m_time = state
+        n = self.hidden_size
+        time_rows = 4 * n
+        time_pre = torch.addmm(projected.narrow(-1, 0, time_rows), h_time, self.time_recurrent)
+        h_time, m_time = self._transform(time_pre, m_time)
+        depth_pre = torch.addmm(projected.narrow(-1, time_rows, self.depth_from_time.shape[1]), h_time,
+                                self.depth_from_time)
+        if self.depth != "lstm":
+            return _DEPTH_ACTIVATIONS[self.depth](depth_pre), (h_time, m_time)
+        return torch.cat(self._transform(depth_pre, x.narrow(-1, n, n)), dim=-1), (h_time, m_time)

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
 
 
 @dataclasses.dataclass
@@ -67,6 +67,9 @@ class GRU(RecurrentCell):
         h = z * h + (1 - z) * h_hat
         return h, (h,)
 
+    def inference_step(self) -> "GRUInference":
+        return GRUInference(self)
+
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         if self.config.reset_after and not self.loop_beats_fused_kernel(inputs, lookup):
             return self._fused_forward(inputs, state)
@@ -97,3 +100,44 @@ class GRU(RecurrentCell):
         weights = [self.weight_input, self.weight_hidden, self.bias, hidden_bias]
         outputs, h_n = torch.gru(inputs, h.unsqueeze(0), weights, True, 1, 0.0, self.training, False, False)
         return outputs, (h_n.squeeze(0),)
+
+
+class GRUInference(InferenceStep):
+    """The GRU step for sampling: W x + b taken ahead for r, z and ĥ; then one product for r and
+    z and one for ĥ (reset_after: one product U h + [0; 0; b_hn] for all three)."""
+
+    reads_input = False
+
+    def __init__(self, cell: GRU):
+        super().__init__(cell)
+        n = self.hidden_size = cell.hidden_size
+        self.reset_after = cell.config.reset_after
+        self.weight_input = cell.weight_input.T
+        self.bias = cell.bias
+        if self.reset_after:
+            self.weight_hidden = cell.weight_hidden.T
+            self.bias_hidden = torch.cat([cell.bias.new_zeros(2 * n), cell.bias_hidden_candidate])
+        else:
+            self.weight_gates = cell.weight_hidden[: 2 * n].T  # U_r, U_z
+            self.weight_candidate = cell.weight_hidden[2 * n :].T  # U_h
+
+    def project(self, x: Tensor) -> Tensor:
+        return torch.addmm(self.bias, x, self.weight_input)
+
+    def gates(self, projected: Tensor, h: Tensor) -> Tensor:
+        """The pre-activations of r and z, side by side (reset before the product)."""
+        return torch.addmm(projected.narrow(-1, 0, 2 * self.hidden_size), h, self.weight_gates)
+
+    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
+        (h,) = state
+        n = self.hidden_size
+        from_input = projected.narrow(-1, 2 * n, n)  # W_h x + b_h
+        if self.reset_after:
+            from_hidden = torch.addmm(self.bias_hidden, h, self.weight_hidden)
+            r, z = (projected + from_hidden).narrow(-1, 0, 2 * n).sigmoid_().unflatten(-1, (2, n)).unbind(-2)
+            h_hat = torch.addcmul(from_input, r, from_hidden.narrow(-1, 2 * n, n)).tanh_()
+        else:
+            r, z = self.gates(projected, h).sigmoid_().unflatten(-1, (2, n)).unbind(-2)
+            h_hat = torch.addmm(from_input, r * h, self.weight_candidate).tanh_()
+        h = torch.addcmul(h_hat, z, h - h_hat)  # z ⊙ h + (1 − z) ⊙ ĥ
+        return h, (h,)

@@ -21,8 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from charlm.cells.base import State, glorot_uniform_
-from charlm.cells.gru import GRU
-from charlm.cells.lstm import LSTM
+from charlm.cells.gru import GRU, GRUInference
+from charlm.cells.lstm import LSTM, LSTMInference
 
 
 def _positive_int(value) -> bool:
@@ -164,6 +164,9 @@ class HighOrderLSTM(LSTM):
         h = torch.sigmoid(o + f_o) * torch.tanh(c)
         return h, (h, c)
 
+    def inference_step(self) -> "HighOrderLSTMInference":
+        return HighOrderLSTMInference(self)
+
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         n = self.hidden_size
         term = self.second_order
@@ -180,6 +183,32 @@ class HighOrderLSTM(LSTM):
             _, (h, c) = self._gates_to_output(pre_t + from_hidden[:, : 4 * n] + second_order, c)
             outputs.append(h)
         return torch.stack(outputs), (h, c)
+
+
+def second_order_factors(term: SecondOrderTerm) -> tuple[Tensor, Tensor]:
+    """The projections of x and of h that the second-order terms multiply, transposed."""
+    return term.input_weight().T, term.hidden_weight().T
+
+
+class HighOrderLSTMInference(LSTMInference):
+    """The LSTM step for sampling with the second-order terms: the input takes W x + b and the x
+    side of the terms ahead; the h side is one more product, and one product with the mixing
+    matrix (a zero block for g) adds the terms to i, f and o."""
+
+    def __init__(self, cell: HighOrderLSTM):
+        super().__init__(cell)
+        self.hidden_size = n = cell.hidden_size
+        self.factors_input, self.factors_hidden = second_order_factors(cell.second_order)
+        mixing = cell.second_order.mixing_matrix()  # rows i, f, o
+        self.mixing = torch.cat([mixing[: 2 * n], mixing.new_zeros(n, mixing.shape[1]), mixing[2 * n :]]).T
+
+    def project(self, x: Tensor) -> Tensor:
+        return torch.cat([super().project(x), x @ self.factors_input], dim=-1)
+
+    def gates(self, projected: Tensor, h: Tensor) -> Tensor:
+        width = 4 * self.hidden_size
+        features = projected.narrow(-1, width, self.factors_input.shape[1]) * (h @ self.factors_hidden)
+        return super().gates(projected.narrow(-1, 0, width), h).addmm_(features, self.mixing)
 
 
 class HighOrderGRU(GRU):
@@ -225,6 +254,9 @@ class HighOrderGRU(GRU):
         h = z * h + (1 - z) * h_hat
         return h, (h,)
 
+    def inference_step(self) -> "HighOrderGRUInference":
+        return HighOrderGRUInference(self)
+
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         n = self.hidden_size
         term = self.second_order
@@ -243,3 +275,20 @@ class HighOrderGRU(GRU):
             h = z * h + (1 - z) * h_hat
             outputs.append(h)
         return torch.stack(outputs), (h,)
+
+
+class HighOrderGRUInference(GRUInference):
+    """The GRU step for sampling with the second-order terms on r and z: the input takes W x + b
+    and the x side of the terms ahead; the h side is one more product."""
+
+    def __init__(self, cell: HighOrderGRU):
+        super().__init__(cell)
+        self.factors_input, self.factors_hidden = second_order_factors(cell.second_order)
+        self.mixing = cell.second_order.mixing_matrix().T
+
+    def project(self, x: Tensor) -> Tensor:
+        return torch.cat([super().project(x), x @ self.factors_input], dim=-1)
+
+    def gates(self, projected: Tensor, h: Tensor) -> Tensor:
+        features = projected.narrow(-1, 3 * self.hidden_size, self.factors_input.shape[1]) * (h @ self.factors_hidden)
+        return super().gates(projected, h).addmm_(features, self.mixing)

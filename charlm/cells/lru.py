@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from charlm.cells.base import RecurrentCell, State, glorot_uniform_, uniform_all_
+from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_, uniform_all_
 
 
 @dataclasses.dataclass
@@ -74,6 +74,13 @@ class _Lattice(RecurrentCell):
         """(h₁′, h₂′) from the inputs, the two projections and the update gates."""
         raise NotImplementedError
 
+    def _mix_(self, h1, h2, h1_hat, h2_hat, z1, z2) -> tuple[Tensor, Tensor]:
+        """``_mix`` in fewer operations (one addcmul per output); may overwrite h1_hat and h2_hat."""
+        raise NotImplementedError
+
+    def inference_step(self) -> "LatticeInference":
+        return LatticeInference(self)
+
     def step(self, x: Tensor, state: State) -> tuple[Tensor, State]:
         h1, (h2,) = x, state
         n = self.hidden_size
@@ -111,6 +118,36 @@ class _Lattice(RecurrentCell):
         return torch.stack(outputs), (h2,)
 
 
+class LatticeInference(InferenceStep):
+    """The lattice step for sampling: what h₁ enters ungated (every gate's A_g h₁ + b_g and
+    A₁'s h₁ columns + b₁) is taken ahead; then one product of h₂ for the gates, and two each for
+    the projections."""
+
+    def __init__(self, cell: _Lattice):
+        super().__init__(cell)
+        n = self.hidden_size = cell.hidden_size
+        A1, A2 = cell.projection_weight[:n], cell.projection_weight[n:]
+        # Copies of the column blocks, transposed: views of them are slower operands at batch 1.
+        self.depth_weight = torch.cat([cell.gate_weight[:, :n], A1[:, :n]]).T.contiguous()
+        self.depth_bias = torch.cat([cell.gate_bias, cell.projection_bias[:n]])
+        self.gate_time_weight = cell.gate_weight[:, n:].T.contiguous()
+        self.A1_time, self.A2_depth = A1[:, n:].T.contiguous(), A2[:, :n].T.contiguous()
+        self.A2_time, self.b2 = A2[:, n:].T.contiguous(), cell.projection_bias[n:]
+
+    def project(self, x: Tensor) -> Tensor:
+        return torch.addmm(self.depth_bias, x, self.depth_weight)
+
+    def advance(self, projected: Tensor, h1: Tensor, state: State) -> tuple[Tensor, State]:
+        (h2,) = state
+        n, rows = self.hidden_size, self.gate_time_weight.shape[1]
+        gates = torch.addmm(projected.narrow(-1, 0, rows), h2, self.gate_time_weight).sigmoid_()
+        r1, r2, z1, z2 = self.cell._split_gates(gates)
+        h1_hat = torch.addmm(projected.narrow(-1, rows, n), r2 * h2, self.A1_time).tanh_()
+        h2_hat = torch.addmm(torch.addmm(self.b2, h2, self.A2_time), r1 * h1, self.A2_depth).tanh_()
+        h1_new, h2_new = self.cell._mix_(h1, h2, h1_hat, h2_hat, z1, z2)
+        return h1_new, (h2_new,)
+
+
 class ProjectedStateLRU(_Lattice):
     r"""PS-LRU: projected state decoupled; one reset gate r, one update gate z.
 
@@ -127,6 +164,9 @@ class ProjectedStateLRU(_Lattice):
 
     def _mix(self, h1, h2, h1_hat, h2_hat, z1, z2):
         return z1 * h1 + (1 - z1) * h2_hat, z2 * h2 + (1 - z2) * h1_hat
+
+    def _mix_(self, h1, h2, h1_hat, h2_hat, z1, z2):
+        return torch.addcmul(h2_hat, z1, h1 - h2_hat), torch.addcmul(h1_hat, z2, h2 - h1_hat)
 
 
 class ResetGateLRU(_Lattice):
@@ -146,6 +186,9 @@ class ResetGateLRU(_Lattice):
     def _mix(self, h1, h2, h1_hat, h2_hat, z1, z2):
         return z1 * h1 + (1 - z1) * h2_hat, z2 * h2 + (1 - z2) * h1_hat
 
+    def _mix_(self, h1, h2, h1_hat, h2_hat, z1, z2):
+        return torch.addcmul(h2_hat, z1, h1 - h2_hat), torch.addcmul(h1_hat, z2, h2 - h1_hat)
+
 
 class LatticeRecurrentUnit(_Lattice):
     r"""LRU (UG-LRU): update gate also decoupled; r₁, r₂, z₁, z₂.
@@ -163,3 +206,6 @@ class LatticeRecurrentUnit(_Lattice):
 
     def _mix(self, h1, h2, h1_hat, h2_hat, z1, z2):
         return z1 * h2_hat + (1 - z1) * h1, z2 * h1_hat + (1 - z2) * h2
+
+    def _mix_(self, h1, h2, h1_hat, h2_hat, z1, z2):
+        return torch.addcmul(h1, z1, h2_hat.sub_(h1)), torch.addcmul(h2, z2, h1_hat.sub_(h2))

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
 
 
 @dataclasses.dataclass
@@ -74,6 +74,9 @@ class LSTM(RecurrentCell):
         h = torch.sigmoid(o) * torch.tanh(c)
         return h, (h, c)
 
+    def inference_step(self) -> "LSTMInference":
+        return LSTMInference(self)
+
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         if not self.config.peephole and not self.loop_beats_fused_kernel(inputs, lookup):
             return self._fused_forward(inputs, state)
@@ -93,3 +96,46 @@ class LSTM(RecurrentCell):
             inputs, (h.unsqueeze(0), c.unsqueeze(0)), weights, True, 1, 0.0, self.training, False, False
         )
         return outputs, (h_n.squeeze(0), c_n.squeeze(0))
+
+
+def lstm_memory_(pre: Tensor, memory: Tensor, blocks: str = "ifgo") -> tuple[Tensor, Tensor]:
+    """The output gate σ(o) and the new memory σ(f) ⊙ m + σ(i) ⊙ tanh(g), from pre-activations
+    whose row blocks are in the order ``blocks``; overwrites them with activations."""
+    n = memory.shape[-1]
+    candidate = torch.tanh(pre.narrow(-1, blocks.index("g") * n, n))
+    gates = dict(zip(blocks, pre.sigmoid_().unflatten(-1, (4, n)).unbind(-2)))  # g's block too, unused
+    return gates["o"], torch.addcmul(gates["f"] * memory, gates["i"], candidate)
+
+
+class LSTMInference(InferenceStep):
+    """The LSTM step for sampling: W x + b taken ahead, one product U h, the gates in place."""
+
+    reads_input = False
+
+    def __init__(self, cell: LSTM):
+        super().__init__(cell)
+        self.weight_input, self.weight_hidden, self.bias = cell.weight_input.T, cell.weight_hidden.T, cell.bias
+        self.peephole = cell.peephole if cell.config.peephole else None
+
+    def project(self, x: Tensor) -> Tensor:
+        return torch.addmm(self.bias, x, self.weight_input)
+
+    def gates(self, projected: Tensor, h: Tensor) -> Tensor:
+        """The pre-activations, rows (i, f, g, o)."""
+        return torch.addmm(projected, h, self.weight_hidden)
+
+    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
+        h, c = state
+        pre = self.gates(projected, h)
+        if self.peephole is not None:
+            return self._advance_with_peepholes(pre, c)
+        o, c = lstm_memory_(pre, c)
+        h = o * torch.tanh(c)
+        return h, (h, c)
+
+    def _advance_with_peepholes(self, pre: Tensor, c: Tensor) -> tuple[Tensor, State]:
+        i, f, g, o = pre.unflatten(-1, (4, c.shape[-1])).unbind(-2)
+        p_i, p_f, p_o = self.peephole
+        c = torch.sigmoid(torch.addcmul(f, p_f, c)) * c + torch.sigmoid(torch.addcmul(i, p_i, c)) * torch.tanh(g)
+        h = torch.sigmoid(torch.addcmul(o, p_o, c)) * torch.tanh(c)
+        return h, (h, c)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
 
 
 class MinimalGatedUnit(RecurrentCell):
@@ -48,6 +48,9 @@ class MinimalGatedUnit(RecurrentCell):
         h = (1 - f) * h + f * h_hat
         return h, (h,)
 
+    def inference_step(self) -> "MGUInference":
+        return MGUInference(self)
+
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         pre_f, pre_h = self.input_product(inputs, self.weight_input, self.bias, lookup).chunk(2, dim=-1)
         U_f, U_h = self.weight_hidden.chunk(2)
@@ -59,3 +62,26 @@ class MinimalGatedUnit(RecurrentCell):
             h = (1 - f) * h + f * h_hat
             outputs.append(h)
         return torch.stack(outputs), (h,)
+
+
+class MGUInference(InferenceStep):
+    """The MGU step for sampling: W x + b taken ahead for f and ĥ, then one product each."""
+
+    reads_input = False
+
+    def __init__(self, cell: MinimalGatedUnit):
+        super().__init__(cell)
+        n = self.hidden_size = cell.hidden_size
+        self.weight_input, self.bias = cell.weight_input.T, cell.bias
+        self.U_f, self.U_h = cell.weight_hidden[:n].T, cell.weight_hidden[n:].T
+
+    def project(self, x: Tensor) -> Tensor:
+        return torch.addmm(self.bias, x, self.weight_input)
+
+    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
+        (h,) = state
+        n = self.hidden_size
+        f = torch.addmm(projected.narrow(-1, 0, n), h, self.U_f).sigmoid_()
+        h_hat = torch.addmm(projected.narrow(-1, n, n), f * h, self.U_h).tanh_()
+        h = torch.addcmul(h, f, h_hat.sub_(h))  # (1 − f) ⊙ h + f ⊙ ĥ
+        return h, (h,)

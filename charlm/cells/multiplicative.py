@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
 
 
 class MultiplicativeIntegration(nn.Module):
@@ -82,6 +82,9 @@ class MultiplicativeRNN(RecurrentCell):
         h = self.integration(x @ self.weight_input.T, h @ self.weight_hidden.T)
         return h, (h,)
 
+    def inference_step(self) -> "IntegrationInference":
+        return IntegrationInference(self)
+
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         prepared = self.integration.prepare(self.input_product(inputs, self.weight_input, lookup=lookup))
         (h,) = state
@@ -90,3 +93,23 @@ class MultiplicativeRNN(RecurrentCell):
             h = self.integration.combine(h @ self.weight_hidden.T, prepared_t)
             outputs.append(h)
         return torch.stack(outputs), (h,)
+
+
+class IntegrationInference(InferenceStep):
+    """The MI-RNN step for sampling: the integration's input-only parts (gain and offset) taken
+    ahead from W x, then one product U h and the block's combine."""
+
+    reads_input = False
+
+    def __init__(self, cell: MultiplicativeRNN):
+        super().__init__(cell)
+        self.weight_input, self.weight_hidden = cell.weight_input.T, cell.weight_hidden.T
+        self.integration = cell.integration
+
+    def project(self, x: Tensor) -> Tensor:
+        return self.integration.prepare(x @ self.weight_input)
+
+    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
+        (h,) = state
+        h = self.integration.combine(h @ self.weight_hidden, projected)
+        return h, (h,)

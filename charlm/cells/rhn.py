@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
 
 
 @dataclasses.dataclass
@@ -69,6 +69,9 @@ class RecurrentHighwayNetwork(RecurrentCell):
             s = h * t + s * (1 - t)
         return s, (s,)
 
+    def inference_step(self) -> "HighwayInference":
+        return HighwayInference(self)
+
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         first_layer_input = self.input_product(inputs, self.weight_input, self.bias[0], lookup)
         (s,) = state
@@ -86,6 +89,32 @@ class RecurrentHighwayNetwork(RecurrentCell):
                 s = _highway(s, torch.addmm(biases[layer], s, hidden_weights[layer].T))
             outputs.append(s)
         return torch.stack(outputs), (s,)
+
+
+class HighwayInference(InferenceStep):
+    """The highway step for sampling: W x + b₁ taken ahead, then per micro-layer one product
+    R_ℓ s + (that, or b_ℓ) and the gates applied in place."""
+
+    reads_input = False
+
+    def __init__(self, cell: RecurrentHighwayNetwork):
+        super().__init__(cell)
+        self.weight_input = cell.weight_input.T
+        self.first_bias = cell.bias[0]
+        self.micro_layers = [(weight.T, bias) for weight, bias in zip(cell.weight_hidden, cell.bias)]
+
+    def project(self, x: Tensor) -> Tensor:
+        return torch.addmm(self.first_bias, x, self.weight_input)
+
+    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
+        (s,) = state
+        n = s.shape[-1]
+        for layer, (weight, bias) in enumerate(self.micro_layers):
+            pre = torch.addmm(projected if layer == 0 else bias, s, weight)
+            h = pre.narrow(-1, 0, n).tanh_()
+            t = pre.narrow(-1, n, n).sigmoid_()
+            s = torch.addcmul(s, t, h - s)  # h ⊙ t + s ⊙ (1 − t)
+        return s, (s,)
 
 
 def _highway(s: Tensor, pre: Tensor) -> Tensor:

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from charlm.cells.base import RecurrentCell, State, glorot_uniform_
+from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
 
 
 @dataclasses.dataclass
@@ -89,6 +89,9 @@ class SCRN(RecurrentCell):
         h = torch.sigmoid(s @ self.P.T + x @ self.A.T + h @ self.R.T + self._hidden_bias())
         return torch.cat([h, s], dim=-1), (h, s)
 
+    def inference_step(self) -> "SCRNInference":
+        return SCRNInference(self)
+
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         c = self.context_size
         projected = self.input_product(inputs, torch.cat([self.B, self.A]), lookup=lookup)
@@ -106,3 +109,27 @@ class SCRN(RecurrentCell):
             h = torch.sigmoid(pre_t + h @ self.R.T)
             outputs.append(h)
         return torch.cat([torch.stack(outputs), contexts], dim=-1), (h, s)
+
+
+class SCRNInference(InferenceStep):
+    """The SCRN step for sampling: (1 − α) B x and A x (+ b) taken ahead, then the context's
+    update and two products for h."""
+
+    reads_input = False
+
+    def __init__(self, cell: SCRN):
+        super().__init__(cell)
+        self.context_size, self.alpha = cell.context_size, cell._alpha()
+        self.B, self.A = cell.B.T, cell.A.T
+        self.hidden_bias = cell._hidden_bias()
+        self.P, self.R = cell.P.T, cell.R.T
+
+    def project(self, x: Tensor) -> Tensor:
+        return torch.cat([(1 - self.alpha) * (x @ self.B), x @ self.A + self.hidden_bias], dim=-1)
+
+    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
+        h, s = state
+        c = self.context_size
+        s = projected.narrow(-1, 0, c) + self.alpha * s
+        h = torch.addmm(torch.addmm(projected.narrow(-1, c, h.shape[-1]), s, self.P), h, self.R).sigmoid_()
+        return torch.cat([h, s], dim=-1), (h, s)
