@@ -63,6 +63,7 @@ class Throughput:
     hidden_size: int
     parameters: int
     flops_per_char: float  # forward + backward matrix-product FLOPs per character of training
+    precision: str = "fp32"  # of the forward pass, as --precision
     train: Spread = field(default_factory=Spread)  # chars/s
     eval: Spread = field(default_factory=Spread)
     sample: Spread = field(default_factory=Spread)
@@ -74,7 +75,7 @@ class Throughput:
     def to_dict(self, baseline: "Throughput") -> dict:
         flop_scale = self.flops_per_char / baseline.flops_per_char
         values = {
-            "name": self.name, "hidden_size": self.hidden_size, "parameters": self.parameters,
+            "name": self.name, "hidden_size": self.hidden_size, "parameters": self.parameters, "precision": self.precision,
             "flops_per_char": self.flops_per_char,
             "train_chars_per_second": self.train.to_dict(), "eval_chars_per_second": self.eval.to_dict(),
             "train_ratio": self.train_ratio.median, "eval_ratio": self.eval_ratio.median,
@@ -108,6 +109,18 @@ class FusedLSTMBaseline(nn.Module):
     def forward(self, tokens, state):
         outputs, (h, c) = self.lstm(self.embedding(tokens.t()), state[0])
         return self.head(outputs).transpose(0, 1), [(h, c)]
+
+
+def fused_lstm_runs_in(precision: str, device: torch.device) -> bool:
+    """Whether ``torch.nn.LSTM`` has a kernel for ``precision`` on ``device`` (oneDNN's bfloat16 LSTM
+    needs bf16 instructions that many CPUs lack)."""
+    lstm = nn.LSTM(2, 2).to(device)
+    try:
+        with autocast(precision, device):
+            lstm(torch.zeros(1, 1, 2, device=device))
+    except RuntimeError:
+        return False
+    return True
 
 
 def _baseline_size(settings: BenchmarkSettings) -> int:
@@ -159,7 +172,7 @@ class _Contender:
         self.state = (initial_state or model.initial_state)(settings.batch_size, device=device)
         inner = getattr(model, "module", model)
         self.result = Throughput(name, getattr(inner, "hidden_size", 0) or inner.config.hidden_size,
-                                 count_parameters(inner), flops_per_char)
+                                 count_parameters(inner), flops_per_char, settings.precision)
         started = time.perf_counter()
         self._train_step()  # warm-up: allocations, kernel selection, compilation
         _synchronize(device)
@@ -229,7 +242,9 @@ def benchmark_cells(cells: list[str], settings: BenchmarkSettings, progress=None
     baseline_model = FusedLSTMBaseline(settings.vocab_size, _baseline_size(settings), settings.layers).to(device)
     # The fused baseline computes exactly the equations of charlm's `lstm` cell at the same size.
     reference = LanguageModel(ModelConfig("lstm", settings.vocab_size, baseline_model.hidden_size, settings.layers))
-    contenders = [_Contender(BASELINE_NAME, baseline_model, settings, device, training_flops_per_char(reference))]
+    # Where the fused kernel has no form in the asked precision, the baseline is its float32 form.
+    baseline_settings = settings if fused_lstm_runs_in(settings.precision, device) else dataclasses.replace(settings, precision="fp32")
+    contenders = [_Contender(BASELINE_NAME, baseline_model, baseline_settings, device, training_flops_per_char(reference))]
     for cell in cells:
         model = _cell_model(cell, settings)
         flops = training_flops_per_char(model)

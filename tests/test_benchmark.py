@@ -6,6 +6,7 @@ import json
 import statistics
 
 import pytest
+import torch
 
 from charlm.benchmark import training_flops_per_char
 from charlm.model import LanguageModel, ModelConfig
@@ -53,6 +54,7 @@ def test_bench_table_names_machine_load_and_threads():
 def test_bench_in_bf16_and_with_compiled_cells(monkeypatch):
     """--precision runs every contender under autocast; --compile trains each cell through
     torch.compile (traced here with TorchDynamo's eager backend) and reports the compile time."""
+    import charlm.benchmark
     import charlm.compiling
 
     monkeypatch.setattr(charlm.compiling, "BACKEND", "eager")
@@ -63,6 +65,9 @@ def test_bench_in_bf16_and_with_compiled_cells(monkeypatch):
     assert report["settings"]["precision"] == "bf16" and report["settings"]["compile"]
     baseline, gru = report["results"]
     assert "compile_seconds" not in baseline and gru["compile_seconds"] > 0
+    assert gru["precision"] == "bf16"
+    # the fused LSTM runs in bf16 where this CPU has the instructions for it, else in float32
+    assert baseline["precision"] == ("bf16" if charlm.benchmark.fused_lstm_runs_in("bf16", torch.device("cpu")) else "fp32")
     assert gru["train_chars_per_second"]["median"] > 0
 
 

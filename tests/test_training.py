@@ -14,6 +14,7 @@ import torch
 
 from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
+from charlm.model import LanguageModel, ModelConfig
 from charlm.training import Trainer, TrainingInterrupted
 from helpers import assert_one_line_error, cli
 
@@ -316,3 +317,18 @@ def test_bf16_training_matches_fp32_and_resumes_across_precisions(tiny_corpus, t
     assert all(value.dtype == torch.float32 for value in saved.weights.values())
     resumed = Trainer.resume(tmp_path / "bf16", epochs=2, precision="fp32").fit()
     assert resumed["epochs"] == 2
+
+
+@pytest.mark.parametrize("cell, options", [("lstm", {}), ("rnn", {}), ("gru", {"reset_after": True})])
+def test_cells_with_a_fused_kernel_train_in_bf16_on_any_cpu(cell, options):
+    """The upper layer's input is no embedding row, so it would take the fused library kernel,
+    whose bfloat16 form needs bf16 instructions (many CPUs lack them): under CPU autocast the
+    loop runs instead, and computes what the float32 loop computes, to bf16's precision."""
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(cell, vocab_size=11, hidden_size=16, layers=2, cell_options=options))
+    tokens = torch.randint(11, (3, 5))
+    expected, _ = model(tokens, model.initial_state(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, _ = model(tokens, model.initial_state(3))
+    logits.float().sum().backward()
+    torch.testing.assert_close(logits.float(), expected, atol=0.05, rtol=0.05)

@@ -132,14 +132,18 @@ class RecurrentCell(nn.Module):
         return inputs @ weight.T if bias is None else inputs @ weight.T + bias
 
     @staticmethod
-    def loop_beats_fused_kernel(inputs: Tensor, lookup: EmbeddingLookup | None) -> bool:
+    def prefers_python_loop(inputs: Tensor, lookup: EmbeddingLookup | None) -> bool:
         """Whether a cell with a fused library kernel should run its Python loop instead.
 
         A fused kernel multiplies the input of every position; with a folded input product the
         loop skips that work. On the CPU the loop then wins (``charlm bench``, 1M parameters:
-        training 1.35× for lstm, 1.85× for rnn); on a GPU the kernel's single launch wins.
+        training 1.35× for lstm, 1.85× for rnn); on a GPU the kernel's single launch wins. Under
+        autocast the CPU runs the loop too: oneDNN's bfloat16 RNN kernels need bf16 instructions
+        that many CPUs lack ("could not create a primitive descriptor for the LSTM forward").
         """
-        return lookup is not None and inputs.device.type == "cpu"
+        if inputs.device.type != "cpu":
+            return False
+        return lookup is not None or torch.is_autocast_enabled("cpu")
 
     def _zeros(self, batch_size, device=None, dtype=None, width=None) -> Tensor:
         reference = next(self.parameters(), None)

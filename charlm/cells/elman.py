@@ -65,7 +65,7 @@ class Elman(RecurrentCell):
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
         (h,) = state
         fused = FUSED_KERNELS.get(self.config.activation)
-        if fused is not None and not self.loop_beats_fused_kernel(inputs, lookup):
+        if fused is not None and not self.prefers_python_loop(inputs, lookup):
             weights = [self.weight_input, self.weight_hidden, self.bias, torch.zeros_like(self.bias)]
             outputs, h_n = fused(inputs, h.unsqueeze(0), weights, True, 1, 0.0, self.training, False, False)
             return outputs, (h_n.squeeze(0),)

@@ -71,7 +71,7 @@ class GRU(RecurrentCell):
         return GRUInference(self)
 
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
-        if self.config.reset_after and not self.loop_beats_fused_kernel(inputs, lookup):
+        if self.config.reset_after and not self.prefers_python_loop(inputs, lookup):
             return self._fused_forward(inputs, state)
         n = self.hidden_size
         pre_input = self.input_product(inputs, self.weight_input, self.bias, lookup)

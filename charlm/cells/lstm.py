@@ -78,7 +78,7 @@ class LSTM(RecurrentCell):
         return LSTMInference(self)
 
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
-        if not self.config.peephole and not self.loop_beats_fused_kernel(inputs, lookup):
+        if not self.config.peephole and not self.prefers_python_loop(inputs, lookup):
             return self._fused_forward(inputs, state)
         pre_input = self.input_product(inputs, self.weight_input, self.bias, lookup)
         h, c = state

@@ -73,6 +73,8 @@ def bench(given: dict = None):
     title = (f"Throughput on {settings.device} ({machine['threads']} thread{'s' if machine['threads'] != 1 else ''}, load {load}), batch {settings.batch_size} × "
              f"bptt {settings.bptt}, ~{settings.params} parameters, {settings.layers} layer(s), {settings.precision}"
              f"{', cells compiled' if settings.compile else ''}{', cells on CUDA graphs' if settings.cuda_graph else ''}, median of {settings.repeat} interleaved rounds")
+    if baseline.precision != settings.precision:
+        title += f"; the fused baseline in {baseline.precision} (torch.nn.LSTM has no {settings.precision} kernel on this {settings.device})"
     print_table(title, ["model", "n", "params", "MFLOP/char", "train chars/s", "× fused", "× fused/FLOP",
                         "eval chars/s", "× fused", "eval/train", "sample chars/s"] + (["compile s"] if settings.compile else [])
                 + (["capture s"] if settings.cuda_graph else []),
