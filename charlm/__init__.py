@@ -7,6 +7,10 @@
     model.score("Some text.").bpc
 """
 
+from charlm.threads import wait_briefly_for_work
+
+wait_briefly_for_work()  # before anything imports torch: OpenMP reads it once (see charlm.threads)
+
 __version__ = "0.2.0"
 
 _EXPORTS = {
