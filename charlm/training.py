@@ -520,7 +520,7 @@ class Trainer:
         self._compile_reported = True
         if isinstance(self.network, GraphedWindow):
             graphed = self.network
-            if graphed.active:
+            if graphed.active and graphed.capture_seconds:
                 self.run.log(f"CUDA graphs of the training window captured in {graphed.capture_seconds:.1f} s")
             self.run.record("cuda_graph", active=graphed.active, seconds=round(graphed.capture_seconds, 3),
                             failure=graphed.failure)
