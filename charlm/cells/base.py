@@ -46,8 +46,17 @@ class EmbeddingLookup:
 
     def project(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """``inputs @ weight.T + bias`` for the whole window, from the V rows of the table."""
+        return self.spread(self.rows(weight, bias))
+
+    def rows(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        """``table @ weight.T + bias``: the product for each symbol, ``[V, k]``. A cell that goes on
+        with elementwise work on its input product alone does it on these V rows, then spreads."""
         rows = weight.T if self.table is None else self.table @ weight.T
-        return F.embedding(self.tokens, rows if bias is None else rows + bias)
+        return rows if bias is None else rows + bias
+
+    def spread(self, rows: Tensor) -> Tensor:
+        """A value per symbol ``[V, k]`` at every position of the window, ``[T, B, k]``."""
+        return F.embedding(self.tokens, rows)
 
     def narrowed(self, width: int) -> "EmbeddingLookup":
         """The lookup of ``inputs[..., :width]`` (inputs from an embedding table)."""

@@ -108,12 +108,15 @@ class DeltaRNN(RecurrentCell):
         return DeltaInference(self)
 
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
-        a = self.input_product(inputs, self.weight_input, lookup=lookup)
-        prepared = self.inner.prepare(a)
-        gates = torch.sigmoid(a + self.gate_bias)
+        if lookup is None:
+            a = self.input_product(inputs, self.weight_input)
+            prepared, gates = self.inner.prepare(a), torch.sigmoid(a + self.gate_bias)
+        else:  # what depends on a alone, for each of the V symbols rather than each position
+            a = lookup.rows(self.weight_input)
+            prepared, gates = lookup.spread(self.inner.prepare(a)), lookup.spread(torch.sigmoid(a + self.gate_bias))
         masks = None
         if self.training and self.config.dropout > 0:
-            masks = F.dropout(torch.ones_like(a), self.config.dropout, True)  # one draw for the whole window
+            masks = F.dropout(torch.ones_like(gates), self.config.dropout, True)  # one draw for the whole window
         (h,) = state
         outputs = []
         for t, (prepared_t, r) in enumerate(zip(prepared, gates)):

@@ -86,7 +86,10 @@ class MultiplicativeRNN(RecurrentCell):
         return IntegrationInference(self)
 
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
-        prepared = self.integration.prepare(self.input_product(inputs, self.weight_input, lookup=lookup))
+        if lookup is None:
+            prepared = self.integration.prepare(self.input_product(inputs, self.weight_input))
+        else:  # gain and offset for each of the V symbols rather than each position
+            prepared = lookup.spread(self.integration.prepare(lookup.rows(self.weight_input)))
         (h,) = state
         outputs = []
         for prepared_t in prepared:
