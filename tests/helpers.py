@@ -78,3 +78,18 @@ def assert_one_line_error(result, *fragments: str, code: int = 2) -> None:
     assert lines and lines[-1].startswith("charlm: error: "), result.stderr
     for fragment in fragments:
         assert fragment in lines[-1], f"{fragment!r} not in {lines[-1]!r}"
+
+
+def assert_replays_the_step(step, graphed, tokens, state, start: int) -> None:
+    """``graphed`` (a captured ``step``) gives the logits and state that ``step`` gives, symbol
+    after symbol from ``tokens[:, start]`` on, each fed its own previous state."""
+    import torch
+
+    eager_state, replayed_state = state, state
+    for t in range(start, tokens.shape[1]):
+        eager_logits, eager_state = step(tokens[:, t], eager_state)
+        logits, replayed_state = graphed(tokens[:, t], replayed_state)
+        torch.testing.assert_close(logits, eager_logits)
+        for eager_layer, layer in zip(eager_state, replayed_state):
+            for a, b in zip(eager_layer, layer):
+                torch.testing.assert_close(b, a)

@@ -14,7 +14,7 @@ from charlm.config import SampleConfig
 from charlm.evaluation import score_tokens
 from charlm.model import LanguageModel, ModelConfig
 from charlm.sampling import filter_logits, generate
-from helpers import assert_one_line_error, cli
+from helpers import assert_one_line_error, assert_replays_the_step, cli
 
 # `trained_run` (conftest.py): a small LRU trained for two epochs on the `tiny` corpus.
 
@@ -150,15 +150,7 @@ def test_graphed_step_replays_what_the_step_computes(cell, layers):
     tokens = torch.randint(13, (2, 7))
     with torch.inference_mode():
         _, state = model(tokens[:, :3], model.initial_state(2))
-        graphed = GraphedStep(model, state, graph=ReplayByCalling())
-        eager_state, replayed_state = state, state
-        for t in range(3, 7):
-            eager_logits, eager_state = model.step(tokens[:, t], eager_state)
-            logits, replayed_state = graphed(tokens[:, t], replayed_state)
-            torch.testing.assert_close(logits, eager_logits)
-            for eager_layer, layer in zip(eager_state, replayed_state):
-                for a, b in zip(eager_layer, layer):
-                    torch.testing.assert_close(b, a)
+        assert_replays_the_step(model.step, GraphedStep(model, state, graph=ReplayByCalling()), tokens, state, start=3)
 
 
 def test_sampling_through_the_graph_path_draws_the_same_text(monkeypatch):

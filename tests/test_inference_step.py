@@ -11,6 +11,7 @@ from charlm.config import SampleConfig
 from charlm.errors import CharlmError
 from charlm.model import InferenceModel, LanguageModel, ModelConfig
 from charlm.sampling import draw, generate
+from helpers import assert_replays_the_step
 
 
 def _accepts_one_hot(case) -> bool:
@@ -112,15 +113,7 @@ def test_graphed_inference_model_replays_what_it_computes(cell):
     with torch.inference_mode():
         _, state = model(tokens[:, :3], model.initial_state(1))
         fast = model.for_sampling()
-        graphed = GraphedStep(fast, state, graph=ReplayByCalling())
-        eager_state, replayed_state = state, state
-        for t in range(3, 8):
-            eager_logits, eager_state = fast.step(tokens[:, t], eager_state)
-            logits, replayed_state = graphed(tokens[:, t], replayed_state)
-            torch.testing.assert_close(logits, eager_logits)
-            for eager_layer, layer in zip(eager_state, replayed_state):
-                for a, b in zip(eager_layer, layer):
-                    torch.testing.assert_close(b, a)
+        assert_replays_the_step(fast.step, GraphedStep(fast, state, graph=ReplayByCalling()), tokens, state, start=3)
 
 
 def test_probabilities_that_are_not_numbers_are_an_error():
