@@ -93,17 +93,23 @@ class SCRN(RecurrentCell):
         return SCRNInference(self)
 
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
-        c = self.context_size
-        projected = self.input_product(inputs, torch.cat([self.B, self.A]), lookup=lookup)
-        context_drive, hidden_drive = projected[..., :c], projected[..., c:]
-        alpha = self._alpha()
+        c, alpha, bias = self.context_size, self._alpha(), self._hidden_bias()
+        weight = torch.cat([self.B, self.A])
+        # (1 − α) B x and A x + b for every position; with a lookup, on the V rows, then spread
+        if lookup is None:
+            projected = self.input_product(inputs, weight)
+            context_drive, hidden_drive = (1 - alpha) * projected[..., :c], projected[..., c:] + bias
+        else:
+            rows = lookup.rows(weight)
+            drives = lookup.spread(torch.cat([(1 - alpha) * rows[:, :c], rows[:, c:] + bias], dim=-1))
+            context_drive, hidden_drive = drives.split([c, self.hidden_size], dim=-1)
         h, s = state
         contexts = []
-        for drive_t in (1 - alpha) * context_drive:
+        for drive_t in context_drive:
             s = drive_t + alpha * s
             contexts.append(s)
         contexts = torch.stack(contexts)
-        pre_hidden = contexts @ self.P.T + hidden_drive + self._hidden_bias()
+        pre_hidden = contexts @ self.P.T + hidden_drive
         outputs = []
         for pre_t in pre_hidden:
             h = torch.sigmoid(pre_t + h @ self.R.T)
