@@ -79,6 +79,12 @@ def test_folded_embedding_agrees_with_reference_step(case, embed_size, double_pr
     for a, b in zip(new_state, ref_state):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y)
+    with torch.inference_mode():  # evaluation's path, which some cells take through their sampling step
+        inferred, inferred_state = model(tokens, state)
+    torch.testing.assert_close(inferred, reference.detach())
+    for a, b in zip(inferred_state, ref_state):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y.detach())
 
     weights = torch.randn_like(logits)
     fast = torch.autograd.grad((logits * weights).sum(), list(model.parameters()))

@@ -131,6 +131,26 @@ class RecurrentCell(nn.Module):
             outputs.append(output)
         return torch.stack(outputs), state
 
+    def inference_forward(self, inputs: Tensor, state: State, lookup: EmbeddingLookup | None = None) -> tuple[Tensor, State]:
+        """``forward`` where nothing needs a gradient, through :meth:`inference_step`: the input's
+        share for the whole window at once (for the V symbols when ``lookup`` says what the inputs
+        are), then ``advance`` step by step. A cell whose autograd loop is slower calls this."""
+        fast = self.inference_step()
+        if lookup is not None:
+            symbols = lookup.table if lookup.table is not None else torch.eye(
+                inputs.shape[-1], dtype=inputs.dtype, device=inputs.device)  # one-hot inputs
+            rows = fast.project(symbols)
+            projected = None if rows is None else lookup.spread(rows)
+        else:
+            steps, batch = inputs.shape[:2]
+            flat = fast.project(inputs.reshape(steps * batch, -1))
+            projected = None if flat is None else flat.view(steps, batch, -1)
+        outputs = []
+        for t, x in enumerate(inputs):
+            output, state = fast.advance(None if projected is None else projected[t], x, state)
+            outputs.append(output)
+        return torch.stack(outputs), state
+
     @staticmethod
     def input_product(inputs: Tensor, weight: Tensor, bias: Tensor | None = None,
                       lookup: EmbeddingLookup | None = None) -> Tensor:

@@ -139,6 +139,8 @@ class GridLSTM(RecurrentCell):
         return GridInference(self)
 
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
+        if not torch.is_grad_enabled():  # evaluation: the sampling step, with its fewer operations, is faster here
+            return self.inference_forward(inputs, state, lookup)
         # Nothing in the time recurrence depends on the depth output, so only the time transform's
         # recurrent product runs step by step; h_depth's share of both transforms is one matrix
         # product for the window, and the rest of the depth transform one more once every h_time′

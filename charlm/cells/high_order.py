@@ -168,6 +168,8 @@ class HighOrderLSTM(LSTM):
         return HighOrderLSTMInference(self)
 
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
+        if not torch.is_grad_enabled():  # evaluation: the sampling step, with its fewer operations, is faster here
+            return self.inference_forward(inputs, state, lookup)
         n = self.hidden_size
         term = self.second_order
         from_input = self.input_product(inputs, torch.cat([self.weight_input, term.input_weight()]), lookup=lookup)
@@ -258,6 +260,8 @@ class HighOrderGRU(GRU):
         return HighOrderGRUInference(self)
 
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
+        if not torch.is_grad_enabled():  # evaluation: the sampling step, with its fewer operations, is faster here
+            return self.inference_forward(inputs, state, lookup)
         n = self.hidden_size
         term = self.second_order
         from_input = self.input_product(inputs, torch.cat([self.weight_input, term.input_weight()]), lookup=lookup)

@@ -93,6 +93,8 @@ class SCRN(RecurrentCell):
         return SCRNInference(self)
 
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
+        if not torch.is_grad_enabled():  # evaluation: the sampling step, with its fewer operations, is faster here
+            return self.inference_forward(inputs, state, lookup)
         c, alpha, bias = self.context_size, self._alpha(), self._hidden_bias()
         weight = torch.cat([self.B, self.A])
         # (1 − α) B x and A x + b for every position; with a lookup, on the V rows, then spread
