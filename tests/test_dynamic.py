@@ -239,7 +239,8 @@ def test_every_cell_adapts_and_reproduces_static_at_learning_rate_zero(cell):
             score = dynamic_score(model, tokens, make_update(model, options, rms), segment=10, batch_size=2)
             moved = any(not torch.equal(a, b) for a, b in zip(before, weights(model)))
             if step == 0:
-                assert score.nats == static.nats and not moved
+                # the static score of cells that evaluate through their sampling step rounds differently
+                assert score.nats == pytest.approx(static.nats, rel=1e-6) and not moved
             else:
                 assert np.isfinite(score.nats) and moved
             with torch.no_grad():
