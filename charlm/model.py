@@ -107,10 +107,12 @@ class LanguageModel(nn.Module):
         if self.fold_embedding and self.layers[0].folds_embedding and tokens.numel() > self.config.vocab_size:
             bottom = {"lookup": EmbeddingLookup(tokens, self._embedding_table())}
         new_state = []
+        evaluating = not torch.is_grad_enabled()
         for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
             if index > 0:
                 hidden = self.dropout(hidden)
-            hidden, layer_state = layer(hidden, layer_state, **(bottom if index == 0 else {}))
+            run = layer.inference_forward if evaluating and layer.evaluates_through_step else layer
+            hidden, layer_state = run(hidden, layer_state, **(bottom if index == 0 else {}))
             new_state.append(layer_state)
         logits = self.head(self.dropout(hidden))
         return logits.transpose(0, 1), new_state

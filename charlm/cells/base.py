@@ -77,6 +77,8 @@ class RecurrentCell(nn.Module):
     formula: ClassVar[str] = ""
     Config: ClassVar[type] = NoOptions
     folds_embedding: ClassVar[bool] = False  # forward accepts lookup= (see the module docstring)
+    # Without gradients (evaluation) the model runs windows through inference_forward, not forward.
+    evaluates_through_step: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         """A subclass that writes its own ``step`` samples through it unless it also writes its own
@@ -134,7 +136,8 @@ class RecurrentCell(nn.Module):
     def inference_forward(self, inputs: Tensor, state: State, lookup: EmbeddingLookup | None = None) -> tuple[Tensor, State]:
         """``forward`` where nothing needs a gradient, through :meth:`inference_step`: the input's
         share for the whole window at once (for the V symbols when ``lookup`` says what the inputs
-        are), then ``advance`` step by step. A cell whose autograd loop is slower calls this."""
+        are), then ``advance`` step by step. The model calls it instead of ``forward`` for cells
+        that set ``evaluates_through_step`` (where it measured faster than their autograd loop)."""
         fast = self.inference_step()
         if lookup is not None:
             symbols = lookup.table if lookup.table is not None else torch.eye(

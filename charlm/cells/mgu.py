@@ -20,6 +20,7 @@ class MinimalGatedUnit(RecurrentCell):
 
     name = "mgu"
     folds_embedding = True
+    evaluates_through_step = True  # measured faster without gradients (see RecurrentCell)
     description = "Minimal gated unit: one gate f, used to reset and to update"
     paper = "Zhou et al. 2016, Minimal gated unit for recurrent neural networks"
     formula = "2(dn + n² + n)"
@@ -52,8 +53,6 @@ class MinimalGatedUnit(RecurrentCell):
         return MGUInference(self)
 
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
-        if not torch.is_grad_enabled():  # evaluation: the sampling step, with its fewer operations, is faster here
-            return self.inference_forward(inputs, state, lookup)
         pre_f, pre_h = self.input_product(inputs, self.weight_input, self.bias, lookup).chunk(2, dim=-1)
         U_f, U_h = self.weight_hidden.chunk(2)
         (h,) = state
