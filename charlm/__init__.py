@@ -7,9 +7,9 @@
     model.score("Some text.").bpc
 """
 
-from charlm.threads import wait_briefly_for_work
+from charlm.runtime.openmp import wait_briefly_for_work
 
-wait_briefly_for_work()  # before anything imports torch: OpenMP reads it once (see charlm.threads)
+wait_briefly_for_work()  # before anything imports torch: OpenMP reads it once (see charlm.runtime.openmp)
 
 __version__ = "0.2.0"
 
@@ -17,13 +17,13 @@ _EXPORTS = {
     "load": "charlm.api",
     "Model": "charlm.api",
     "TextScore": "charlm.api",
-    "train": "charlm.training",
-    "Trainer": "charlm.training",
+    "train": "charlm.training.trainer",
+    "Trainer": "charlm.training.trainer",
     "TrainConfig": "charlm.config",
     "SampleConfig": "charlm.config",
     "DynamicOptions": "charlm.config",
     "Checkpoint": "charlm.checkpoint",
-    "Run": "charlm.runs",
+    "Run": "charlm.runs.directory",
     "CharlmError": "charlm.errors",
 }
 

@@ -20,12 +20,12 @@ import numpy as np
 
 from charlm.checkpoint import Checkpoint
 from charlm.config import DEFAULT_PRIME, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig, validate
-from charlm.devices import resolve_device
+from charlm.runtime.devices import resolve_device
 from charlm.errors import CharlmError, OutOfVocabulary
-from charlm.evaluation import LN2, Score, score_split, score_tokens
+from charlm.inference.scoring import LN2, Score, score_split, score_tokens
 from charlm.logs import get_logger
 from charlm.model import count_parameters
-from charlm.sampling import decoded_pieces, encode_prime, generate, outside_vocabulary, unknown_ids
+from charlm.inference.sampling import decoded_pieces, encode_prime, generate, outside_vocabulary, unknown_ids
 
 _SAMPLE = SampleConfig()
 _SCORE = ScoreConfig()
@@ -173,7 +173,7 @@ class Model:
         return result
 
     def _score_dynamically(self, tokens, dynamic, batch_size, chars_per_token, per_token, data_dir) -> Score:
-        from charlm.dynamic import collect_gradient_statistics, dynamic_score, make_update
+        from charlm.inference.dynamic import collect_gradient_statistics, dynamic_score, make_update
 
         options = DynamicOptions(method=dynamic) if isinstance(dynamic, str) else dynamic
         options = dataclasses.replace(options, batch_size=batch_size)
@@ -216,7 +216,7 @@ class Model:
                 self._record(split=split, mode="static", chars_per_s=score.characters / (time.perf_counter() - started),
                              **score.as_dict())
             return score
-        from charlm.dynamic_search import evaluate_dynamic
+        from charlm.inference.dynamic_protocol import evaluate_dynamic
 
         options = DynamicOptions(method=dynamic) if isinstance(dynamic, str) else dynamic
         if batch_size is not None:
@@ -228,7 +228,7 @@ class Model:
         return report
 
     def _record(self, **fields) -> None:
-        from charlm.runs import Run
+        from charlm.runs.directory import Run
 
         path = self.checkpoint.path
         if path is not None and (path.parent / "metrics.jsonl").exists():

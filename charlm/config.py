@@ -254,7 +254,7 @@ DEFAULT_PRIME = "\n"  # what sampling starts from when no prime is given (a line
 
 @dataclasses.dataclass
 class DynamicOptions:
-    """Every setting of a dynamic evaluation (see charlm.dynamic), with its default."""
+    """Every setting of a dynamic evaluation (see charlm.inference.dynamic), with its default."""
 
     method: str = setting("sgd", "sgd (Delta-RNN paper) or rms (Krause et al. 2018).", choices=("sgd", "rms"), cli=False)
     lr: float | None = setting(None, "Step size η.", flag="--dyn-lr", min=0, show_default="0.01 sgd, 0.0001 rms")

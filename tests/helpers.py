@@ -5,12 +5,17 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pydoc_data.topics
+import torch
+
+from charlm.checkpoint import Checkpoint
+from charlm.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_CORPORA = REPO.parent / "shared" / "corpora"
@@ -83,7 +88,6 @@ def assert_one_line_error(result, *fragments: str, code: int = 2) -> None:
 def assert_replays_the_step(step, graphed, tokens, state, start: int) -> None:
     """``graphed`` (a captured ``step``) gives the logits and state that ``step`` gives, symbol
     after symbol from ``tokens[:, start]`` on, each fed its own previous state."""
-    import torch
 
     eager_state, replayed_state = state, state
     for t in range(start, tokens.shape[1]):
@@ -93,3 +97,58 @@ def assert_replays_the_step(step, graphed, tokens, state, start: int) -> None:
         for eager_layer, layer in zip(eager_state, replayed_state):
             for a, b in zip(eager_layer, layer):
                 torch.testing.assert_close(b, a)
+
+
+# --- training runs compared bit for bit ---------------------------------------------------------
+
+def tiny_config(corpus_dir, run_dir, **overrides) -> TrainConfig:
+    settings = dict(corpus="tiny", cell="lstm", hidden=24, batch_size=8, bptt=16, epochs=2, log_every=5,
+                    eval_batch_size=4, data_dir=str(corpus_dir), run_dir=str(run_dir))
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+def weights(run_dir, name="last.pt"):
+    return Checkpoint.load(run_dir / name).weights
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def assert_same_state(a, b):
+    """Equal nested containers of tensors and plain values, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), (a.keys(), b.keys())
+        for key in a:
+            assert_same_state(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same_state(x, y)
+    else:
+        assert a == b, (a, b)
+
+
+def assert_same_run_end(straight, resumed):
+    """The same weights, and the same learning-rate schedule and optimizer state, bit for bit."""
+    a, b = Checkpoint.load(straight / "last.pt"), Checkpoint.load(resumed / "last.pt")
+    assert_same_weights(a.weights, b.weights)
+    assert a.training.scheduler is not None
+    assert_same_state(a.training.scheduler, b.training.scheduler)
+    lrs = [[group["lr"] for group in c.training.optimizer["param_groups"]] for c in (a, b)]
+    assert lrs[0] == lrs[1]
+    assert_same_state(a.training.optimizer, b.training.optimizer)
+    assert a.training.progress["epoch"] == b.training.progress["epoch"]
+    assert a.training.progress["step"] == b.training.progress["step"]
+
+
+def readme_cell_source() -> str:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"```python\n# mycells.py\n(.*?)```", readme, re.S)
+    assert match, "README.md lost its user-cell example"
+    return match.group(1)

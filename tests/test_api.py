@@ -15,7 +15,7 @@ import torch
 import charlm
 from charlm.checkpoint import Checkpoint
 from charlm.errors import CharlmError
-from charlm.evaluation import score_tokens
+from charlm.inference.scoring import score_tokens
 from helpers import assert_one_line_error, cli, prepare_tiny_corpus, pydoc_text
 
 TEXT = pydoc_text(3_000)

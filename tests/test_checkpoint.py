@@ -16,9 +16,9 @@ import torch
 import charlm
 from charlm.checkpoint import Checkpoint
 from charlm.errors import CharlmError
-from charlm.training import Trainer
+from charlm.training.trainer import Trainer
 from helpers import assert_one_line_error, cli, prepare_tiny_corpus
-from test_user_cell import readme_cell_source
+from helpers import readme_cell_source
 
 SMALL = dict(hidden=16, batch_size=8, bptt=16, eval_batch_size=4, lr=3e-3)
 

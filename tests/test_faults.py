@@ -13,14 +13,14 @@ import time
 import torch
 
 import charlm.checkpoint
-import charlm.training
+import charlm.training.trainer
 from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
-from charlm.memory import MemoryEstimate, check_fits, estimate_training_memory
-from charlm.runs import Run
-from charlm.training import Trainer
+from charlm.runtime.memory import MemoryEstimate, check_fits, estimate_training_memory
+from charlm.runs.directory import Run
+from charlm.training.trainer import Trainer
 from helpers import assert_one_line_error, cli
-from test_training import assert_same_run_end, tiny_config
+from helpers import assert_same_run_end, tiny_config
 
 SMALL_RUN = ["--corpus", "tiny", "--cell", "gru", "--hidden", "16", "--batch-size", "2", "--bptt", "8", "--epochs", "2",
              "--log-every", "1", "--eval-batch-size", "8", "--train-fraction", "0.3"]
@@ -150,7 +150,7 @@ def test_run_killed_before_its_first_checkpoint_starts_again_on_resume(tiny_corp
 
 
 def test_progress_lines_when_stderr_is_not_a_terminal(tiny_corpus, tmp_path, monkeypatch):
-    monkeypatch.setattr(charlm.training, "PROGRESS_INTERVAL", 0.0)
+    monkeypatch.setattr(charlm.training.trainer, "PROGRESS_INTERVAL", 0.0)
     result = cli("train", *SMALL_RUN, "--epochs", "1", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "run",
                  check_code=0)
     lines = [line for line in result.stderr.splitlines() if line.startswith("epoch 1/1  window ")]

@@ -18,15 +18,15 @@ def bench(given: dict = None):
     """Measure training, evaluation and sampling throughput (characters per second)."""
     import torch
 
-    from charlm.benchmark import benchmark_cells, machine_load
+    from charlm.tools.benchmark import benchmark_cells, machine_load
     from charlm.cells import CELLS
     from charlm.config import validate
-    from charlm.distributed import launched_by_torchrun
-    from charlm.devices import resolve_device
+    from charlm.runtime.distributed import launched_by_torchrun
+    from charlm.runtime.devices import resolve_device
     from charlm.model import parse_budget
     from charlm.errors import ConfigError
-    from charlm.precision import check_precision
-    from charlm.training import check_cuda_graph
+    from charlm.runtime.precision import check_precision
+    from charlm.training.trainer import check_cuda_graph
 
     settings = BenchmarkSettings(**given)
     validate(settings)
@@ -85,8 +85,8 @@ def _bench_scaling(names: list[str], settings: BenchmarkSettings) -> None:
     """Under torchrun: training throughput on one process against all of them."""
     import torch
 
-    from charlm.benchmark import benchmark_scaling
-    from charlm.distributed import device_for_rank, world_from_environment
+    from charlm.tools.benchmark import benchmark_scaling
+    from charlm.runtime.distributed import device_for_rank, world_from_environment
 
     device = torch.device(settings.device)
     world = world_from_environment(device)

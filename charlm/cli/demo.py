@@ -21,7 +21,7 @@ def demo(
 ):
     """Prepare the embedded `pydoc` corpus, size a small LRU to this machine and train it for the budget, report bits per character, sample."""
     from charlm.config import validate
-    from charlm.demo import run_demo
+    from charlm.tools.demo import run_demo
 
     def write(text: str) -> None:
         sys.stdout.write(text)

@@ -36,7 +36,7 @@ def evaluate(
 ):
     """Report bits per character and perplexity over a whole split, state carried across windows;
     with --dynamic, the static and the dynamically evaluated figures side by side."""
-    from charlm.dynamic_search import check_protocol, resolve_options
+    from charlm.inference.dynamic_protocol import check_protocol, resolve_options
 
     validate(EvalConfig(**static))
     split = static.get("split", EvalConfig.split)
@@ -70,7 +70,7 @@ def _evaluate_static(model, split, batch_size, bptt, data_dir):
 
 
 def _evaluate_dynamic(model, split, options, adapt_on, search_prefix, save_adapted, data_dir):
-    from charlm.dynamic_search import adapted_checkpoint, check_adapted_path
+    from charlm.inference.dynamic_protocol import adapted_checkpoint, check_adapted_path
 
     if save_adapted is not None:
         check_adapted_path(save_adapted, model.checkpoint.path)

@@ -25,7 +25,7 @@ def runs(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list (with each run's provenance) instead of a table."),
 ):
     """List runs: corpus, cell, size, epochs, best validation and test bpc, dynamic figures, time, status."""
-    from charlm.runs import find_runs
+    from charlm.runs.directory import find_runs
 
     rows = [run.summary() for run in find_runs(directory)]
     key = COLUMNS[sort.value]

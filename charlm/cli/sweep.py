@@ -1,4 +1,4 @@
-"""`charlm sweep PLAN`: a grid of training runs from a TOML plan (see charlm.plans)."""
+"""`charlm sweep PLAN`: a grid of training runs from a TOML plan (see charlm.experiments.plans)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def sweep(
     trust_code: bool = typer.Option(False, "--trust-code", help="Allow the plan's module:Class cells to be imported."),
 ):
     """Run every point of a plan as its own run directory; re-running skips finished runs and resumes interrupted ones."""
-    from charlm.plan import load_plan, shipped_plans
-    from charlm.sweep import Sweep, parse_shard, select
+    from charlm.experiments.plan import load_plan, shipped_plans
+    from charlm.experiments.sweep import Sweep, parse_shard, select
 
     if list_plans:
         print_table(None, ["plan", "description"], [[name, text] for name, text in shipped_plans().items()])

@@ -25,7 +25,7 @@ def train(
     """Train a recurrent language model with truncated BPTT; keeps best.pt and last.pt."""
     from charlm.cells import parse_key_values
     from charlm.config import RESUMABLE_SETTINGS, read_config_file
-    from charlm.training import Trainer
+    from charlm.training.trainer import Trainer
 
     if resume is not None:
         named_cell = given.pop("cell", None)

@@ -1,0 +1,316 @@
+"""Reports over many runs: the comparisons of the LRU and Delta-RNN papers, as Markdown, CSV and PNG.
+
+``build_report(["runs/sweep"])`` reads every run directory at or below the given directories and
+writes, into ``runs/sweep/report``:
+
+- ``table1.md/.csv``: the LRU paper's Table 1, one table per parameter budget (``--params``, else
+  the parameter count to two significant figures): rows corpora, columns cells, the test loss
+  (nats, and bpc) at the best-validation epoch, mean ± standard deviation over seeds, the best
+  cell of each row in bold; full-data runs only;
+- ``convergence.csv/.png``: epochs to the best validation loss per run, a box plot per cell;
+- ``curves.png``: validation bpc against epochs and against training time, one panel per corpus;
+- ``efficiency.md/.csv/.png``: test bpc against the training fraction, and the fraction of the data
+  each cell needs to match the reference cell's full-data test loss;
+- ``gradnorms.png``: per-layer gradient norms of the step records as heat maps;
+- ``dynamic.md/.csv``: static against dynamic evaluation (Delta-RNN paper, protocols #1 and #2);
+- ``index.md``: links to all of these and the list of runs with their settings.
+
+A single run gets ``summary.md/.csv``, its curves and gradient norms. Unfinished runs are shown with
+their status, never dropped. The files depend only on the runs: a second report is byte-identical.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import os
+import statistics
+from pathlib import Path
+
+from charlm.errors import CharlmError
+from charlm.model import parse_budget
+from charlm.runs.directory import STATUSES, Run, find_runs
+
+DEFAULT_REFERENCE = "gru"
+REPORT_FILES = ("index.md", "table1.md", "table1.csv", "convergence.csv", "convergence.png", "curves.png",
+                "efficiency.md", "efficiency.csv", "efficiency.png", "gradnorms.png", "dynamic.md", "dynamic.csv",
+                "summary.md", "summary.csv")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """One run read back from its directory: its settings, status and the records a report needs."""
+
+    name: str
+    corpus: str
+    cell: str
+    layers: int | None
+    hidden: int | None
+    parameters: int | None
+    budget: str
+    budget_size: float
+    fraction: float
+    seed: int | None
+    status: str
+    epochs: tuple[dict, ...]  # the last record written for each epoch, in order
+    best: dict | None  # the epoch record of the best validation loss (the last one flagged best)
+    steps: tuple[dict, ...]  # step records with per-layer gradient norms
+    evaluations: tuple[dict, ...]  # dynamic "eval" records
+
+    @property
+    def completed_epochs(self) -> int:
+        return sum(1 for row in self.epochs if not row.get("partial"))
+
+    @property
+    def best_epoch(self) -> int | None:
+        return self.best["epoch"] if self.best else None
+
+    @property
+    def test_loss(self) -> float | None:
+        return self.best.get("test_loss") if self.best else None
+
+    @property
+    def test_bpc(self) -> float | None:
+        return self.best.get("test_bpc") if self.best else None
+
+    def seconds(self, through_epoch: int | None = None) -> float:
+        """Training time (the sum of the epochs' train_seconds) through ``through_epoch``, or in all."""
+        return sum(row.get("train_seconds", 0.0) for row in self.epochs
+                   if through_epoch is None or row["epoch"] <= through_epoch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stat:
+    """The mean of a figure over runs, and its spread."""
+
+    mean: float
+    std: float | None  # sample standard deviation; None for a single run
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """The runs (seeds) sharing corpus, budget, layers, cell and training fraction."""
+
+    runs: tuple[RunRecord, ...]
+
+    corpus = property(lambda self: self.runs[0].corpus)
+    budget = property(lambda self: self.runs[0].budget)
+    layers = property(lambda self: self.runs[0].layers)
+    cell = property(lambda self: self.runs[0].cell)
+    fraction = property(lambda self: self.runs[0].fraction)
+    loss = property(lambda self: _stat([run.test_loss for run in self.runs]))
+    bpc = property(lambda self: _stat([run.test_bpc for run in self.runs]))
+
+    @property
+    def status(self) -> str:
+        """``finished``, ``interrupted``, or counts: ``2 finished, 1 diverged``."""
+        counts = collections.Counter(run.status for run in self.runs)
+        if len(counts) == 1:
+            return next(iter(counts))
+        return ", ".join(f"{counts[status]} {status}" for status in STATUSES if counts[status])
+
+
+@dataclasses.dataclass
+class Report:
+    """What ``build_report`` wrote, and the main table(s) for the terminal."""
+
+    out: Path
+    files: list[str]
+    tables: list[tuple[str, list[str], list[list[str]]]]  # title, columns, rows
+
+
+# --- reading runs ------------------------------------------------------------------------------------
+
+def read_runs(directories: list[str | Path]) -> list[RunRecord]:
+    """Every run at or below the directories, named by its path relative to their common parent."""
+    found = {}
+    for directory in directories:
+        runs = find_runs(directory)
+        if not runs:
+            raise CharlmError(f"no runs under {directory} (no directory there holds config.json and metrics.jsonl)")
+        found.update({run.path.resolve(): run for run in runs})
+    base = Path(os.path.commonpath([Path(directory).resolve() for directory in directories]))
+    if base in found:
+        base = base.parent
+    return sorted((read_run(run, Path(os.path.relpath(path, base)).as_posix()) for path, run in found.items()),
+                  key=lambda record: record.name)
+
+
+def read_run(run: Run, name: str) -> RunRecord:
+    """A run's settings from config.json and its records from metrics.jsonl."""
+    config = run.read_json(run.config_file)
+    train, model = config.get("train", {}), config.get("model", {})
+    events = run.events()
+    epochs = [row for row in events if row.get("event") == "epoch" and isinstance(row.get("epoch"), int)]
+    flagged = [row for row in epochs if row.get("best")]
+    best = flagged[-1] if flagged else None
+    if best is not None and "test_loss" not in best:  # test scored once, for the best weights
+        tests = [row for row in events if row.get("event") == "test" and row.get("epoch") == best["epoch"]]
+        if tests:
+            best = {**best, **{key: value for key, value in tests[-1].items() if key.startswith("test_")}}
+    starts = [row for row in events if row.get("event") == "start"]
+    parameters = starts[-1].get("parameters") if starts else None
+    budget, budget_size = budget_label(train.get("params"), parameters)
+    return RunRecord(
+        name=name,
+        corpus=str(train.get("corpus", "?")),
+        cell=str(model.get("cell", train.get("cell", "?"))),
+        layers=model.get("layers", train.get("layers")),
+        hidden=model.get("hidden_size", train.get("hidden")),
+        parameters=parameters,
+        budget=budget,
+        budget_size=budget_size,
+        fraction=float(train.get("train_fraction", 1.0)),
+        seed=train.get("seed"),
+        status=run.status(events),
+        epochs=tuple(sorted({row["epoch"]: row for row in epochs}.values(), key=lambda row: row["epoch"])),
+        best=best,
+        steps=tuple(row for row in events if row.get("event") == "step" and row.get("grad_norm")),
+        evaluations=tuple(row for row in events if row.get("event") == "eval" and row.get("mode") == "dynamic"),
+    )
+
+
+def budget_label(params, parameters) -> tuple[str, float]:
+    """The parameter budget a run belongs to, and a number to sort by: its ``--params`` as given, or
+    else its parameter count to two significant figures (``≈1.8M``), so models sized alike by
+    ``--hidden`` share a table."""
+    if isinstance(params, str):
+        try:
+            return params, float(parse_budget(params))
+        except CharlmError:
+            return params, math.inf
+    if parameters is None:
+        return "unknown", math.inf
+    rounded = float(f"{parameters:.2g}")
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if rounded >= scale:
+            return f"≈{rounded / scale:g}{suffix}", rounded
+    return f"≈{rounded:g}", rounded
+
+
+def _stat(values: list[float | None]) -> Stat | None:
+    values = [value for value in values if value is not None and math.isfinite(value)]
+    if not values:
+        return None
+    return Stat(statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None)
+
+
+def group_runs(records: list[RunRecord]) -> list[Group]:
+    """Runs grouped over seeds, sorted by corpus, budget, layers, cell and fraction."""
+    groups = collections.defaultdict(list)
+    for record in records:
+        key = (record.corpus, record.budget_size, record.budget, record.layers or 0, record.cell, record.fraction)
+        groups[key].append(record)
+    return [Group(tuple(groups[key])) for key in sorted(groups)]
+
+
+# --- comparisons -------------------------------------------------------------------------------------
+
+def table1_sections(groups: list[Group]) -> list[tuple[str, list[str], list[tuple[str, list[Group | None]]]]]:
+    """Per budget (full-data runs): its label, its cells, and rows (corpus label, group per cell)."""
+    full = [group for group in groups if group.fraction == 1.0]
+    sections = []
+    for budget in _unique(group.budget for group in full):
+        inside = [group for group in full if group.budget == budget]
+        cells = sorted({group.cell for group in inside})
+        show_layers = any(group.layers not in (1, None) for group in inside)
+        rows = []
+        for corpus, layers in _unique((group.corpus, group.layers) for group in inside):
+            by_cell = {group.cell: group for group in inside if (group.corpus, group.layers) == (corpus, layers)}
+            label = f"{corpus} ({layers} layer{'' if layers == 1 else 's'})" if show_layers else corpus
+            rows.append((label, [by_cell.get(cell) for cell in cells]))
+        sections.append((budget, cells, rows))
+    return sections
+
+
+def best_of(row: list[Group | None]) -> Group | None:
+    """The group of a row with the lowest mean test loss."""
+    scored = [group for group in row if group is not None and group.loss is not None]
+    return min(scored, key=lambda group: group.loss.mean) if scored else None
+
+
+def efficiency_families(groups: list[Group]) -> dict[tuple, list[Group]]:
+    """Groups by (corpus, budget, layers), where some runs trained on part of the training split:
+    what one statistical-efficiency comparison holds."""
+    families = {}
+    for group in groups:
+        families.setdefault((group.corpus, group.budget, group.layers), []).append(group)
+    return {key: inside for key, inside in families.items() if any(group.fraction < 1.0 for group in inside)}
+
+
+def reference_loss(groups: list[Group], reference: str) -> float | None:
+    """The mean full-data test loss of the reference cell among ``groups``."""
+    return next((group.loss.mean for group in groups if group.cell == reference and group.fraction == 1.0
+                 and group.loss is not None), None)
+
+
+def data_needed(points: list[tuple[float, float]], target: float) -> tuple[float | None, bool]:
+    """The training fraction at which the test loss first reaches ``target``, interpolated linearly
+    between measured (fraction, loss) points; (None, False) when never. The flag says the smallest
+    measured fraction already reaches it (the figure is then an upper bound)."""
+    points = sorted(points)
+    for index, (fraction, loss) in enumerate(points):
+        if loss <= target:
+            if index == 0:
+                return fraction, True
+            before, before_loss = points[index - 1]
+            return before + (before_loss - target) / (before_loss - loss) * (fraction - before), False
+    return None, False
+
+
+def dynamic_columns(records: list[RunRecord]) -> list[tuple[str, bool]]:
+    """The (method, after adapting on validation) pairs recorded: sgd #1, sgd #2, rms #1, ..."""
+    pairs = {(_method(row), bool(row.get("adapt_on"))) for record in records for row in record.evaluations}
+    return sorted(pairs)
+
+
+def dynamic_rows(records: list[RunRecord]) -> list[tuple[RunRecord, str, float | None, dict]]:
+    """Per run and split: the static bpc and the last dynamic bpc of each method and protocol."""
+    rows = []
+    for record in records:
+        for split in sorted({row.get("split", "?") for row in record.evaluations}):
+            inside = [row for row in record.evaluations if row.get("split", "?") == split]
+            latest = {(_method(row), bool(row.get("adapt_on"))): row.get("dynamic_bpc") for row in inside}
+            rows.append((record, split, inside[-1].get("static_bpc"), latest))
+    return rows
+
+
+def _method(row: dict) -> str:
+    return str((row.get("hyperparameters") or {}).get("method", "dynamic"))
+
+
+def protocol_name(pair: tuple[str, bool]) -> str:
+    return f"{pair[0]} #{2 if pair[1] else 1}"
+
+
+def _unique(values) -> list:
+    return list(dict.fromkeys(values))
+
+
+def build_report(directories: list[str | Path], out: str | Path | None = None, reference: str | None = None) -> Report:
+    """Read the runs at or below ``directories`` and write the report into ``out`` (default
+    ``DIR/report`` for a single directory); files of an earlier report that no longer apply are removed."""
+    if not directories:
+        raise CharlmError("give at least one run directory")
+    if out is None and len(directories) > 1:
+        raise CharlmError("several directories: say where the report goes with --out REPORT_DIR")
+    records = read_runs(directories)
+    cells = sorted({record.cell for record in records})
+    if reference is not None and reference not in cells:
+        raise CharlmError(f"reference cell {reference} has no run here (cells: {', '.join(cells)})")
+    out = Path(out) if out is not None else Path(directories[0]) / "report"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CharlmError(f"cannot create report directory {out}: {error.strerror}") from None
+    from charlm.experiments.report.write import ReportWriter
+
+    writer = ReportWriter(out, records, reference or DEFAULT_REFERENCE, [str(directory) for directory in directories])
+    writer.write_all()
+    for name in REPORT_FILES:
+        if name not in writer.files:
+            (out / name).unlink(missing_ok=True)
+    return Report(out, writer.files, writer.tables)
+
+

@@ -1,0 +1,316 @@
+"""Writing a report: the Markdown and CSV files of each comparison, its figures and its index.
+
+``charlm.experiments.report.compare.build_report`` reads the runs and calls ``ReportWriter(...).write_all()``; each
+``write_*`` method writes one part, or adds a note to the index saying why it has none.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+from charlm.experiments.report import figures
+from charlm.files import atomic_write_text
+from charlm.experiments.report.compare import (Group, RunRecord, Stat, best_of, data_needed, dynamic_columns, dynamic_rows,
+                           efficiency_families, group_runs, protocol_name, reference_loss, table1_sections)
+
+
+TABLES = {"summary.md": "Summary of the run",
+          "table1.md": "Table 1: test loss at the best validation epoch, per corpus and cell",
+          "efficiency.md": "Statistical efficiency: test bpc against the fraction of training data",
+          "dynamic.md": "Static and dynamic evaluation"}
+FIGURES = {"curves.png": "Learning curves: validation bpc against epochs and training time",
+           "convergence.png": "Epochs to the best validation loss, per cell",
+           "efficiency.png": "Test bpc against the fraction of training data",
+           "gradnorms.png": "Gradient norm per layer and logged step"}
+
+
+class ReportWriter:
+    """Writes each part of a report, collecting the file names, notes and terminal tables."""
+
+    def __init__(self, out: Path, records: list[RunRecord], reference: str, sources: list[str]):
+        self.out, self.records, self.reference, self.sources = out, records, reference, sources
+        self.groups = group_runs(records)
+        self.colours = figures.cell_colours(sorted({record.cell for record in records}))
+        self.files, self.notes, self.tables = [], [], []
+
+    def text(self, name: str, text: str) -> None:
+        atomic_write_text(self.out / name, text)
+        self.files.append(name)
+
+    def table(self, name: str, columns: list[str], rows: list[list]) -> None:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows([[_csv_value(value) for value in row] for row in rows])
+        self.text(name, buffer.getvalue())
+
+    def figure(self, name: str, draw, *arguments) -> None:
+        draw(*arguments, self.out / name)
+        self.files.append(name)
+
+    def write_all(self) -> None:
+        if len(self.records) == 1:
+            self.write_summary()
+        else:
+            self.write_table1()
+            self.write_convergence()
+            self.write_efficiency()
+        self.write_curves()
+        self.write_gradnorms()
+        self.write_dynamic()
+        self.text("index.md", self.index())
+
+    def write_summary(self) -> None:
+        record = self.records[0]
+        rows = [*map(list, _settings(record).items()),
+                ["best epoch", record.best_epoch],
+                ["best valid bpc", record.best and record.best.get("valid_bpc")],
+                ["test loss (nats) at best", record.test_loss],
+                ["test bpc at best", record.test_bpc],
+                ["training seconds", record.seconds()]]
+        self.table("summary.csv", ["setting", "value"], rows)
+        self.text("summary.md", f"# Run {record.name}\n\n" + _markdown(["setting", "value"], rows))
+        self.tables.append((f"run {record.name}", ["setting", "value"], [[key, _display(value)] for key, value in rows]))
+
+    def write_table1(self) -> None:
+        sections = table1_sections(self.groups)
+        if not sections:
+            self.notes.append("No run trained on the full training data: no Table 1.")
+            return
+        csv_rows, markdown = [], ["# Table 1: test loss at the best validation epoch\n",
+                                  "Nats per token · bits per character, mean ± standard deviation over runs (seeds) "
+                                  "where several share corpus, budget, layers and cell; the best cell of each row in "
+                                  "bold. Full-data runs only.\n"]
+        for budget, cells, rows in sections:
+            markdown_rows, terminal_rows = [], []
+            for label, row in rows:
+                best = [group is not None and group is best_of(row) for group in row]
+                markdown_rows.append([label, *[loss_text(group, bold=bold) for group, bold in zip(row, best)]])
+                terminal_rows.append([label, *[loss_text(group, units=False) + " *" * bold for group, bold in zip(row, best)]])
+                csv_rows += [_table1_csv_row(budget, group, bold) for group, bold in zip(row, best) if group is not None]
+            markdown.append(f"## {budget} parameters\n\n" + _markdown(["corpus", *cells], markdown_rows))
+            self.tables.append((f"Table 1, {budget} parameters: test loss at the best validation epoch (nats · bpc; * best)",
+                                ["corpus", *cells], terminal_rows))
+        self.table("table1.csv", ["budget", "corpus", "layers", "cell", "runs", "test_loss", "test_loss_std",
+                                  "test_bpc", "test_bpc_std", "status", "best"], csv_rows)
+        self.text("table1.md", "\n".join(markdown))
+
+    def write_convergence(self) -> None:
+        rows = [[record.name, record.corpus, record.cell, record.layers, record.budget, record.fraction, record.seed,
+                 record.status, record.completed_epochs, record.best_epoch, record.best and record.best.get("valid_bpc"),
+                 record.test_loss, record.test_bpc, record.best and record.seconds(record.best_epoch), record.seconds()]
+                for record in self.records]
+        self.table("convergence.csv", ["run", "corpus", "cell", "layers", "budget", "fraction", "seed", "status", "epochs",
+                                       "best_epoch", "best_valid_bpc", "test_loss", "test_bpc", "seconds_to_best",
+                                       "train_seconds"], rows)
+        full = [record for record in self.records if record.fraction == 1.0 and record.best_epoch is not None]
+        if not full:
+            self.notes.append("No full-data run has a best epoch yet: no convergence box plot.")
+            return
+        cells = sorted({record.cell for record in full})
+        epochs = {cell: [record.best_epoch for record in full if record.cell == cell] for cell in cells}
+        self.figure("convergence.png", figures.convergence_boxes, epochs, self.colours)
+
+    def write_efficiency(self) -> None:
+        if all(record.fraction == 1.0 for record in self.records):
+            self.notes.append("Every run trained on the whole training split: no statistical-efficiency comparison "
+                              "(train with --train-fraction 0.2, 0.4, ...).")
+            return
+        rows = [[group.corpus, group.budget, group.layers, group.cell, group.fraction, len(group.runs),
+                 *_stat_values(group.loss), *_stat_values(group.bpc), group.status]
+                for groups in efficiency_families(self.groups).values() for group in groups]
+        self.table("efficiency.csv", ["corpus", "budget", "layers", "cell", "fraction", "runs", "test_loss",
+                                      "test_loss_std", "test_bpc", "test_bpc_std", "status"], rows)
+        self.text("efficiency.md", self.efficiency_markdown())
+        self.figure("efficiency.png", figures.efficiency_lines, self.efficiency_panels())
+
+    def efficiency_markdown(self) -> str:
+        parts = ["# Statistical efficiency\n",
+                 f"Test bits per character at each fraction of the training split (mean over runs). The last column is "
+                 f"the fraction of the data a cell needs to reach the full-data test loss of the reference cell, "
+                 f"{self.reference}, interpolated linearly between measured fractions; ≤ marks a loss already reached "
+                 f"at the smallest fraction measured.\n"]
+        for (corpus, budget, layers), groups in efficiency_families(self.groups).items():
+            fractions = sorted({group.fraction for group in groups})
+            target = reference_loss(groups, self.reference)
+            match = f"data to match {self.reference}" + ("" if target is None else f" ({target:.4f} nats)")
+            rows = []
+            for cell in sorted({group.cell for group in groups}):
+                own = {group.fraction: group for group in groups if group.cell == cell}
+                points = [(fraction, group.loss.mean) for fraction, group in own.items() if group.loss is not None]
+                needed = "no full-data run of the reference" if target is None else needed_text(data_needed(points, target))
+                rows.append([cell, *[_bpc_text(own.get(fraction)) for fraction in fractions], needed])
+            parts.append(f"## {corpus}, {budget} parameters, {_layers_text(layers)}\n\n"
+                         + _markdown(["cell", *[f"bpc at {fraction:g}" for fraction in fractions], match], rows))
+        return "\n".join(parts)
+
+    def efficiency_panels(self) -> dict[str, list[figures.Line]]:
+        panels, families = {}, efficiency_families(self.groups)
+        for (corpus, budget, layers), groups in families.items():
+            several = sum(1 for key in families if key[0] == corpus) > 1
+            for cell in sorted({group.cell for group in groups}):
+                own = [group for group in groups if group.cell == cell and group.bpc is not None]
+                if own:
+                    label = f"{cell} ({budget}, {_layers_text(layers)})" if several else cell
+                    panels.setdefault(corpus, []).append(figures.Line(
+                        label, self.colours[cell], [group.fraction for group in own], [group.bpc.mean for group in own],
+                        [group.bpc.std or 0.0 for group in own]))
+        return panels
+
+    def write_curves(self) -> None:
+        chosen = [record for record in self.records if record.fraction == 1.0] or self.records
+        panels = {}
+        for record in chosen:
+            epochs = [row for row in record.epochs if _finite(row.get("valid_bpc"))]
+            if epochs:
+                seconds = [record.seconds(row["epoch"]) for row in epochs]
+                panels.setdefault(record.corpus, []).append(figures.Curve(
+                    record.cell, self.colours[record.cell], [row["epoch"] for row in epochs],
+                    [row["valid_bpc"] for row in epochs], seconds))
+        if not panels:
+            self.notes.append("No run has finished an epoch: no learning curves.")
+            return
+        self.figure("curves.png", figures.learning_curves, dict(sorted(panels.items())))
+
+    def write_gradnorms(self) -> None:
+        chosen = [record for record in self.records if record.steps]
+        if not chosen:
+            self.notes.append("No step record holds per-layer gradient norms: no gradient-norm heat map.")
+            return
+        if len(chosen) > figures.MAX_HEATMAPS:
+            chosen = [min((record for record in chosen if record.cell == cell),
+                          key=lambda record: (-record.fraction, record.corpus, record.seed or 0, record.name))
+                      for cell in sorted({record.cell for record in chosen})]
+        self.figure("gradnorms.png", figures.gradient_heatmaps, [_heat_map(record) for record in chosen])
+
+    def write_dynamic(self) -> None:
+        rows = dynamic_rows(self.records)
+        if not rows:
+            self.notes.append("No dynamic evaluation recorded (`charlm eval RUN --dynamic sgd`): no dynamic table.")
+            return
+        pairs = dynamic_columns(self.records)
+        table = [[record.name, record.corpus, record.cell, split, static, *[by_protocol.get(pair) for pair in pairs]]
+                 for record, split, static, by_protocol in rows]
+        self.table("dynamic.csv", ["run", "corpus", "cell", "split", "static_bpc",
+                                   *[f"{method}_{2 if after_valid else 1}_bpc" for method, after_valid in pairs]], table)
+        self.text("dynamic.md", "# Static and dynamic evaluation\n\nBits per character of the evaluated split: static, "
+                  "and dynamic by method; #1 adapts on the evaluated split only, #2 first adapts over the whole "
+                  "validation split (Delta-RNN paper).\n\n"
+                  + _markdown(["run", "corpus", "cell", "split", "static bpc", *map(protocol_name, pairs)], table))
+
+    def index(self) -> str:
+        runs = "run" if len(self.records) == 1 else "runs"
+        parts = [f"# Report on {len(self.records)} {runs}\n",
+                 f"Written by `charlm report` from {', '.join(f'`{source}`' for source in self.sources)}. Losses are "
+                 "nats per token, bpc bits per character; a run's test figures are those of its best validation epoch.\n",
+                 "## Tables\n"]
+        parts += [f"- [{title}]({name})" + (f" ([CSV]({name[:-3]}.csv))" if f"{name[:-3]}.csv" in self.files else "")
+                  for name, title in TABLES.items() if name in self.files]
+        if "convergence.csv" in self.files:
+            parts.append("- [Epochs to the best validation loss, per run (CSV)](convergence.csv)")
+        parts.append("\n## Figures\n")
+        parts += [f"### {title}\n\n![{title}]({name})\n" for name, title in FIGURES.items() if name in self.files]
+        if self.notes:
+            parts += ["## Notes\n", *[f"- {note}" for note in self.notes], ""]
+        columns = ["run", *list(_settings(self.records[0]))[1:]]
+        parts += ["## Runs\n", _markdown(columns, [list(_settings(record).values()) for record in self.records])]
+        return "\n".join(parts)
+
+
+# --- text ----------------------------------------------------------------------------------------------
+
+def loss_text(group: Group | None, *, bold: bool = False, units: bool = True) -> str:
+    """``1.2345 ± 0.0100 nats · 1.7810 ± 0.0144 bpc (2 runs; 1 interrupted)``, or a status alone."""
+    if group is None:
+        return "–"
+    if group.loss is None:
+        return group.status
+    text = f"{_pm(group.loss)} nats · {_pm(group.bpc)} bpc" if units else f"{_pm(group.loss)} · {_pm(group.bpc)}"
+    notes = [f"{len(group.runs)} runs"] if len(group.runs) > 1 else []
+    notes += [] if group.status == "finished" else [group.status]
+    text = f"**{text}**" if bold else text
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _pm(stat: Stat | None) -> str:
+    if stat is None:
+        return "-"
+    return f"{stat.mean:.4f}" if stat.std is None else f"{stat.mean:.4f} ± {stat.std:.4f}"
+
+
+def needed_text(needed: tuple[float | None, bool]) -> str:
+    fraction, upper_bound = needed
+    if fraction is None:
+        return "not reached"
+    return f"≤ {fraction:.2f}" if upper_bound else f"{fraction:.2f}"
+
+
+def _layers_text(layers) -> str:
+    return "1 layer" if layers == 1 else f"{layers} layers"
+
+
+def _settings(record: RunRecord) -> dict:
+    return {"run": record.name, "corpus": record.corpus, "cell": record.cell, "layers": record.layers,
+            "hidden": record.hidden, "parameters": record.parameters, "budget": record.budget,
+            "fraction": record.fraction, "seed": record.seed, "status": record.status, "epochs": record.completed_epochs}
+
+
+def _table1_csv_row(budget: str, group: Group, best: bool) -> list:
+    return [budget, group.corpus, group.layers, group.cell, len(group.runs), *_stat_values(group.loss),
+            *_stat_values(group.bpc), group.status, best]
+
+
+def _stat_values(stat: Stat | None) -> list:
+    return [None, None] if stat is None else [stat.mean, stat.std]
+
+
+def _bpc_text(group: Group | None) -> str:
+    if group is None:
+        return "–"
+    if group.bpc is None:
+        return group.status
+    return f"{group.bpc.mean:.4f}" + ("" if group.status == "finished" else f" ({group.status})")
+
+
+def _heat_map(record: RunRecord) -> figures.HeatMap:
+    steps = sorted({row["step"]: row for row in record.steps if isinstance(row.get("step"), int)}.items())
+    layers = sorted({name for _, row in steps for name in row["grad_norm"]}, key=_layer_order)
+    values = [[row["grad_norm"].get(layer, math.nan) for _, row in steps] for layer in layers]
+    return figures.HeatMap(f"{record.name} ({record.cell}, {record.corpus})", layers, [step for step, _ in steps], values)
+
+
+def _layer_order(name: str) -> tuple:
+    if name == "embedding":
+        return (0, 0, name)
+    if name.startswith("layer") and name[5:].isdigit():
+        return (1, int(name[5:]), name)
+    return (2 if name == "softmax" else 3, 0, name)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _csv_value(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _display(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _markdown(columns: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(_display(value).replace("|", "\\|") for value in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""Using a trained model: exact static scoring, dynamic evaluation and its protocol, sampling."""

@@ -1,0 +1,119 @@
+"""Sampling text from a trained model: temperature, top-k and nucleus (top-p) filtering, streamed."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from charlm.config import SampleConfig
+from charlm.corpora import Tokenizer
+from charlm.errors import CharlmError, OutOfVocabulary
+from charlm.runtime.cuda_graphs import graphed_step
+from charlm.model import LanguageModel
+
+
+def outside_vocabulary(tokenizer: Tokenizer, text: str) -> list[str]:
+    """Characters of ``text`` the vocabulary lacks, or has only as its unknown-symbol entry."""
+    try:
+        tokenizer.encode(text)
+    except OutOfVocabulary as error:
+        return error.symbols
+    if tokenizer.unk is None:
+        return []
+    unk_id = tokenizer.vocab.index(tokenizer.unk)
+    return sorted(c for c in set(text) if unk_id in tokenizer.encode(c))
+
+
+def encode_prime(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Token ids of the prime; characters the model has never seen are an error, even where the
+    vocabulary has an unknown-symbol entry (a prime of unknowns would be a silent garbage start)."""
+    undecodable = [ord(c) - 0xDC00 for c in text if 0xDC80 <= ord(c) <= 0xDCFF]  # bytes the shell passed as they were
+    if undecodable:
+        raise CharlmError(f"the prime is not UTF-8 text (byte 0x{undecodable[0]:02x})")
+    unknown = outside_vocabulary(tokenizer, text)
+    if not unknown:
+        return tokenizer.encode(text)
+    shown = ", ".join(repr(symbol) for symbol in unknown)
+    raise CharlmError(f"the prime has characters outside the model's vocabulary: {shown}")
+
+
+def unknown_ids(tokenizer: Tokenizer) -> list[int]:
+    return [tokenizer.vocab.index(tokenizer.unk)] if tokenizer.unk is not None else []
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Set to −inf every logit outside the top k and outside the smallest set with mass ≥ top_p."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1, None]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probabilities = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probabilities, dim=-1) - probabilities
+        drop_sorted = mass_before >= top_p  # the most likely token always stays
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def draw(probabilities: Tensor, generator: torch.Generator) -> Tensor:
+    """One index drawn from ``probabilities`` ``[V]``, as a tensor ``[1]``.
+
+    The algorithm of ``torch.multinomial(probabilities, 1, generator=generator)`` (the index of
+    the largest p / q, q ~ Exp(1)), so a generator state draws the same index, without
+    multinomial's checks of the distribution, each of which reads a result back.
+    """
+    race = torch.empty_like(probabilities).exponential_(generator=generator)
+    return torch.argmax(probabilities / race, dim=-1, keepdim=True)
+
+
+@torch.inference_mode()
+def generate(model: LanguageModel, prime_ids: list[int], options: SampleConfig, banned_ids=()) -> Iterator[int]:
+    """Yield ``options.length`` token ids, each drawn given the prime and everything drawn before.
+
+    ``banned_ids`` are never drawn (the unknown-symbol entry: it stands for no character).
+    """
+    if not prime_ids:
+        raise CharlmError("the prime is empty: give at least one symbol")
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device)
+    if options.seed is not None:
+        generator.manual_seed(options.seed)
+    else:
+        generator.seed()
+    state = model.initial_state(1, device=device)
+    logits, state = model(torch.tensor([prime_ids], device=device), state)
+    step = graphed_step(model.for_sampling(), state)  # its step, or on a GPU that step replayed from a CUDA graph
+    banned = torch.tensor(list(banned_ids), dtype=torch.long, device=device)
+    last = logits[0, -1]
+    for _ in range(options.length):
+        last = last.float()
+        if len(banned):
+            last = last.index_fill(0, banned, float("-inf"))
+        if options.temperature != 1.0:  # dividing by 1 changes nothing
+            last = last / options.temperature
+        probabilities = torch.softmax(filter_logits(last, options.top_k, options.top_p), dim=-1)
+        if torch.isnan(probabilities).any():
+            raise CharlmError("the model's next-symbol probabilities are not numbers (NaN): "
+                              "its weights or its state overflowed")
+        token = draw(probabilities, generator)
+        yield int(token)
+        logits, state = step(token, state)
+        last = logits[0]
+
+
+def decoded_pieces(tokenizer: Tokenizer, ids: Iterator[int]) -> Iterator[str]:
+    """Decode token ids as they arrive and yield only the new text (subword pieces may merge)."""
+    drawn: list[int] = []
+    written = ""
+    for token in ids:
+        drawn.append(token)
+        text = tokenizer.decode(drawn)
+        if text.startswith(written) and len(text) > len(written):
+            yield text[len(written):]
+            written = text
+    final = tokenizer.decode(drawn)
+    if final != written and final.startswith(written):
+        yield final[len(written):]

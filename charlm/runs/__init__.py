@@ -1,0 +1,1 @@
+"""A run directory: its files and lock (directory), its records (records), provenance, TensorBoard."""

@@ -1,0 +1,335 @@
+"""Throughput of every cell relative to PyTorch's fused LSTM, measured in the same run.
+
+Training throughput is characters per second through forward, backward and an Adam step at the
+given batch and BPTT length; evaluation throughput is the forward pass alone (inference mode);
+sampling is one symbol at a time at batch 1. The baseline is ``torch.nn.LSTM`` (the fused library
+kernel) sized to the same parameter budget, so the ratio says how a cell's implementation compares
+with the fastest recurrent layer PyTorch has on this machine.
+
+A shared machine makes single timings worthless, so the contenders are interleaved: each round
+times the baseline and then every cell, and a cell's ratio is the median over rounds of its rate
+divided by the baseline's rate *in the same round*. Every figure comes with its spread over rounds.
+
+Cells do different amounts of arithmetic per character at the same parameter count (a tied or
+high-order cell reuses weights), so a second ratio divides by the matrix-product FLOPs of the
+cell's own equations: the multiply-adds of one ``step`` at batch 1, counted by PyTorch's
+``FlopCounterMode``, times three for forward and backward, plus the softmax layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from charlm.runtime.compiling import CompiledForward
+from charlm.config import BenchmarkSettings, SampleConfig
+from charlm.runtime.cuda_graphs import GraphedWindow
+from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
+from charlm.runtime.precision import autocast, float32_state, grad_scaler
+from charlm.inference.sampling import generate
+
+BASELINE_NAME = "torch.nn.LSTM (fused)"
+
+
+@dataclass
+class Spread:
+    """One quantity measured once per round."""
+
+    runs: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.runs)
+
+    @property
+    def relative_spread(self) -> float:
+        """Half the range over rounds, as a fraction of the median."""
+        return (max(self.runs) - min(self.runs)) / 2 / self.median if self.median else 0.0
+
+    def to_dict(self) -> dict:
+        return {"median": self.median, "min": min(self.runs), "max": max(self.runs), "runs": self.runs}
+
+
+@dataclass
+class Throughput:
+    name: str
+    hidden_size: int
+    parameters: int
+    flops_per_char: float  # forward + backward matrix-product FLOPs per character of training
+    precision: str = "fp32"  # of the forward pass, as --precision
+    train: Spread = field(default_factory=Spread)  # chars/s
+    eval: Spread = field(default_factory=Spread)
+    sample: Spread = field(default_factory=Spread)
+    train_ratio: Spread = field(default_factory=Spread)  # against the baseline in the same round
+    eval_ratio: Spread = field(default_factory=Spread)
+    compile_seconds: float | None = None  # with --compile: the warm-up step, compilation included
+    capture_seconds: float | None = None  # with --cuda-graph: the warm-up step, graph capture included
+
+    def to_dict(self, baseline: "Throughput") -> dict:
+        flop_scale = self.flops_per_char / baseline.flops_per_char
+        values = {
+            "name": self.name, "hidden_size": self.hidden_size, "parameters": self.parameters, "precision": self.precision,
+            "flops_per_char": self.flops_per_char,
+            "train_chars_per_second": self.train.to_dict(), "eval_chars_per_second": self.eval.to_dict(),
+            "train_ratio": self.train_ratio.median, "eval_ratio": self.eval_ratio.median,
+            "train_ratio_flop_normalised": self.train_ratio.median * flop_scale,
+            "eval_ratio_flop_normalised": self.eval_ratio.median * flop_scale,
+            "eval_over_train": self.eval.median / self.train.median,
+        }
+        if self.sample.runs:
+            values["sample_chars_per_second"] = self.sample.to_dict()
+        if self.compile_seconds is not None:
+            values["compile_seconds"] = self.compile_seconds
+        if self.capture_seconds is not None:
+            values["capture_seconds"] = self.capture_seconds
+        return values
+
+
+class FusedLSTMBaseline(nn.Module):
+    """Embedding → torch.nn.LSTM → linear: PyTorch's own fused recurrent layer."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, layers: int):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, hidden_size)
+        self.lstm = nn.LSTM(hidden_size, hidden_size, layers)
+        self.head = nn.Linear(hidden_size, vocab_size)
+        self.layers, self.hidden_size = layers, hidden_size
+
+    def initial_state(self, batch_size, device=None):
+        zeros = torch.zeros(self.layers, batch_size, self.hidden_size, device=device)
+        return [(zeros, zeros.clone())]
+
+    def forward(self, tokens, state):
+        outputs, (h, c) = self.lstm(self.embedding(tokens.t()), state[0])
+        return self.head(outputs).transpose(0, 1), [(h, c)]
+
+
+def fused_lstm_runs_in(precision: str, device: torch.device) -> bool:
+    """Whether ``torch.nn.LSTM`` has a kernel for ``precision`` on ``device`` (oneDNN's bfloat16 LSTM
+    needs bf16 instructions that many CPUs lack)."""
+    lstm = nn.LSTM(2, 2).to(device)
+    try:
+        with autocast(precision, device):
+            lstm(torch.zeros(1, 1, 2, device=device))
+    except RuntimeError:
+        return False
+    return True
+
+
+def _baseline_size(settings: BenchmarkSettings) -> int:
+    def total(hidden):
+        with torch.device("meta"):
+            return count_parameters(FusedLSTMBaseline(settings.vocab_size, hidden, settings.layers))
+
+    budget = parse_budget(settings.params)
+    low, high = 1, 16384
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if total(middle) < budget else (low, middle)
+    return min((low, high), key=lambda hidden: abs(total(hidden) - budget))
+
+
+def training_flops_per_char(model: LanguageModel) -> float:
+    """Matrix-product FLOPs of one character of training: 3 × those of one forward ``step``."""
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model.step(torch.zeros(1, dtype=torch.long), model.initial_state(1))
+    return 3.0 * counter.get_total_flops()
+
+
+def _synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Contender:
+    """A model with its synthetic data, optimiser and carried state, timed a round at a time."""
+
+    def __init__(self, name: str, model: nn.Module, settings: BenchmarkSettings, device, flops_per_char: float,
+                 initial_state=None, compiled: bool = False, graphed: bool = False):
+        """``initial_state``: where the carried state comes from when ``model`` is a wrapper (DDP);
+        ``compiled``: train through ``torch.compile`` (the warm-up step compiles); ``graphed``: through
+        captured CUDA graphs (the warm-up step captures)."""
+        self.model, self.settings, self.device = model, settings, device
+        self.train_forward = model
+        if compiled:
+            self.train_forward = CompiledForward(model, device)
+        elif graphed:
+            self.train_forward = GraphedWindow(model, device)
+        self.scaler = grad_scaler(settings.precision, device)
+        generator = torch.Generator().manual_seed(settings.seed)
+        shape = (settings.batch_size, settings.bptt)
+        self.inputs = torch.randint(settings.vocab_size, shape, generator=generator).to(device)
+        self.targets = torch.randint(settings.vocab_size, shape, generator=generator).to(device)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        self.state = (initial_state or model.initial_state)(settings.batch_size, device=device)
+        inner = getattr(model, "module", model)
+        self.result = Throughput(name, getattr(inner, "hidden_size", 0) or inner.config.hidden_size,
+                                 count_parameters(inner), flops_per_char, settings.precision)
+        started = time.perf_counter()
+        self._train_step()  # warm-up: allocations, kernel selection, compilation
+        _synchronize(device)
+        if compiled:
+            self.result.compile_seconds = time.perf_counter() - started
+        if graphed:
+            self.result.capture_seconds = time.perf_counter() - started
+        with torch.inference_mode(), autocast(settings.precision, device):
+            self.model.eval()
+            self.model(self.inputs, self.state)
+        _synchronize(device)
+
+    def _train_step(self):
+        self.model.train()
+        with autocast(self.settings.precision, self.device):
+            logits, state = self.train_forward(self.inputs, self.state)
+        logits = logits.float()  # the loss in float32, as in training
+        loss = nn.functional.cross_entropy(logits.reshape(-1, self.settings.vocab_size), self.targets.reshape(-1))
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        self.state = float32_state(detach_state(state))
+
+    def time_training(self) -> float:
+        _synchronize(self.device)
+        start = time.perf_counter()
+        for _ in range(self.settings.steps):
+            self._train_step()
+        _synchronize(self.device)
+        return self.settings.steps * self.inputs.numel() / (time.perf_counter() - start)
+
+    def time_evaluation(self) -> float:
+        self.model.eval()
+        state = self.state
+        with torch.inference_mode(), autocast(self.settings.precision, self.device):
+            _synchronize(self.device)
+            start = time.perf_counter()
+            for _ in range(self.settings.steps):
+                _, state = self.model(self.inputs, state)
+            _synchronize(self.device)
+        return self.settings.steps * self.inputs.numel() / (time.perf_counter() - start)
+
+    def time_sampling(self) -> float:
+        self.model.eval()
+        options = SampleConfig(length=self.settings.sample_length, seed=self.settings.seed)
+        start = time.perf_counter()
+        drawn = sum(1 for _ in generate(self.model, [0], options))
+        return drawn / (time.perf_counter() - start)
+
+
+def _cell_model(cell: str, settings: BenchmarkSettings) -> LanguageModel:
+    config = ModelConfig(cell, vocab_size=settings.vocab_size, hidden_size=1, layers=settings.layers)
+    hidden, _ = size_for_budget(config, parse_budget(settings.params))
+    return LanguageModel(dataclasses.replace(config, hidden_size=hidden))
+
+
+def benchmark_cells(cells: list[str], settings: BenchmarkSettings, progress=None) -> list[Throughput]:
+    """The fused-LSTM baseline first, then every cell, each sized to the same parameter budget,
+    timed in ``settings.repeat`` interleaved rounds. ``progress(text)`` is told each round."""
+    device = torch.device(settings.device)
+    torch.manual_seed(settings.seed)
+    baseline_model = FusedLSTMBaseline(settings.vocab_size, _baseline_size(settings), settings.layers).to(device)
+    # The fused baseline computes exactly the equations of charlm's `lstm` cell at the same size.
+    reference = LanguageModel(ModelConfig("lstm", settings.vocab_size, baseline_model.hidden_size, settings.layers))
+    # Where the fused kernel has no form in the asked precision, the baseline is its float32 form.
+    baseline_settings = settings if fused_lstm_runs_in(settings.precision, device) else dataclasses.replace(settings, precision="fp32")
+    contenders = [_Contender(BASELINE_NAME, baseline_model, baseline_settings, device, training_flops_per_char(reference))]
+    for cell in cells:
+        model = _cell_model(cell, settings)
+        flops = training_flops_per_char(model)
+        contenders.append(_Contender(cell, model.to(device), settings, device, flops, compiled=settings.compile,
+                                     graphed=settings.cuda_graph))
+    baseline = contenders[0].result
+    for round_index in range(settings.repeat):
+        if progress:
+            progress(f"round {round_index + 1}/{settings.repeat}")
+        for contender in contenders:
+            result = contender.result
+            result.train.runs.append(contender.time_training())
+            result.eval.runs.append(contender.time_evaluation())
+            if contender is not contenders[0]:
+                result.sample.runs.append(contender.time_sampling())
+            result.train_ratio.runs.append(result.train.runs[-1] / baseline.train.runs[-1])
+            result.eval_ratio.runs.append(result.eval.runs[-1] / baseline.eval.runs[-1])
+    return [contender.result for contender in contenders]
+
+
+def machine_load() -> float | None:
+    """The one-minute load average, where the system reports one."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+@dataclass
+class Scaling:
+    """Training throughput of one model on one process and on every process of a torchrun world."""
+
+    name: str
+    parameters: int
+    processes: int
+    single: Spread = field(default_factory=Spread)  # chars/s, rank 0 alone with the whole batch
+    together: Spread = field(default_factory=Spread)  # chars/s, the batch dealt out over every process
+    step_seconds: Spread = field(default_factory=Spread)  # one training step of the whole world
+
+    @property
+    def allreduce_bytes(self) -> int:
+        """Gradient bytes each process sends into the all-reduce per step (float32)."""
+        return 4 * self.parameters
+
+    @property
+    def efficiency(self) -> float:
+        return self.together.median / (self.processes * self.single.median)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "parameters": self.parameters, "processes": self.processes,
+                "single_chars_per_second": self.single.to_dict(), "together_chars_per_second": self.together.to_dict(),
+                "step_seconds": self.step_seconds.to_dict(), "allreduce_bytes_per_step": self.allreduce_bytes,
+                "speedup": self.together.median / self.single.median, "efficiency": self.efficiency}
+
+
+def benchmark_scaling(cells: list[str], settings: BenchmarkSettings, world, progress=None) -> list[Scaling]:
+    """Under torchrun: each model trained by rank 0 alone on the whole batch, then by every process
+    with DistributedDataParallel on its share of the streams, in interleaved rounds."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = torch.device(settings.device)
+    torch.manual_seed(settings.seed)
+    models = [(BASELINE_NAME, FusedLSTMBaseline(settings.vocab_size, _baseline_size(settings), settings.layers))]
+    models += [(cell, _cell_model(cell, settings)) for cell in cells]
+    rows = world.share(settings.batch_size)
+    results = []
+    for name, model in models:
+        model.to(device)
+        alone = _Contender(name, model, settings, device, 0.0) if world.is_main else None
+        shared_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        shared = _Contender(name, shared_model, dataclasses.replace(settings, batch_size=rows.stop - rows.start), device, 0.0,
+                            initial_state=model.initial_state)
+        result = Scaling(name, count_parameters(model), world.size)
+        for round_index in range(settings.repeat):
+            if progress and world.is_main:
+                progress(f"{name}: round {round_index + 1}/{settings.repeat}")
+            world.barrier()
+            if world.is_main:
+                result.single.runs.append(alone.time_training())
+            world.barrier()
+            started = time.perf_counter()
+            shared.time_training()
+            world.barrier()
+            seconds = time.perf_counter() - started
+            result.together.runs.append(settings.steps * settings.batch_size * settings.bptt / seconds)
+            result.step_seconds.runs.append(seconds / settings.steps)
+        results.append(result)
+    return results

@@ -1,0 +1,1 @@
+"""Training: the Trainer (the protocol) and the concerns it delegates to."""

@@ -1,0 +1,222 @@
+"""`charlm sweep`: plans, the grid, skipping and resuming, shards, dry runs, the shipped plans, errors."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from charlm.checkpoint import Checkpoint
+from charlm.cells import CELLS
+from charlm.experiments.plan import load_plan, shipped_plans
+from charlm.model import parse_budget
+from charlm.runs.directory import Run
+from charlm.experiments.sweep import Sweep, select
+from helpers import assert_one_line_error, cli
+
+TINY_PLAN = """
+name = "tiny"
+description = "two cells, two fractions"
+
+[base]
+corpus = "tiny"
+hidden = 12
+batch_size = 4
+bptt = 16
+epochs = 2
+eval_batch_size = 8
+log_every = 1
+save_every = "4"
+
+[axes]
+cell = ["gru", "lstm"]
+train_fraction = [0.15, 0.3]
+
+[[eval]]
+split = "valid"
+"""
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY_PLAN, encoding="utf-8")
+    return path
+
+
+def sweep_args(plan_file, directory, data_dir, *extra):
+    return ["sweep", plan_file, "--dir", directory, "--data-dir", data_dir, *extra]
+
+
+def weights_of(run_dir):
+    return Checkpoint.load(run_dir / "last.pt").weights
+
+
+def test_sweep_survives_kill_9_and_a_rerun_skips_finished_and_resumes_interrupted(plan_file, tiny_corpus, tmp_path):
+    killed = tmp_path / "killed"
+    process = subprocess.Popen([sys.executable, "-m", "charlm", *map(str, sweep_args(plan_file, killed, tiny_corpus))],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = killed / "cell-gru_train_fraction-0.3"
+
+    def second_run_saved_mid_epoch():
+        return (second / "metrics.jsonl").exists() and '"event": "checkpoint"' in (second / "metrics.jsonl").read_text()
+
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not second_run_saved_mid_epoch() and process.poll() is None:
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert Run(killed / "cell-gru_train_fraction-0.15").status() == "finished"
+    assert Run(second).status() == "interrupted"
+
+    rerun = cli(*sweep_args(plan_file, killed, tiny_corpus), check_code=0)
+    assert "[1/4] cell-gru_train_fraction-0.15: finished earlier; skipped" in rerun.stderr
+    assert "[2/4] cell-gru_train_fraction-0.3: resuming" in rerun.stderr
+    assert "sweep " in rerun.stdout and "4 finished" in rerun.stdout
+
+    straight = tmp_path / "straight"
+    cli(*sweep_args(plan_file, straight, tiny_corpus), check_code=0)
+    for point in load_plan(plan_file).points():
+        a, b = weights_of(killed / point.name), weights_of(straight / point.name)
+        assert all((a[key] == b[key]).all() for key in a), point.name
+        evals = [row for row in Run(killed / point.name).events() if row["event"] == "eval"]
+        assert [(row["split"], row["mode"]) for row in evals] == [("valid", "static")]  # evaluated once
+
+    again = cli(*sweep_args(plan_file, killed, tiny_corpus), check_code=0)
+    assert again.stderr.count("finished earlier; skipped") == 4
+
+
+def test_shards_cover_every_point_exactly_once(plan_file):
+    points = load_plan(plan_file).points()
+    for count in (1, 2, 3, 5):
+        shares = [select(points, shard=(index, count)) for index in range(count)]
+        names = sorted(point.name for share in shares for point in share)
+        assert names == sorted(point.name for point in points)
+    assert [p.name for p in select(points, ["cell=lstm"])] == ["cell-lstm_train_fraction-0.15", "cell-lstm_train_fraction-0.3"]
+    assert [p.name for p in select(points, ["cell=lstm", "train_fraction=0.3"])] == ["cell-lstm_train_fraction-0.3"]
+
+
+def test_dry_run_lists_sizes_without_training(plan_file, tiny_corpus, tmp_path):
+    text = plan_file.read_text().replace("hidden = 12", 'params = "5k"')
+    plan_file.write_text(text)
+    result = cli(*sweep_args(plan_file, tmp_path / "sweep", tiny_corpus, "--dry-run"), check_code=0)
+    plan = load_plan(plan_file)
+    sweep = Sweep(plan, tmp_path / "sweep", data_dir=tiny_corpus)
+    for point in plan.points():
+        row = sweep.describe(point)
+        assert abs(row["parameters"] - 5000) < 0.1 * 5000 and row["state"] == "new"
+        assert point.name in result.stdout and f"{row['parameters']:,}" in result.stdout
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_diverged_run_is_recorded_and_the_sweep_goes_on(tiny_corpus, tmp_path):
+    plan = tmp_path / "diverging.toml"
+    plan.write_text("""
+[base]
+corpus = "tiny"
+hidden = 12
+batch_size = 8
+epochs = 3
+clip = 0.0
+eval_batch_size = 8
+
+[axes]
+lr_decay = [1e38, 0.9]
+""", encoding="utf-8")
+    result = cli(*sweep_args(plan, tmp_path / "sweep", tiny_corpus), check_code=0)
+    assert "1 diverged, 1 finished" in result.stdout
+    assert Run(tmp_path / "sweep" / "lr_decay-1e+38").status() == "diverged"
+    again = cli(*sweep_args(plan, tmp_path / "sweep", tiny_corpus), check_code=0)
+    assert "diverged earlier; kept as diverged" in again.stderr
+
+
+@pytest.mark.parametrize("name", sorted(shipped_plans()))
+@pytest.mark.parametrize("profile", [None, "small"])
+def test_shipped_plans_pass_a_dry_run(name, profile, tmp_path):
+    result = cli("sweep", name, *(["--profile", profile] if profile else []), "--dir", tmp_path / "sweep",
+                 "--data-dir", tmp_path / "data", "--dry-run", check_code=0)
+    plan = load_plan(name, profile)
+    sweep = Sweep(plan, tmp_path / "sweep", data_dir=tmp_path / "data")
+    for point in plan.points():
+        assert point.name in result.stdout
+        row = sweep.describe(point)
+        assert row["parameters"] is not None
+        budget = point.settings.get("params")
+        if budget:  # sized to the budget: within 1% of it at paper scale
+            assert abs(row["parameters"] - parse_budget(budget)) < 0.01 * parse_budget(budget) + 2_000, point.name
+    assert not (tmp_path / "sweep").exists() and not (tmp_path / "data").exists()
+
+
+def test_shipped_plans_match_the_papers():
+    table1 = load_plan("lru-table1")
+    assert len(table1.points()) == 7 * 4 * 2
+    assert {p.settings["corpus"] for p in table1.points()} == {"ptb-contiguous", "wp", "enwik8", "text8"}
+    depth = Sweep(load_plan("lru-depth"), "unused")
+    hidden = {(row["cell"], row["layers"]): row["hidden"] for row in map(depth.describe, depth.plan.points())}
+    assert {cell: hidden[(cell, 2)] for cell in ("gru", "lstm", "grid-lstm", "rg-lru")} == \
+        {"gru": 387, "lstm": 335, "grid-lstm": 237, "rg-lru": 300}
+    for cell, gates in (("gru", 3), ("lstm", 4)):  # about 0.9M recurrent weights per layer
+        n = hidden[(cell, 2)]
+        assert abs(gates * n * 2 * n - 0.9e6) < 0.01e6
+    grid = Sweep(load_plan("grid-lstm-enwik8"), "unused")
+    assert abs(grid.describe(grid.plan.points()[0])["parameters"] - 16.8e6) < 0.05e6
+    assert [step.label for step in load_plan("delta-rnn-ptb").evals] == ["sgd test", "sgd test #2"]
+    assert all(CELLS.get(p.settings["cell"]) for p in load_plan("delta-rnn-ptb").points())
+
+
+def test_list_shows_every_shipped_plan_with_its_description():
+    result = cli("sweep", "--list", check_code=0)
+    for name, description in shipped_plans().items():
+        assert name in result.stdout and description[:30] in result.stdout
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('[base]\ncorpus = "tiny"\n[axes]\ncell = ["gru"]\n[extra]\nx = 1\n', "unknown key 'extra'"),
+    ('[base]\nlearning_rate = 0.1\n[axes]\ncell = ["gru"]\n', "unknown setting 'learning_rate'"),
+    ('[axes]\ncell = ["gru", "nope"]\n', "unknown cell 'nope'"),
+    ('[axes]\ncorpus = ["../etc"]\n', "'../etc' is not a corpus name"),
+    ('[axes]\ncell = []\n', "axis 'cell' must be a non-empty list"),
+    ('[axes]\nlr = [0.001, -1.0]\n', "run lr--1.0: lr must be positive"),
+    ('[axes]\ncell = ["mycells:Cell"]\n', "asks to import module 'mycells'"),
+    ('[axes\n', "is not valid TOML"),
+    ('[base]\nrun_dir = "x"\n', "unknown setting 'run_dir'"),
+    ('[[eval]]\nsplit = "train"\n', "eval split must be valid or test"),
+    ('base = 3\n', "base must be a table"),
+    ('[base]\ncell_options = 3\n', "cell_options must be a table"),
+    ('eval = [1]\n', "each eval step must be a table"),
+])
+def test_bad_plans_are_one_line_errors(text, fragment, tmp_path, tiny_corpus):
+    plan = tmp_path / "bad.toml"
+    plan.write_text(text, encoding="utf-8")
+    assert_one_line_error(cli(*sweep_args(plan, tmp_path / "sweep", tiny_corpus)), fragment)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_other_bad_sweep_input_is_one_line(plan_file, tiny_corpus, tmp_path):
+    directory = tmp_path / "sweep"
+    assert_one_line_error(cli("sweep", "nope"), "no plan 'nope'", "lru-table1")
+    assert_one_line_error(cli("sweep"), "give a plan")
+    assert_one_line_error(cli("sweep", tmp_path / "absent.toml"), "plan file", "does not exist")
+    assert_one_line_error(cli("sweep", "lru-table1", "--profile", "huge", "--dry-run"), "has no profile 'huge'", "small")
+    assert_one_line_error(cli(*sweep_args(plan_file, directory, tiny_corpus, "--shard", "2/2")), "--shard 2/2")
+    assert_one_line_error(cli(*sweep_args(plan_file, directory, tiny_corpus, "--shard", "x")), "--shard must be I/N")
+    assert_one_line_error(cli(*sweep_args(plan_file, directory, tiny_corpus, "--only", "cell=rhn")), "no run of the plan matches")
+    directory.mkdir()
+    (directory / "sweep.json").write_text('{"plan": "other", "profile": "paper", "fingerprint": "0"}', encoding="utf-8")
+    assert_one_line_error(cli(*sweep_args(plan_file, directory, tiny_corpus)), "holds runs of another plan (other")
+
+
+def test_a_point_that_cannot_run_is_reported_and_the_sweep_goes_on(tiny_corpus, tmp_path):
+    plan = tmp_path / "partly.toml"
+    plan.write_text('[base]\nhidden = 8\nbatch_size = 8\nepochs = 1\neval_batch_size = 8\n'
+                    '[axes]\ncorpus = ["absent", "tiny"]\n', encoding="utf-8")
+    result = cli(*sweep_args(plan, tmp_path / "sweep", tiny_corpus), check_code=0)
+    assert "[1/2] corpus-absent: not run: corpus 'absent' is not prepared" in result.stderr
+    assert "1 failed, 1 finished" in result.stdout
+    assert Run(tmp_path / "sweep" / "corpus-tiny").status() == "finished"

@@ -1,0 +1,215 @@
+"""``--cuda-graph``: the training window replayed from captured CUDA graphs, checked on the CPU.
+
+No GPU runs the suite, so ``make_graphed_callables`` is replaced by :func:`replayed_by_calling`,
+which keeps its contract (the inputs copied into static tensors, the outputs written into the
+same static tensors at every call, the parameters' gradients handed back through an autograd
+``Function``) and computes by calling the module. What is checked is charlm's side: the state
+flattened and carried, the static outputs used before they are overwritten, the shorter last
+window run eagerly, the fallback and the errors.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import charlm.runtime.cuda_graphs
+import charlm.training.trainer
+from charlm.runtime.cuda_graphs import GraphedWindow, graphed_window
+from charlm.model import LanguageModel, ModelConfig
+from charlm.training.trainer import Trainer
+from helpers import assert_one_line_error, cli
+from helpers import assert_same_weights, tiny_config, weights
+
+
+def replayed_by_calling(module, sample_args, allow_unused_input=False):
+    """``torch.cuda.make_graphed_callables(module, sample_args)`` done by calling ``module``."""
+    static_inputs = [arg.clone() for arg in sample_args]
+    parameters = tuple(module.parameters())
+    static_outputs = []
+    replayed_by_calling.captures.append([tuple(arg.shape) for arg in sample_args])
+
+    class Replay(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            for static, given in zip(static_inputs, inputs):
+                static.copy_(given)
+            with torch.enable_grad():
+                ctx.outputs = module(*static_inputs)
+            if not static_outputs:
+                static_outputs.extend(output.detach().clone() for output in ctx.outputs)
+            for static, output in zip(static_outputs, ctx.outputs):
+                static.copy_(output.detach())
+            return tuple(static.detach() for static in static_outputs)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            pairs = [(output, grad) for output, grad in zip(ctx.outputs, grads) if output.requires_grad]
+            grads = torch.autograd.grad([output for output, _ in pairs], parameters, [grad for _, grad in pairs],
+                                        allow_unused=allow_unused_input)
+            return (None,) * len(static_inputs) + grads
+
+    return lambda *inputs: Replay.apply(*inputs, *parameters)
+
+
+replayed_by_calling.captures = []
+
+
+def graph_on_the_cpu(monkeypatch, capture=replayed_by_calling):
+    """Let ``--cuda-graph`` run on the CPU, capturing with ``capture``."""
+    replayed_by_calling.captures.clear()
+    monkeypatch.setattr(charlm.training.trainer, "check_cuda_graph", lambda wanted, device: None)
+    monkeypatch.setattr(charlm.runtime.cuda_graphs, "make_graphed_callables", capture)
+
+
+@pytest.fixture
+def warnings(monkeypatch) -> list[str]:
+    """The warnings charlm.runtime.cuda_graphs logs, as a list."""
+    messages = []
+
+    class Recorder:
+        def warning(self, message):
+            messages.append(message)
+
+    monkeypatch.setattr(charlm.runtime.cuda_graphs, "get_logger", Recorder)
+    return messages
+
+
+def records(run_dir, event):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row for row in rows if row["event"] == event]
+
+
+def test_graphed_training_gives_the_eager_weights(tiny_corpus, tmp_path, monkeypatch):
+    """Two layers with dropout (its random draws happen in the replay too) and a two-tensor state:
+    after an epoch the weights are bit for bit those of eager training."""
+    settings = dict(epochs=1, cell="lstm", layers=2, dropout=0.2)
+    Trainer(tiny_config(tiny_corpus, tmp_path / "eager", **settings)).fit()
+    graph_on_the_cpu(monkeypatch)
+    trainer = Trainer(tiny_config(tiny_corpus, tmp_path / "graphed", cuda_graph=True, **settings))
+    assert isinstance(trainer.network, GraphedWindow)
+    trainer.fit()
+    assert_same_weights(weights(tmp_path / "eager"), weights(tmp_path / "graphed"))
+    # captured once, for the first window: tokens [B, T] and the four state tensors [B, n]
+    assert replayed_by_calling.captures == [[(8, 16)] + [(8, 24)] * 4]
+    (record,) = records(tmp_path / "graphed", "cuda_graph")
+    assert record["active"] and record["failure"] is None
+
+
+def test_a_failed_capture_falls_back_in_one_line_and_trains_the_same(tiny_corpus, tmp_path, monkeypatch):
+    def capture_fails(module, sample_args, allow_unused_input=False):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    Trainer(tiny_config(tiny_corpus, tmp_path / "eager", epochs=1, cell="gru")).fit()
+    graph_on_the_cpu(monkeypatch, capture_fails)
+    result = cli("train", "--corpus", "tiny", "--data-dir", str(tiny_corpus), "--cell", "gru", "--hidden", "24",
+                 "--batch-size", "8", "--bptt", "16", "--epochs", "1", "--log-every", "5", "--eval-batch-size", "4",
+                 "--run-dir", str(tmp_path / "graphed"), "--cuda-graph")
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "--cuda-graph" in line]
+    assert warnings == ["warning: --cuda-graph: capturing the training window failed (RuntimeError: CUDA error: "
+                        "operation not permitted when stream is capturing); training continues without it (the same "
+                        "results at eager speed)"]
+    assert_same_weights(weights(tmp_path / "eager"), weights(tmp_path / "graphed"))
+    (record,) = records(tmp_path / "graphed", "cuda_graph")
+    assert not record["active"] and "not permitted" in record["failure"]
+
+
+def test_the_capture_runs_with_autocast_caching_off():
+    """make_graphed_callables refuses autocast's weight cache; the window is captured without it,
+    and a window of another shape runs eagerly."""
+    seen = []
+
+    def capture(module, sample_args, allow_unused_input=False):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.is_autocast_cache_enabled()))
+        return replayed_by_calling(module, sample_args, allow_unused_input)
+
+    model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8))
+    window = GraphedWindow(model, torch.device("cpu"), graph_callables=capture)
+    tokens = torch.randint(13, (3, 5))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, state = window(tokens, model.initial_state(3))
+        assert logits.shape == (3, 5, 13) and state[0][0].shape == (3, 8)
+        window(tokens[:, :2], state)  # the shorter last window of an epoch
+    assert seen == [(True, False)]
+
+
+def test_torchrun_trains_eagerly_with_a_warning(warnings):
+    model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8))
+    assert graphed_window(model, torch.device("cuda"), distributed=True) is model
+    assert warnings == ["warning: --cuda-graph is not used under torchrun (DistributedDataParallel's gradient hooks "
+                        "cannot run inside a captured backward); training eagerly"]
+
+
+def test_cuda_graph_errors(tiny_corpus):
+    common = ("--corpus", "tiny", "--data-dir", str(tiny_corpus), "--cell", "gru", "--hidden", "8", "--epochs", "1")
+    assert_one_line_error(cli("train", *common, "--device", "cpu", "--cuda-graph"),
+                          "--cuda-graph needs a CUDA device, not cpu")
+    assert_one_line_error(cli("train", *common, "--cuda-graph", "--compile"),
+                          "--cuda-graph and --compile are exclusive")
+    assert_one_line_error(cli("bench", "--cells", "gru", "--device", "cpu", "--cuda-graph"),
+                          "--cuda-graph needs a CUDA device, not cpu")
+
+
+def test_bench_trains_every_cell_through_the_graphs_and_reports_the_capture(monkeypatch):
+    graph_on_the_cpu(monkeypatch)
+    result = cli("bench", "--cells", "gru,rhn", "--params", "20k", "--batch-size", "4", "--bptt", "6", "--steps", "1",
+                 "--repeat", "1", "--sample-length", "3", "--device", "cpu", "--cuda-graph", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["settings"]["cuda_graph"]
+    baseline, *cells = report["results"]
+    assert "capture_seconds" not in baseline  # the fused baseline stays eager
+    assert [cell["name"] for cell in cells] == ["gru", "rhn"] and all(cell["capture_seconds"] > 0 for cell in cells)
+    assert len(replayed_by_calling.captures) == 2
+
+
+def scoring_through(monkeypatch, graph_factory):
+    """Make ``score_tokens`` build its ``ScoringForward`` with the graph ``graph_factory()`` gives."""
+    import charlm.inference.scoring
+
+    built = []
+
+    def forward(model, device, windows):
+        built.append(charlm.runtime.cuda_graphs.ScoringForward(model, device, windows, graph=graph_factory()))
+        return built[-1]
+
+    monkeypatch.setattr(charlm.inference.scoring, "ScoringForward", forward)
+    return built
+
+
+def test_scoring_through_the_graph_gives_the_eager_score(monkeypatch):
+    """Full windows replayed from the graph, the shorter last one called: the same nats per token."""
+    from charlm.inference.scoring import score_tokens
+    from charlm.runtime.cuda_graphs import ReplayByCalling
+
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig("lstm", vocab_size=13, hidden_size=8, layers=2))
+    tokens = torch.randint(13, (3 * 7 * 9 + 5,)).numpy()  # 3 streams: 9 windows of 7, and a short one
+    eager = score_tokens(model, tokens, batch_size=3, bptt=7, device="cpu", per_token=True)
+    built = scoring_through(monkeypatch, ReplayByCalling)
+    replayed = score_tokens(model, tokens, batch_size=3, bptt=7, device="cpu", per_token=True)
+    assert built[0]._graphed is not None
+    assert replayed.nats == pytest.approx(eager.nats, rel=1e-12)
+    np.testing.assert_array_equal(replayed.token_nats, eager.token_nats)
+    few = score_tokens(model, tokens[:3 * 7 * 4], batch_size=3, bptt=7, device="cpu")  # 4 windows: not worth a graph
+    assert built[1]._graphed is None and few.tokens == 3 * 7 * 4 - 1
+
+
+def test_scoring_falls_back_with_a_warning_where_capture_fails(monkeypatch, warnings):
+    from charlm.inference.scoring import score_tokens
+
+    class CaptureFails:
+        def capture(self, function):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8))
+    tokens = torch.randint(13, (2 * 5 * 10,)).numpy()
+    eager = score_tokens(model, tokens, batch_size=2, bptt=5, device="cpu")
+    scoring_through(monkeypatch, CaptureFails)
+    assert score_tokens(model, tokens, batch_size=2, bptt=5, device="cpu").nats == eager.nats
+    assert warnings == ["warning: scoring without a CUDA graph (RuntimeError: operation not permitted when stream "
+                        "is capturing)"]

@@ -1,0 +1,287 @@
+"""Training protocol: resume equivalence, Ctrl-C and SIGTERM, divergence, checkpoints and metrics, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from charlm.checkpoint import Checkpoint
+from charlm.model import LanguageModel, ModelConfig
+from charlm.training.trainer import Trainer, TrainingInterrupted
+from helpers import assert_one_line_error, assert_same_run_end, assert_same_weights, cli, tiny_config, weights
+
+
+@pytest.mark.parametrize("cell", ["lstm", "lru"])
+def test_resume_after_one_epoch_equals_straight_run(tiny_corpus, tmp_path, cell):
+    straight = tmp_path / "straight"
+    Trainer(tiny_config(tiny_corpus, straight, cell=cell)).fit()
+
+    split = tmp_path / "split"
+    Trainer(tiny_config(tiny_corpus, split, cell=cell, epochs=1)).fit()
+    assert Checkpoint.load(split / "last.pt").training.progress["epoch"] == 1
+    Trainer.resume(str(split), epochs=2).fit()
+    assert_same_run_end(straight, split)
+    assert Checkpoint.load(split / "last.pt").training.optimizer["param_groups"][0]["lr"] == pytest.approx(1e-3 * 0.9**2)
+
+
+def test_sigterm_inside_an_epoch_then_resume_equals_straight_run(tiny_corpus, tmp_path, monkeypatch):
+    """A real SIGTERM to this process in the middle of the second epoch (after the scheduler's
+    first step): last.pt is saved, TrainingInterrupted (exit 130); the resumed run ends exactly
+    as the uninterrupted one, learning-rate schedule and optimizer state included."""
+    settings = dict(cell="gru", hidden=16, epochs=3, train_fraction=0.3)
+    straight = tmp_path / "straight"
+    Trainer(tiny_config(tiny_corpus, straight, **settings)).fit()
+
+    interrupted = tmp_path / "interrupted"
+    trainer = Trainer(tiny_config(tiny_corpus, interrupted, **settings))
+    stop_at = len(trainer.train_streams) + 8  # the 8th step of the second epoch
+    original = Trainer._accumulate_grad_norms
+
+    def accumulate_then_signal(self, groups):
+        original(self, groups)
+        if self.progress.step + 1 == stop_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(Trainer, "_accumulate_grad_norms", accumulate_then_signal)
+    handler_before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(TrainingInterrupted, match="interrupted: saved") as raised:
+        trainer.fit()
+    assert raised.value.exit_code == 130
+    assert signal.getsignal(signal.SIGTERM) == handler_before  # the handler is put back
+    monkeypatch.undo()
+    saved = Checkpoint.load(interrupted / "last.pt").training
+    assert saved.progress["epoch"] == 1 and saved.progress["window"] == 8 and saved.progress["step"] == stop_at
+    assert saved.scheduler["last_epoch"] == 1
+    assert saved.optimizer["param_groups"][0]["lr"] == pytest.approx(1e-3 * 0.9)
+    assert any(row["event"] == "interrupted" for row in map(json.loads, (interrupted / "metrics.jsonl").read_text().splitlines()))
+
+    Trainer.resume(str(interrupted)).fit()
+    assert_same_run_end(straight, interrupted)
+
+
+def test_run_directory_holds_config_metrics_log_and_checkpoints(tiny_corpus, tmp_path):
+    run = tmp_path / "run"
+    summary = Trainer(tiny_config(tiny_corpus, run)).fit()
+    for name in ("config.json", "metrics.jsonl", "train.log", "last.pt", "best.pt"):
+        assert (run / name).is_file(), name
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    epochs = [row for row in rows if row["event"] == "epoch"]
+    assert [row["epoch"] for row in epochs] == [1, 2]
+    for key in ("train_loss", "train_bits", "valid_loss", "valid_bpc", "lr", "chars_per_second", "train_seconds"):
+        assert all(key in row for row in epochs), key
+    assert not any("test_bpc" in row for row in epochs)  # test is scored once, for the best weights
+    assert set(epochs[0]["grad_norm"]) == {"embedding", "layer0", "softmax"}
+    assert epochs[1]["lr"] == pytest.approx(1e-3 * 0.9)
+    assert any(row["event"] == "step" for row in rows)
+    best = Checkpoint.load(run / "best.pt")
+    assert best.scores["valid_bpc"] == pytest.approx(min(row["valid_bpc"] for row in epochs))
+    assert summary["best_valid_bpc"] == pytest.approx(best.scores["valid_bpc"])
+    assert summary["test_bpc_at_best"] == pytest.approx(best.scores["test_bpc"])
+    payload = torch.load(run / "last.pt", weights_only=True)  # plain tensors and containers only
+    assert payload["tokenizer"]["vocab"] and payload["training"]["progress"]["finished"]
+    assert payload["training"]["scheduler"]["last_epoch"] == 2
+
+
+def test_test_split_is_scored_once_with_the_best_validation_weights(tiny_corpus, tmp_path):
+    from charlm.api import load
+
+    run = tmp_path / "run"
+    summary = Trainer(tiny_config(tiny_corpus, run, epochs=3)).fit()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    tests = [row for row in rows if row["event"] == "test"]
+    assert len(tests) == 1 and tests[0]["epoch"] == summary["best_epoch"]
+    direct = load(run, device="cpu").evaluate("test", batch_size=4, record=False)  # eval_batch_size of tiny_config
+    assert tests[0]["test_bpc"] == pytest.approx(direct.bpc, rel=1e-12)
+    assert summary["test_bpc_at_best"] == pytest.approx(direct.bpc, rel=1e-12)
+    assert Checkpoint.load(run / "best.pt").scores["test_loss"] == pytest.approx(direct.loss, rel=1e-12)
+    wall = summary["wall_seconds"]
+    assert set(wall) == {"train", "valid", "test"} and all(seconds > 0 for seconds in wall.values())
+    assert wall["train"] == pytest.approx(sum(row["train_seconds"] for row in rows if row["event"] == "epoch"), rel=1e-3)
+
+    every = tmp_path / "every"
+    Trainer(tiny_config(tiny_corpus, every, epochs=2, test_every_epoch=True)).fit()
+    rows = [json.loads(line) for line in (every / "metrics.jsonl").read_text().splitlines()]
+    assert all("test_bpc" in row for row in rows if row["event"] == "epoch")
+    assert not any(row["event"] == "test" for row in rows)
+
+
+def test_train_fraction_uses_leading_part(tiny_corpus, tmp_path):
+    full = Trainer(tiny_config(tiny_corpus, tmp_path / "full", epochs=1))
+    fifth = Trainer(tiny_config(tiny_corpus, tmp_path / "fifth", epochs=1, train_fraction=0.2))
+    assert fifth.train_streams.num_windows < full.train_streams.num_windows / 4
+
+
+def test_params_budget_chooses_hidden_size(tiny_corpus, tmp_path):
+    trainer = Trainer(tiny_config(tiny_corpus, tmp_path / "budget", hidden=None, params="20k", cell="gru", epochs=1))
+    total = sum(p.numel() for p in trainer.model.parameters())
+    assert abs(total - 20_000) < 0.05 * 20_000
+
+
+def test_interrupt_then_resume_equals_straight_run(tiny_corpus, tmp_path):
+    """Ctrl-C (SIGINT) to a real `python -m charlm train` process, then `--resume`."""
+    args = ["train", "--corpus", "tiny", "--cell", "gru", "--hidden", "16", "--batch-size", "2", "--bptt", "8",
+            "--epochs", "2", "--log-every", "1", "--eval-batch-size", "8", "--train-fraction", "0.3", "--data-dir", tiny_corpus]
+    interrupted = tmp_path / "interrupted"
+    process = subprocess.Popen([sys.executable, "-m", "charlm", *map(str, args), "--run-dir", str(interrupted)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cli(*args, "--run-dir", tmp_path / "straight", check_code=0)  # in this process, while the other starts up
+    metrics = interrupted / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and '"event": "step"' in metrics.read_text()):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted: saved" in stderr
+    progress = Checkpoint.load(interrupted / "last.pt").training.progress
+    assert progress["epoch"] == 0 and progress["window"] > 0  # stopped inside the first epoch
+
+    cli("train", "--resume", interrupted, check_code=0)
+    assert_same_run_end(tmp_path / "straight", interrupted)
+
+
+def test_divergence_stops_and_keeps_last_good_checkpoint(tiny_corpus, tmp_path):
+    run = tmp_path / "diverging"
+    result = cli("train", "--corpus", "tiny", "--cell", "lstm", "--hidden", "16", "--batch-size", "8",
+                 "--epochs", "3", "--lr-decay", "1e38", "--clip", "0", "--data-dir", tiny_corpus, "--run-dir", run)
+    assert_one_line_error(result, "training stopped: loss became", "kept the last good checkpoint", code=3)
+    kept = Checkpoint.load(run / "last.pt")
+    assert kept.training.progress["epoch"] == 1
+    assert all(torch.isfinite(tensor).all() for tensor in kept.weights.values())
+    tests = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"event": "test"' in line]
+    assert len(tests) == 1 and tests[0]["epoch"] == 1  # the best weights before the divergence are still tested
+
+
+def test_existing_run_directory_is_not_overwritten(tiny_corpus, tmp_path):
+    run = tmp_path / "run"
+    Trainer(tiny_config(tiny_corpus, run, epochs=1)).fit()
+    result = cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", run)
+    assert_one_line_error(result, "already holds a run", "--resume")
+
+
+@pytest.mark.parametrize(
+    "extra, fragments",
+    [
+        (["--cell", "no-such-cell"], ["unknown cell 'no-such-cell'"]),
+        (["--batch-size", "0"], ["--batch-size must be at least 1, not 0"]),
+        (["--lr", "0"], ["--lr must be positive, not 0.0"]),
+        (["--hidden", "8", "--params", "1M"], ["not both"]),
+        (["--train-fraction", "1.5"], ["--train-fraction"]),
+        (["--cell", "lstm", "--cell-opt", "peephole=maybe"], ["peephole"]),
+        (["--cell", "lstm", "--cell-opt", "nonsense=1"], ["has no option 'nonsense'"]),
+        (["--params", "lots"], ["parameter budget 'lots'"]),
+        (["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "tpu"], ["not available" if not torch.cuda.is_available() else "tpu"]),
+        (["--cell", "os.path:join"], ["not a subclass"]),
+        (["--cell", "no_such_module_xyz:Cell"], ["cannot import"]),
+    ],
+)
+def test_bad_training_input_is_one_line_error(tiny_corpus, tmp_path, extra, fragments):
+    result = cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", "--epochs", "1", *extra)
+    assert_one_line_error(result, *fragments)
+    assert result.stdout == ""
+    assert not (tmp_path / "r" / "last.pt").exists()
+
+
+def test_bad_training_input_is_one_line_error_in_a_real_process(tiny_corpus, tmp_path):
+    """The exit code and the single line, through `python -m charlm` (a usage error from typer)."""
+    from helpers import run_cli
+
+    result = run_cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", "--layers", "0")
+    assert_one_line_error(result, "--layers must be at least 1, not 0")
+    assert result.stdout == ""
+
+
+def test_missing_corpus_says_which_prepare_to_run(tmp_path):
+    result = cli("train", "--corpus", "wp", "--data-dir", tmp_path / "empty", "--run-dir", tmp_path / "r")
+    assert_one_line_error(result, "charlm prepare wp")
+
+
+def test_config_file_sets_options_and_command_line_wins(tiny_corpus, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"cell": "lstm", "hidden": 12, "epochs": 1, "batch_size": 8, "cell_options": {"peephole": True}}))
+    run = tmp_path / "run"
+    cli("train", "--config", config, "--corpus", "tiny", "--hidden", "10", "--data-dir", tiny_corpus, "--run-dir", run, check_code=0)
+    checkpoint = Checkpoint.load(run / "last.pt")
+    assert checkpoint.model_config.hidden_size == 10
+    assert checkpoint.model_config.cell_options == {"peephole": True}
+    assert checkpoint.train_config.batch_size == 8 and checkpoint.train_config.epochs == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert_one_line_error(cli("train", "--config", bad), "not valid JSON")
+
+
+def test_init_from_starts_from_checkpoint_weights(tiny_corpus, tmp_path):
+    source = tmp_path / "source"
+    Trainer(tiny_config(tiny_corpus, source, epochs=1)).fit()
+    tuned = Trainer(tiny_config(tiny_corpus, tmp_path / "tuned", epochs=1, init_from=str(source / "best.pt")))
+    assert_same_weights(tuned.model.state_dict(), weights(source, "best.pt"))
+    result = cli("train", "--corpus", "tiny", "--hidden", "30", "--init-from", source / "best.pt",
+                 "--data-dir", tiny_corpus, "--run-dir", tmp_path / "mismatch")
+    assert_one_line_error(result, "--init-from", "holds another model (hidden_size 24 there, 30 here)")
+
+
+def test_max_minutes_stops_with_a_resumable_evaluated_run(tiny_corpus, tmp_path):
+    run = tmp_path / "timed"
+    summary = Trainer(tiny_config(tiny_corpus, run, epochs=5, max_minutes=0.0005)).fit()
+    assert summary["epochs"] == 0 and summary["best_epoch"] == 1  # a partial first epoch, evaluated
+    progress = Checkpoint.load(run / "last.pt").training.progress
+    assert 0 < progress["window"] and progress["epoch"] == 0
+    Trainer.resume(str(run), epochs=1).fit()
+    assert Checkpoint.load(run / "last.pt").training.progress["epoch"] == 1
+
+
+def test_max_minutes_then_resume_equals_straight_run(tiny_corpus, tmp_path):
+    """Stopped by its time budget inside the first epoch (and evaluated there), resumed to the end."""
+    straight = tmp_path / "straight"
+    Trainer(tiny_config(tiny_corpus, straight, cell="gru", hidden=16, train_fraction=0.3)).fit()
+    timed = tmp_path / "timed"
+    Trainer(tiny_config(tiny_corpus, timed, cell="gru", hidden=16, train_fraction=0.3, max_minutes=0.0002)).fit()
+    progress = Checkpoint.load(timed / "last.pt").training.progress
+    assert progress["epoch"] == 0 and 0 < progress["window"]
+    Trainer.resume(str(timed)).fit()
+    assert_same_run_end(straight, timed)
+
+
+def test_resume_refuses_settings_that_define_the_run(tiny_corpus, tmp_path):
+    from charlm.errors import ConfigError
+
+    run = tmp_path / "run"
+    Trainer(tiny_config(tiny_corpus, run, epochs=1, train_fraction=0.1)).fit()
+    with pytest.raises(ConfigError, match="lr is fixed by the run being resumed"):
+        Trainer.resume(str(run), epochs=2, lr=0.5)
+    assert_one_line_error(cli("train", "--resume", run, "--epochs", "2", "--hidden", "8"), "--hidden cannot change a run being resumed")
+
+
+def test_bf16_training_matches_fp32_and_resumes_across_precisions(tiny_corpus, tmp_path):
+    """bf16 autocast on the CPU: the loss is float32, the carried state is saved in float32, the
+    result is within noise of fp32, and a bf16 run resumes in fp32."""
+    fp32 = Trainer(tiny_config(tiny_corpus, tmp_path / "fp32", epochs=1, cell="gru")).fit()
+    bf16 = Trainer(tiny_config(tiny_corpus, tmp_path / "bf16", epochs=1, cell="gru", precision="bf16")).fit()
+    assert abs(bf16["best_valid_bpc"] - fp32["best_valid_bpc"]) < 0.05
+    assert bf16["best_valid_bpc"] != fp32["best_valid_bpc"]  # the low precision was really used
+    saved = Checkpoint.load(tmp_path / "bf16" / "last.pt")
+    assert all(value.dtype == torch.float32 for value in saved.weights.values())
+    resumed = Trainer.resume(tmp_path / "bf16", epochs=2, precision="fp32").fit()
+    assert resumed["epochs"] == 2
+
+
+@pytest.mark.parametrize("cell, options", [("lstm", {}), ("rnn", {}), ("gru", {"reset_after": True})])
+def test_cells_with_a_fused_kernel_train_in_bf16_on_any_cpu(cell, options):
+    """The upper layer's input is no embedding row, so it would take the fused library kernel,
+    whose bfloat16 form needs bf16 instructions (many CPUs lack them): under CPU autocast the
+    loop runs instead, and computes what the float32 loop computes, to bf16's precision."""
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(cell, vocab_size=11, hidden_size=16, layers=2, cell_options=options))
+    tokens = torch.randint(11, (3, 5))
+    expected, _ = model(tokens, model.initial_state(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, _ = model(tokens, model.initial_state(3))
+    logits.float().sum().backward()
+    torch.testing.assert_close(logits.float(), expected, atol=0.05, rtol=0.05)
