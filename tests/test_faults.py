@@ -13,7 +13,7 @@ import time
 import torch
 
 import charlm.checkpoint
-import charlm.training.trainer
+import charlm.training.reporting
 from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
 from charlm.runtime.memory import MemoryEstimate, check_fits, estimate_training_memory
@@ -150,7 +150,7 @@ def test_run_killed_before_its_first_checkpoint_starts_again_on_resume(tiny_corp
 
 
 def test_progress_lines_when_stderr_is_not_a_terminal(tiny_corpus, tmp_path, monkeypatch):
-    monkeypatch.setattr(charlm.training.trainer, "PROGRESS_INTERVAL", 0.0)
+    monkeypatch.setattr(charlm.training.reporting, "STATUS_INTERVAL", 0.0)
     result = cli("train", *SMALL_RUN, "--epochs", "1", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "run",
                  check_code=0)
     lines = [line for line in result.stderr.splitlines() if line.startswith("epoch 1/1  window ")]

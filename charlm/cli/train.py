@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -25,11 +24,12 @@ def train(
     """Train a recurrent language model with truncated BPTT; keeps best.pt and last.pt."""
     from charlm.cells import parse_key_values
     from charlm.config import RESUMABLE_SETTINGS, read_config_file
+    from charlm.training.resume import fixed_settings, run_to_go_on_with
     from charlm.training.trainer import Trainer
 
     if resume is not None:
         named_cell = given.pop("cell", None)
-        fixed = [name for name in given if name not in RESUMABLE_SETTINGS]
+        fixed = fixed_settings(given)
         if fixed or cell_opt or config:
             flag = "--" + fixed[0].replace("_", "-") if fixed else ("--cell-opt" if cell_opt else "--config")
             raise CharlmError(f"{flag} cannot change a run being resumed (only {', '.join('--' + n.replace('_', '-') for n in RESUMABLE_SETTINGS)} can)")
@@ -44,25 +44,16 @@ def train(
         settings.update({key: str(value) if isinstance(value, Path) else value for key, value in given.items()})
         if cell_opt:
             settings["cell_options"] = {**settings.get("cell_options", {}), **parse_key_values(cell_opt)}
-        run_dir = settings.get("run_dir")
-        if run_dir and elastic_restart() and (Path(run_dir) / "config.json").exists():
-            # torchrun --max-restarts reruns this same command after a failure: go on with the run
+        restarted = run_to_go_on_with(settings)
+        if restarted is not None:
             changes = {name: value for name, value in given.items() if name in RESUMABLE_SETTINGS}
             named_cell = settings.get("cell") if ":" in str(settings.get("cell", "")) else None
-            trainer = Trainer.resume(run_dir, cells=[named_cell] if named_cell else [], **changes)
+            trainer = Trainer.resume(restarted, cells=[named_cell] if named_cell else [], **changes)
         else:
             trainer = Trainer(TrainConfig.from_dict(settings))
     summary = trainer.fit()
     if trainer.world.is_main:  # under torchrun, rank 0 speaks for every process
         print_summary(summary)
-
-
-def elastic_restart() -> bool:
-    """Whether torchrun restarted this process after a failure (``--max-restarts``)."""
-    try:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    except ValueError:
-        return False
 
 
 def register(app: typer.Typer) -> None:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import charlm.runtime.cuda_graphs
-import charlm.training.trainer
+import charlm.training.setup
 from charlm.runtime.cuda_graphs import GraphedWindow, graphed_window
 from charlm.model import LanguageModel, ModelConfig
 from charlm.training.trainer import Trainer
@@ -61,7 +61,7 @@ replayed_by_calling.captures = []
 def graph_on_the_cpu(monkeypatch, capture=replayed_by_calling):
     """Let ``--cuda-graph`` run on the CPU, capturing with ``capture``."""
     replayed_by_calling.captures.clear()
-    monkeypatch.setattr(charlm.training.trainer, "check_cuda_graph", lambda wanted, device: None)
+    monkeypatch.setattr(charlm.training.setup, "check_cuda_graph", lambda wanted, device: None)
     monkeypatch.setattr(charlm.runtime.cuda_graphs, "make_graphed_callables", capture)
 
 
@@ -90,7 +90,7 @@ def test_graphed_training_gives_the_eager_weights(tiny_corpus, tmp_path, monkeyp
     Trainer(tiny_config(tiny_corpus, tmp_path / "eager", **settings)).fit()
     graph_on_the_cpu(monkeypatch)
     trainer = Trainer(tiny_config(tiny_corpus, tmp_path / "graphed", cuda_graph=True, **settings))
-    assert isinstance(trainer.network, GraphedWindow)
+    assert isinstance(trainer.step.forward, GraphedWindow)
     trainer.fit()
     assert_same_weights(weights(tmp_path / "eager"), weights(tmp_path / "graphed"))
     # captured once, for the first window: tokens [B, T] and the four state tensors [B, n]

@@ -14,6 +14,7 @@ import torch
 
 from charlm.checkpoint import Checkpoint
 from charlm.model import LanguageModel, ModelConfig
+from charlm.training.step import TrainingStep
 from charlm.training.trainer import Trainer, TrainingInterrupted
 from helpers import assert_one_line_error, assert_same_run_end, assert_same_weights, cli, tiny_config, weights
 
@@ -42,14 +43,14 @@ def test_sigterm_inside_an_epoch_then_resume_equals_straight_run(tiny_corpus, tm
     interrupted = tmp_path / "interrupted"
     trainer = Trainer(tiny_config(tiny_corpus, interrupted, **settings))
     stop_at = len(trainer.train_streams) + 8  # the 8th step of the second epoch
-    original = Trainer._accumulate_grad_norms
+    original = TrainingStep._grad_norms
 
-    def accumulate_then_signal(self, groups):
-        original(self, groups)
-        if self.progress.step + 1 == stop_at:
+    def signal_during_the_step(self):  # after the backward pass, before the optimizer's step
+        if trainer.progress.step + 1 == stop_at:
             os.kill(os.getpid(), signal.SIGTERM)
+        return original(self)
 
-    monkeypatch.setattr(Trainer, "_accumulate_grad_norms", accumulate_then_signal)
+    monkeypatch.setattr(TrainingStep, "_grad_norms", signal_during_the_step)
     handler_before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(TrainingInterrupted, match="interrupted: saved") as raised:
         trainer.fit()

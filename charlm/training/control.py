@@ -1,0 +1,147 @@
+"""When training stops: Ctrl-C and SIGTERM, the time budget, a loss that is no longer finite, and
+the errors a training ends with.
+
+A stop is decided at a window boundary and travels as an exception, never as a return code: the
+epoch loop raises :class:`Interrupted` or :class:`OutOfTime`, the step raises :class:`LossNotFinite`,
+and the trainer turns each into what the user sees (a saved checkpoint, an ``interrupted`` or
+``diverged`` record, a one-line error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import threading
+import time
+
+from charlm.errors import CharlmError
+
+
+class TrainingDiverged(CharlmError):
+    exit_code = 3
+
+
+class TrainingInterrupted(CharlmError):
+    exit_code = 130
+
+
+class ProcessLost(CharlmError):
+    """Another process of a torchrun training failed or its machine was lost."""
+
+    exit_code = 1
+
+
+class StorageError(CharlmError):
+    """The run directory could not be written (full disk, read-only): exit 1, checkpoints intact."""
+
+    exit_code = 1
+
+
+class StopTraining(Exception):
+    """Ends the epoch loop at a window boundary; the trainer decides what follows."""
+
+
+class Interrupted(StopTraining):
+    """Ctrl-C or SIGTERM: save and stop, resumable."""
+
+
+class OutOfTime(StopTraining):
+    """``max_minutes`` used up: evaluate the partial epoch, save and stop, resumable."""
+
+
+class LossNotFinite(Exception):
+    """The loss of a step (summed over every process) is inf or nan; nothing was updated."""
+
+    def __init__(self, value: float):
+        super().__init__(f"loss {value}")
+        self.value = value
+
+
+class StopRequest:
+    """Ctrl-C or SIGTERM asks training to stop at the next window boundary; a second Ctrl-C aborts."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+class TimeBudget:
+    """``max_minutes`` of training from the moment this session of the run started (None: no limit)."""
+
+    def __init__(self, max_minutes: float | None):
+        self.max_minutes = max_minutes
+        self.started = time.monotonic()
+
+    def is_up(self) -> bool:
+        return self.max_minutes is not None and time.monotonic() - self.started > self.max_minutes * 60
+
+
+class SaveSchedule:
+    """``--save-every``: whether ``last.pt`` is due within an epoch, every K steps or every S seconds."""
+
+    def __init__(self, interval: tuple[str, float] | None):
+        self.interval = interval
+        self.saved_at = time.monotonic()
+
+    def due(self, step: int) -> bool:
+        if not self.interval:
+            return False
+        kind, every = self.interval
+        if kind == "steps":
+            return step % every == 0
+        return time.monotonic() - self.saved_at >= every
+
+    def saved(self) -> None:
+        self.saved_at = time.monotonic()
+
+
+def first_sentence(error: BaseException) -> str:
+    """``Read error [127.0.0.1]:17326: Connection reset by peer`` from a backend's long message."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
+    return text.split(". ")[0].rstrip(".")
+
+
+@contextlib.contextmanager
+def owning(run, world):
+    """Hold the run directory's lock while training; turn a lost peer or an unwritable disk into
+    one line; leave the process group together when every process got to the end."""
+    run.acquire()
+    ended = False  # cleanly, in every process: they can part together
+    try:
+        yield
+        ended = True
+    except RuntimeError as error:  # under torchrun: a collective whose peer died (gloo, NCCL)
+        if not world.distributed:
+            raise
+        raise ProcessLost(f"training stopped: a process of this training failed or was lost ({first_sentence(error)}); "
+                          f"{_kept(run)}; continue with `torchrun ... -m charlm train --resume {run.path}` on any "
+                          "number of processes") from None
+    except OSError as error:  # a full disk, a read-only or vanished run directory
+        raise StorageError(f"training stopped: cannot write {error.filename or run.path}: {error.strerror or error}; "
+                           f"{_kept(run)}") from None
+    finally:
+        try:
+            run.mark_stopped()
+        except OSError:
+            run.release()
+        world.leave(together=ended)
+
+
+def _kept(run) -> str:
+    return f"the last checkpoint {run.last} is intact" if run.last.exists() else "no checkpoint had been saved"

@@ -1,0 +1,117 @@
+"""What a training shows and records: the progress bar or, where none is drawn, a plain status line
+every minute; the ``step``, ``epoch``, ``compile`` and ``cuda_graph`` records; the epoch's log
+line; the run's summary."""
+
+from __future__ import annotations
+
+import time
+
+from tqdm import tqdm
+
+from charlm.checkpoint import Checkpoint
+from charlm.inference.scoring import LN2
+from charlm.logs import get_logger
+from charlm.model import count_parameters
+from charlm.runtime.compiling import CompiledForward
+from charlm.runtime.cuda_graphs import GraphedWindow
+
+STATUS_INTERVAL = 60.0  # seconds between plain status lines when stderr is not a terminal
+
+
+class EpochBar:
+    """The windows of one epoch: a tqdm bar on a terminal (rank 0 only), else a plain status line
+    on the charlm logger every ``STATUS_INTERVAL`` seconds."""
+
+    def __init__(self, windows: int, done: int, epoch: int, epochs: int, show: bool):
+        self.windows, self.epoch, self.epochs = windows, epoch, epochs
+        self.bar = tqdm(total=windows, initial=done, desc=f"epoch {epoch}/{epochs}", unit="win", leave=False,
+                        disable=None if show else True, dynamic_ncols=True)
+        self.plain = show and self.bar.disable  # no bar is drawn: not a terminal
+        self.reported_at = time.monotonic()
+
+    def advance(self) -> None:
+        self.bar.update(1)
+
+    def show_step(self, bpc: float, chars_per_second: float) -> None:
+        self.bar.set_postfix(bpc=f"{bpc:.3f}", chars_s=f"{chars_per_second:.0f}")
+
+    def status_line(self, window: int, bpc: float, chars_per_second: float) -> None:
+        """A plain line for logs and pipes, when one is due."""
+        if not self.plain or time.monotonic() - self.reported_at < STATUS_INTERVAL:
+            return
+        get_logger().info(f"epoch {self.epoch}/{self.epochs}  window {window:,}/{self.windows:,} "
+                          f"({100 * window / self.windows:.0f}%)  train {bpc:.4f} bpc  {chars_per_second:,.0f} chars/s")
+        self.reported_at = time.monotonic()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def report_fast_path(run, forward) -> None:
+    """After the first step under ``--compile`` or ``--cuda-graph``: how long compiling or
+    capturing took, or that it was not used (a log line and a record)."""
+    if isinstance(forward, GraphedWindow):
+        if forward.active and forward.capture_seconds:
+            run.log(f"CUDA graphs of the training window captured in {forward.capture_seconds:.1f} s")
+        run.record("cuda_graph", active=forward.active, seconds=round(forward.capture_seconds, 3), failure=forward.failure)
+    if isinstance(forward, CompiledForward):
+        if forward.active:
+            run.log(f"torch.compile ({forward.backend_name}): the first step, compilation included, took "
+                    f"{forward.compile_seconds:.1f} s")
+        run.record("compile", active=forward.active, seconds=round(forward.compile_seconds, 3),
+                   backend=forward.backend_name, failure=forward.failure)
+
+
+def epoch_record(progress, valid, test, lr: float, chars_per_token: float, partial: bool, improved: bool) -> dict:
+    """The fields of an ``epoch`` record, from the epoch's sums in ``progress``."""
+    windows = max(progress.window, 1)
+    train_loss = progress.train_nats / max(progress.train_tokens, 1)
+    return {
+        "epoch": progress.epoch + 1,
+        "partial": partial,
+        "lr": lr,
+        "train_loss": train_loss,
+        "train_bits": train_loss / LN2,
+        "train_bpc": train_loss / LN2 / chars_per_token,
+        **valid.as_dict("valid_"),
+        **({} if test is None else test.as_dict("test_")),
+        "grad_norm": {name: total / windows for name, total in progress.grad_norm_sums.items()},
+        "chars_per_second": progress.train_tokens / max(progress.train_seconds, 1e-9),
+        "train_seconds": progress.train_seconds,
+        "step": progress.step,
+        "best": improved,
+    }
+
+
+def epoch_line(record: dict) -> str:
+    """``epoch   3  train 2.0412  valid 2.1003 bpc  lr 9.00e-04  41,230 chars/s  *best``"""
+    test = record.get("test_bpc")
+    return (f"epoch {record['epoch']:3d}  train {record['train_bpc']:.4f}  valid {record['valid_bpc']:.4f}"
+            + ("" if test is None else f"  test {test:.4f}") + " bpc"
+            f"  lr {record['lr']:.2e}  {record['chars_per_second']:,.0f} chars/s" + ("  *best" if record["best"] else "")
+            + ("  (partial epoch)" if record["partial"] else ""))
+
+
+def wall_seconds(progress) -> dict:
+    """Where the run's time went: training (this epoch's part included), validation, test."""
+    wall = dict(progress.wall_seconds)
+    wall["train"] = wall.get("train", 0.0) + progress.train_seconds
+    return {part: round(wall.get(part, 0.0), 3) for part in ("train", "valid", "test")}
+
+
+def summary(progress, run, model, model_config) -> dict:
+    """What `charlm train` prints at the end and the ``end`` record holds."""
+    test_at_best = progress.best_test_bpc
+    if test_at_best is None and run.best.exists():
+        test_at_best = Checkpoint.load(run.best).scores.get("test_bpc")
+    return {
+        "run_dir": str(run.path),
+        "epochs": progress.epoch,
+        "partial_epoch": progress.window > 0,
+        "best_epoch": progress.best_epoch,
+        "best_valid_bpc": progress.best_valid_bpc,
+        "test_bpc_at_best": test_at_best,
+        "parameters": count_parameters(model),
+        "hidden_size": model_config.hidden_size,
+        "wall_seconds": wall_seconds(progress),
+    }

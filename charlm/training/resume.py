@@ -1,0 +1,157 @@
+"""Where a training stands, saved into every checkpoint and restored from one.
+
+``Progress`` is the position in the protocol (epoch, window, step, best scores, wall time);
+``training_checkpoint`` writes it with the weights, optimizer, schedule, RNG streams and the carried
+state; ``restore`` puts all of it back, so that on the CPU a resumed run ends with exactly the
+weights of an uninterrupted one. ``last_good_checkpoint`` finds what a run can resume from, and
+``resumed_config`` the settings it resumes with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from charlm.checkpoint import Checkpoint, TrainingState
+from charlm.config import RESUMABLE_SETTINGS, TrainConfig
+from charlm.errors import CharlmError, ConfigError
+from charlm.logs import get_logger
+from charlm.runs.directory import Run
+from charlm.runtime.distributed import World
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where training stands; everything here goes into the checkpoint."""
+
+    epoch: int = 0  # epochs completed before the current one
+    window: int = 0  # next window of the current epoch
+    step: int = 0  # optimizer steps so far
+    best_valid_bpc: float = math.inf
+    best_epoch: int = 0
+    best_test_bpc: float | None = None  # test bpc of the best-validation weights, once scored
+    wall_seconds: dict = dataclasses.field(default_factory=dict)  # train (completed epochs) / valid / test
+    epochs_without_improvement: int = 0
+    train_nats: float = 0.0  # this epoch so far
+    train_tokens: int = 0
+    train_seconds: float = 0.0
+    grad_norm_sums: dict = dataclasses.field(default_factory=dict)
+    finished: bool = False
+
+    def add_wall(self, part: str, seconds: float) -> None:
+        self.wall_seconds[part] = self.wall_seconds.get(part, 0.0) + seconds
+
+
+def fixed_settings(changes) -> list[str]:
+    """The names among ``changes`` that a resumed run does not let change (its model, its data, its
+    optimizer: everything outside ``RESUMABLE_SETTINGS``)."""
+    return sorted(set(changes) - set(RESUMABLE_SETTINGS))
+
+
+def check_resumable(changes) -> None:
+    fixed = fixed_settings(changes)
+    if fixed:
+        raise ConfigError(TrainConfig, fixed[0], "is fixed by the run being resumed; start a new run to change it")
+
+
+def last_good_checkpoint(run: Run) -> Checkpoint | None:
+    """The newest readable checkpoint with training state: last.pt, else previous.pt, else best.pt
+    (with a warning naming what could not be read); None when the run has none at all."""
+    failures = []
+    for path in (run.last, run.previous, run.best):
+        if not path.exists():
+            if path == run.last and (run.previous.exists() or run.best.exists()):
+                failures.append(f"{run.last} is missing")
+            continue
+        try:
+            checkpoint = Checkpoint.load(path)
+        except CharlmError as error:
+            failures.append(str(error))
+            continue
+        if checkpoint.training is None:
+            failures.append(f"{path} holds no training state")
+            continue
+        if failures:
+            get_logger().warning(f"warning: {'; '.join(failures)}: resuming from {path}")
+        return checkpoint
+    if failures:
+        raise CharlmError(f"{'; '.join(failures)}; no other checkpoint to resume from")
+    return None
+
+
+def resumed_config(run: Run, checkpoint: Checkpoint | None, changes: dict) -> TrainConfig:
+    """The settings the run in ``run`` goes on with: its checkpoint's (or, stopped before its first
+    checkpoint, its config.json's), with ``changes`` to the resumable settings."""
+    check_resumable(changes)
+    if checkpoint is not None:
+        settings = checkpoint.train_config
+    else:
+        recorded = run.read_json(run.config_file).get("train")
+        if not recorded:
+            raise CharlmError(f"run directory {run.path} holds no checkpoint and no readable config.json to resume")
+        settings = TrainConfig.from_dict(recorded)
+        get_logger().warning(f"warning: {run.path} holds no checkpoint (the run stopped before its first save): "
+                             "starting it again from the beginning")
+    return dataclasses.replace(settings, **{"run_dir": str(run.path), "max_minutes": None, **changes})
+
+
+def restore(checkpoint: Checkpoint, config: TrainConfig, model, optimizer, scheduler, world: World,
+            device: torch.device) -> tuple[Progress, list | None]:
+    """Put a checkpoint's weights, optimizer, schedule and RNG streams back; returns its progress
+    and this process's share of the carried state (None at an epoch boundary)."""
+    saved = checkpoint.training
+    model.load_state_dict(checkpoint.weights)
+    optimizer.load_state_dict(saved.optimizer)
+    progress = Progress(**saved.progress)
+    if saved.scheduler is not None:
+        scheduler.load_state_dict(saved.scheduler)
+    else:  # format 1 kept no scheduler: its rule was lr · decay^epoch
+        lr = config.lr * config.lr_decay**progress.epoch
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        scheduler.load_state_dict({"last_epoch": progress.epoch, "_step_count": progress.epoch + 1,
+                                   "_last_lr": [lr] * len(optimizer.param_groups)})
+    torch.set_rng_state(saved.rng["torch"])
+    if saved.rng.get("cuda") and torch.cuda.is_available() and len(saved.rng["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(saved.rng["cuda"])
+    if saved.hidden is None:
+        return progress, None
+    rows = world.share(config.batch_size)  # every stream's state was saved: this process carries its share
+    return progress, [tuple(t[rows].to(device) for t in layer) for layer in saved.hidden]
+
+
+def training_checkpoint(trainer, scores: dict | None = None) -> Checkpoint:
+    """The run as it stands, as a checkpoint (weights shared with the live model)."""
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    state = None
+    if trainer.state is not None:  # every stream's state, gathered from the processes that carry them
+        gather = trainer.world.gather_rows
+        state = [[gather(t.detach(), trainer.config.batch_size).cpu() for t in layer] for layer in trainer.state]
+    training = TrainingState(optimizer=trainer.optimizer.state_dict(), scheduler=trainer.scheduler.state_dict(), rng=rng,
+                             progress=dataclasses.asdict(trainer.progress), hidden=state)
+    return Checkpoint(model_config=trainer.model_config, train_config=trainer.config,
+                      tokenizer=trainer.corpus.tokenizer.to_state(), weights=trainer.model.state_dict(),
+                      training=training, scores=scores or {}, provenance=trainer.provenance)
+
+
+def elastic_restart() -> bool:
+    """Whether torchrun restarted this process after a failure (``--max-restarts``)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    except ValueError:
+        return False
+
+
+def run_to_go_on_with(settings: dict) -> Path | None:
+    """Under ``torchrun --max-restarts``, the same command runs again after a failure: the run it
+    started (its ``run_dir`` already holds config.json) is to be resumed, not started anew."""
+    run_dir = settings.get("run_dir")
+    if run_dir and elastic_restart() and (Path(run_dir) / "config.json").exists():
+        return Path(run_dir)
+    return None

@@ -1,0 +1,122 @@
+"""A training run's parts, built from its config: the cell, the device and the torchrun world, the
+model's size and whether it fits, the forward pass a step calls, the optimizer and its schedule,
+the training streams.
+
+Each choice that depends on the config (DistributedDataParallel, ``torch.compile``, CUDA graphs,
+fp16 scaling) is made here, once, so the step and the loop never branch on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from charlm.cells import CELLS
+from charlm.checkpoint import Checkpoint
+from charlm.config import TrainConfig
+from charlm.corpora.streams import TokenStreams
+from charlm.errors import CharlmError, ConfigError
+from charlm.model import LanguageModel, ModelConfig, count_parameters, parse_budget, size_for_budget
+from charlm.runtime.compiling import CompiledForward
+from charlm.runtime.cuda_graphs import graphed_window
+from charlm.runtime.devices import resolve_device
+from charlm.runtime.distributed import World, device_for_rank, world_from_environment
+from charlm.runtime.memory import check_budget_fits, check_fits, estimate_training_memory
+from charlm.runtime.precision import check_precision
+
+
+def cell_class_for(config: TrainConfig, resumed_run=None, checkpoint=None, cells=(), trust_code: bool = False):
+    """The cell to train. A new run's caller named it (it may be a ``module:Class``); a resumed
+    run's checkpoint or config.json names it, and importing a user cell then needs ``cells`` or
+    ``trust_code``."""
+    if checkpoint is not None:
+        return checkpoint.cell_class(cells, trust_code)
+    if resumed_run is not None:
+        return CELLS.resolve(config.cell, cells=cells, trust_code=trust_code, source=str(resumed_run.config_file))
+    return CELLS.get(config.cell)
+
+
+def check_cuda_graph(cuda_graph: bool, device: torch.device) -> None:
+    """One line when ``--cuda-graph`` is asked for off a CUDA device."""
+    if cuda_graph and device.type != "cuda":
+        raise CharlmError(f"--cuda-graph needs a CUDA device, not {device.type}")
+
+
+def placement(config: TrainConfig) -> tuple[torch.device, World]:
+    """The device this process trains on and its place among torchrun's processes, with the
+    precision and ``--cuda-graph`` checked against that device."""
+    device = resolve_device(config.device)
+    check_precision(config.precision, device)
+    check_cuda_graph(config.cuda_graph, device)
+    world = world_from_environment(device)
+    return device_for_rank(device, world), world
+
+
+def model_config_for(config: TrainConfig, vocab_size: int, cell_class=None, device: torch.device | None = None) -> ModelConfig:
+    """The model a training config describes: its hidden size given, or sized to its budget.
+    With ``device``, a budget whose optimizer state alone cannot fit there is refused first."""
+    model_config = ModelConfig(cell=config.cell, vocab_size=vocab_size, hidden_size=config.hidden_size,
+                               layers=config.layers, embed_size=config.embed_size, dropout=config.dropout,
+                               cell_options=dict(config.cell_options))
+    if config.params is not None:
+        budget = parse_budget(config.params)
+        if device is not None:
+            check_budget_fits(budget, device)
+        hidden_size, _ = size_for_budget(model_config, budget, cell_class=cell_class)
+        model_config = dataclasses.replace(model_config, hidden_size=hidden_size)
+    return model_config
+
+
+def check_model_fits(model_config: ModelConfig, config: TrainConfig, device: torch.device, cell_class=None) -> None:
+    """Refuse, before allocating it, a model that ``device`` cannot train (``charlm.runtime.memory``)."""
+    with torch.device("meta"):
+        shape = LanguageModel(model_config, cell_class)
+    embed_size = getattr(shape.embedding, "embedding_dim", 0)
+    estimate = estimate_training_memory(count_parameters(shape), model_config.cell, model_config.hidden_size,
+                                        model_config.layers, model_config.vocab_size, embed_size,
+                                        max(config.batch_size, config.eval_batch_size), config.bptt)
+    check_fits(estimate, device)
+
+
+def forward_pass(model: LanguageModel, config: TrainConfig, device: torch.device, world: World):
+    """What a training step calls for a window's logits: the model, inside DistributedDataParallel
+    under torchrun, then compiled (``--compile``) or replayed from CUDA graphs (``--cuda-graph``)."""
+    forward = model
+    if world.distributed:
+        forward = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if config.compile:
+        forward = CompiledForward(forward, device)
+    if config.cuda_graph:
+        forward = graphed_window(forward, device, world.distributed)
+    return forward
+
+
+def optimizer_and_schedule(model: LanguageModel, config: TrainConfig):
+    """Adam, its learning rate multiplied by ``lr_decay`` after every epoch."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, betas=(0.9, 0.999))
+    return optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=config.lr_decay)
+
+
+def training_streams(corpus, config: TrainConfig, world: World) -> TokenStreams:
+    """The first ``train_fraction`` of the training split as ``batch_size`` streams, of which this
+    process carries its share."""
+    tokens = corpus.split("train")
+    used = max(2, int(len(tokens) * config.train_fraction))
+    return TokenStreams(tokens[:used], config.batch_size, config.bptt, rows=world.share(config.batch_size))
+
+
+def load_initial_weights(model: LanguageModel, model_config: ModelConfig, corpus, config: TrainConfig) -> None:
+    """``init_from``: start from another run's weights (the same model, the same vocabulary)."""
+    reference = config.init_from
+    if not reference:
+        return
+    checkpoint = Checkpoint.load(reference)
+    if checkpoint.model_config != model_config:
+        theirs, ours = checkpoint.model_config.to_dict(), model_config.to_dict()
+        differences = ", ".join(f"{key} {theirs[key]!r} there, {ours[key]!r} here" for key in ours if theirs.get(key) != ours[key])
+        raise ConfigError(TrainConfig, "init_from", f"{reference} holds another model ({differences})")
+    if checkpoint.tokenizer["vocab"] != corpus.tokenizer.vocab:
+        raise ConfigError(TrainConfig, "init_from", f"{reference}: its vocabulary differs from corpus {config.corpus!r}")
+    model.load_state_dict(checkpoint.weights)
