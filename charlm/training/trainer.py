@@ -26,15 +26,16 @@ import torch
 from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
 from charlm.corpora import load_corpus
-from charlm.inference.scoring import LN2, characters_per_token, score_split
+from charlm.inference.scoring import LN2, characters_per_token
 from charlm.model import LanguageModel, count_parameters
 from charlm.runs import provenance
 from charlm.runs.directory import FollowerRun, Run, default_run_dir
 from charlm.runtime.distributed import environment_rank
-from charlm.runtime.precision import autocast, grad_scaler
+from charlm.runtime.precision import grad_scaler
 from charlm.training import reporting
 from charlm.training.control import (Interrupted, LossNotFinite, OutOfTime, ProcessLost, SaveSchedule, StopRequest,
                                      StorageError, TimeBudget, TrainingDiverged, TrainingInterrupted, owning)
+from charlm.training.evaluation import Scorer
 from charlm.training.resume import (Progress, check_resumable, last_good_checkpoint, restore, resumed_config,
                                     training_checkpoint)
 from charlm.training.setup import (cell_class_for, check_model_fits, forward_pass, load_initial_weights,
@@ -81,6 +82,7 @@ class Trainer:
         self.train_streams = training_streams(self.corpus, config, self.world)
         self.train_chars_per_token = characters_per_token(self.corpus, "train")
         self.progress = Progress()
+        self.scorer = Scorer(self)
         self.state = None  # the carried recurrent state of this process's streams
         self.provenance = provenance.collect(self.device, self.corpus)
         if checkpoint is not None:
@@ -158,7 +160,7 @@ class Trainer:
                     if self._end_epoch(partial=out_of_time) or out_of_time:
                         break
             progress.finished = not out_of_time
-            self._score_best_on_test()
+            self.scorer.test_best(self.run)
             run.save_last(self.checkpoint())
             summary = self.summary()
             run.record("end", **summary)
@@ -203,7 +205,7 @@ class Trainer:
                     run.record("step", epoch=progress.epoch + 1, step=progress.step, loss=result.loss, bpc=bpc, lr=self.lr,
                                grad_norm=result.grad_norms)
                 if config.eval_every and progress.step % config.eval_every == 0:
-                    valid = self._evaluate("valid")
+                    valid = self.scorer("valid")
                     self.model.train()
                     run.record("valid", epoch=progress.epoch + 1, step=progress.step, **valid.as_dict("valid_"))
                 if result.stop_requested:
@@ -221,8 +223,8 @@ class Trainer:
     def _end_epoch(self, partial: bool) -> bool:
         """Evaluate, record, checkpoint. Returns True when early stopping ends training."""
         config, progress, run = self.config, self.progress, self.run
-        valid = self._evaluate("valid")
-        test = self._evaluate("test") if config.test_every_epoch else None
+        valid = self.scorer("valid")
+        test = self.scorer("test") if config.test_every_epoch else None
         if not math.isfinite(valid.loss):
             self._diverged(valid.loss)
         epoch_number = progress.epoch + 1
@@ -259,34 +261,6 @@ class Trainer:
             run.log(f"no improvement for {config.patience} epochs: stopping early")
         return stop_early
 
-    def _evaluate(self, split: str):
-        started = time.monotonic()
-        with autocast(self.config.precision, self.device):
-            score = score_split(self.model, self.corpus, split, batch_size=self.config.eval_batch_size,
-                                bptt=self.config.bptt, device=self.device, rows=self.world.share(self.config.eval_batch_size))
-        score.nats = self.world.sum([score.nats])[0]  # each process scored its share of the streams
-        self.progress.add_wall(split, time.monotonic() - started)
-        return score
-
-    def _score_best_on_test(self) -> None:
-        """Score the test split once, with the best-validation weights (unless every epoch did)."""
-        progress, run = self.progress, self.run
-        self.world.barrier()  # best.pt is written by rank 0
-        if progress.best_test_bpc is not None or not run.best.exists():
-            return
-        best = Checkpoint.load(run.best)
-        current = {name: tensor.clone() for name, tensor in self.model.state_dict().items()}
-        self.model.load_state_dict(best.weights)
-        try:
-            test = self._evaluate("test")
-        finally:
-            self.model.load_state_dict(current)
-        progress.best_test_bpc = test.bpc
-        if self.world.is_main:
-            dataclasses.replace(best, scores={**best.scores, "test_bpc": test.bpc, "test_loss": test.loss}).save(run.best)
-        run.record("test", epoch=progress.best_epoch, **test.as_dict("test_"))
-        run.log(f"test {test.bpc:.4f} bpc with the best-validation weights (epoch {progress.best_epoch})")
-
     # --- how a training ends ---------------------------------------------------------------------------
     def _stop_interrupted(self) -> None:
         progress, run = self.progress, self.run
@@ -300,7 +274,7 @@ class Trainer:
         kept = self.run.last if self.run.last.exists() else None
         where = f"kept the last good checkpoint {kept}" if kept else "no checkpoint had been saved yet"
         self.run.record("diverged", epoch=self.progress.epoch + 1, step=self.progress.step + 1, loss=value)
-        self._score_best_on_test()
+        self.scorer.test_best(self.run)
         raise TrainingDiverged(f"training stopped: loss became {value} at epoch {self.progress.epoch + 1}, "
                                f"step {self.progress.step + 1}; {where}")
 
@@ -309,7 +283,7 @@ class Trainer:
         score, the ``end`` record), then say so."""
         run = self.run
         if self.progress.best_test_bpc is None and run.best.exists():
-            self._score_best_on_test()
+            self.scorer.test_best(self.run)
             run.save_last(self.checkpoint())
         if not run.history().ended:
             run.record("end", **self.summary())

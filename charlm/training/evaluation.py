@@ -1,0 +1,49 @@
+"""Scoring during a training: a split with the current weights, shared among torchrun's processes
+and timed into the run's wall-clock account, and the test split once with the best-validation
+weights (written into best.pt and a ``test`` record)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from charlm.checkpoint import Checkpoint
+from charlm.inference.scoring import Score, score_split
+from charlm.runtime.precision import autocast
+
+
+class Scorer:
+    """Scores the splits of ``trainer``'s corpus with ``trainer``'s model, as its config says."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def __call__(self, split: str) -> Score:
+        trainer, config = self.trainer, self.trainer.config
+        started = time.monotonic()
+        with autocast(config.precision, trainer.device):
+            score = score_split(trainer.model, trainer.corpus, split, batch_size=config.eval_batch_size, bptt=config.bptt,
+                                device=trainer.device, rows=trainer.world.share(config.eval_batch_size))
+        score.nats = trainer.world.sum([score.nats])[0]  # each process scored its share of the streams
+        trainer.progress.add_wall(split, time.monotonic() - started)
+        return score
+
+    def test_best(self, run) -> None:
+        """Score the test split once, with the best-validation weights (unless every epoch did)."""
+        trainer = self.trainer
+        progress, model = trainer.progress, trainer.model
+        trainer.world.barrier()  # best.pt is written by rank 0
+        if progress.best_test_bpc is not None or not run.best.exists():
+            return
+        best = Checkpoint.load(run.best)
+        current = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+        model.load_state_dict(best.weights)
+        try:
+            test = self("test")
+        finally:
+            model.load_state_dict(current)
+        progress.best_test_bpc = test.bpc
+        if trainer.world.is_main:
+            dataclasses.replace(best, scores={**best.scores, "test_bpc": test.bpc, "test_loss": test.loss}).save(run.best)
+        run.record("test", epoch=progress.best_epoch, **test.as_dict("test_"))
+        run.log(f"test {test.bpc:.4f} bpc with the best-validation weights (epoch {progress.best_epoch})")
