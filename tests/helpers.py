@@ -152,3 +152,12 @@ def readme_cell_source() -> str:
     match = re.search(r"```python\n# mycells.py\n(.*?)```", readme, re.S)
     assert match, "README.md lost its user-cell example"
     return match.group(1)
+
+
+def records(run_dir, *events: str) -> list[dict]:
+    """A run's metrics.jsonl records as JSON objects, read through the one reader (RunHistory);
+    only those of ``events`` when given."""
+    from charlm.runs.records import RunHistory
+
+    history = RunHistory.read(Path(run_dir) / "metrics.jsonl")
+    return [record.to_dict() for record in (history.of(*events) if events else history.records)]

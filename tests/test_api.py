@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import shutil
@@ -16,7 +15,7 @@ import charlm
 from charlm.checkpoint import Checkpoint
 from charlm.errors import CharlmError
 from charlm.inference.scoring import score_tokens
-from helpers import assert_one_line_error, cli, prepare_tiny_corpus, pydoc_text
+from helpers import assert_one_line_error, cli, prepare_tiny_corpus, pydoc_text, records
 
 TEXT = pydoc_text(3_000)
 
@@ -122,8 +121,8 @@ def test_score_of_the_test_split_equals_eval(trained_run, tmp_path):
     evaluated = cli("eval", run, "--split", "test", "--batch-size", "1", check_code=0)
     assert stdout_field(scored, "bpc") == stdout_field(evaluated, "bpc") == f"{score.bpc:.4f} (bits per character)"
     assert stdout_field(scored, "perplexity") == stdout_field(evaluated, "perplexity")
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["event"] == "eval" and records[-1]["bpc"] == pytest.approx(score.bpc, rel=1e-9)
+    rows = records(run)
+    assert rows[-1]["event"] == "eval" and rows[-1]["bpc"] == pytest.approx(score.bpc, rel=1e-9)
 
 
 def test_per_char_log_probabilities(model, trained_run, tmp_path):
@@ -272,7 +271,7 @@ def test_train_and_resume_from_python(small_data, tmp_path):
     resumed = trainer.fit()
     assert resumed["epochs"] == 2 and resumed["run_dir"] == str(run)
     assert Checkpoint.load(run, prefer="last").training.progress["epoch"] == 2
-    starts = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"start"' in line]
+    starts = records(run, "start")
     assert [row["resumed_at"]["epoch"] for row in starts] == [0, 1]
     with pytest.raises(CharlmError, match="lr is fixed by the run"):
         charlm.Trainer.resume(run, epochs=3, lr=0.1)

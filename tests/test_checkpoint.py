@@ -17,7 +17,7 @@ import charlm
 from charlm.checkpoint import Checkpoint
 from charlm.errors import CharlmError
 from charlm.training.trainer import Trainer
-from helpers import assert_one_line_error, cli, prepare_tiny_corpus
+from helpers import assert_one_line_error, cli, prepare_tiny_corpus, records
 from helpers import readme_cell_source
 
 SMALL = dict(hidden=16, batch_size=8, bptt=16, eval_batch_size=4, lr=3e-3)
@@ -66,7 +66,7 @@ def logits_of(model, text: str) -> torch.Tensor:
 
 
 def epoch_records(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = records(run)
     return [row for row in rows if row["event"] == "epoch"]
 
 

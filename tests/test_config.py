@@ -7,7 +7,6 @@ import dataclasses
 import json
 import math
 import re
-import shutil
 import typing
 
 import pytest

@@ -19,7 +19,7 @@ from charlm.config import TrainConfig
 from charlm.runtime.memory import MemoryEstimate, check_fits, estimate_training_memory
 from charlm.runs.directory import Run
 from charlm.training.trainer import Trainer
-from helpers import assert_one_line_error, cli
+from helpers import assert_one_line_error, cli, records
 from helpers import assert_same_run_end, tiny_config
 
 SMALL_RUN = ["--corpus", "tiny", "--cell", "gru", "--hidden", "16", "--batch-size", "2", "--bptt", "8", "--epochs", "2",
@@ -39,7 +39,7 @@ def checkpoint_events(run_dir):
     metrics = run_dir / "metrics.jsonl"
     if not metrics.exists():
         return []
-    return [row for row in Run(run_dir).events() if row["event"] == "checkpoint"]
+    return records(run_dir, "checkpoint")
 
 
 def test_kill_9_inside_an_epoch_loses_at_most_save_every_and_the_lock_dies_with_the_process(tiny_corpus, tmp_path):
@@ -60,7 +60,7 @@ def test_kill_9_inside_an_epoch_loses_at_most_save_every_and_the_lock_dies_with_
     assert Run(killed).status() == "interrupted"  # the kernel dropped the dead process's lock
     saved = Checkpoint.load(killed / "last.pt").training.progress
     assert saved["epoch"] == 0 and saved["window"] > 0 and saved["step"] % 3 == 0  # a mid-epoch save
-    steps_recorded = max(row["step"] for row in Run(killed).events() if row["event"] == "step")
+    steps_recorded = max(row["step"] for row in records(killed, "step"))
     assert steps_recorded - saved["step"] < 3 + 1  # at most --save-every steps lost (one may be in flight)
 
     cli("train", *args, "--run-dir", tmp_path / "straight", check_code=0)
@@ -183,7 +183,7 @@ def test_a_run_stopped_while_scoring_test_gets_its_score_and_end_on_resume(tiny_
     last.training.progress["best_test_bpc"] = None
     last.save(run / "last.pt")
     summary = Trainer.resume(run).fit()
-    events = Run(run).events()
+    events = records(run)
     assert [row["event"] for row in events[-2:]] == ["test", "end"]
     assert summary["test_bpc_at_best"] == events[-2]["test_bpc"] and summary["epochs"] == 2
     assert Run(run).status() == "finished"

@@ -19,8 +19,9 @@ EXPECTED = json.loads((FIXTURE / "expected.json").read_text(encoding="utf-8"))
 CLOSE = dict(rel=1e-5, abs=1e-7)  # the figures were taken on this kind of CPU; another vector unit may round otherwise
 
 
-def test_an_old_checkpoint_samples_and_scores_as_it_did(tiny_corpus):
-    model = charlm.load(FIXTURE / "run" / "best.pt", device="cpu")
+def test_an_old_checkpoint_samples_and_scores_as_it_did(tiny_corpus, tmp_path):
+    shutil.copytree(FIXTURE / "run", tmp_path / "run")  # evaluating appends a record to the run's metrics
+    model = charlm.load(tmp_path / "run" / "best.pt", device="cpu")
     stored = torch.load(FIXTURE / "run" / "best.pt", map_location="cpu", weights_only=True)
     assert model.parameters_count == EXPECTED["summary"]["parameters"]
     assert model.sample("The ", length=60, temperature=0.8, seed=3) == EXPECTED["sample"]
@@ -40,21 +41,22 @@ def test_an_old_run_resumes_where_it_stopped(tiny_corpus, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(FIXTURE / "run", run)
     Trainer.resume(run, epochs=3, data_dir=str(tiny_corpus)).fit()
-    epoch = [row for row in Run(run).history().records if row.get("event") == "epoch"][-1]
+    history = Run(run).history()
+    epoch = history.epochs[-1]
+    assert [record.schema for record in history.records][-3:] == [2, 2, 2]  # new records carry the schema
     for key, value in EXPECTED["resumed_epoch3"].items():
-        assert epoch[key] == pytest.approx(value, **CLOSE), key
+        assert getattr(epoch, key) == pytest.approx(value, **CLOSE), key
 
 
 def test_a_fixed_seed_run_gives_the_losses_it_gave(tiny_corpus, tmp_path):
     train(TrainConfig(corpus="tiny", cell="lru", hidden=16, batch_size=8, bptt=20, epochs=2, lr=3e-3, eval_batch_size=4,
                       data_dir=str(tiny_corpus), run_dir=str(tmp_path / "lru"), seed=7, log_every=5))
-    records = Run(tmp_path / "lru").history().records
-    steps = [row["loss"] for row in records if row["event"] == "step"]
+    history = Run(tmp_path / "lru").history()
+    steps = [record.loss for record in history.steps]
     assert steps == pytest.approx([row["loss"] for row in EXPECTED["steps"]], **CLOSE)
-    epochs = [row for row in records if row["event"] == "epoch"]
-    for row, expected in zip(epochs, EXPECTED["epochs"], strict=True):
+    for record, expected in zip(history.epochs, EXPECTED["epochs"], strict=True):
         for key, value in expected.items():
-            assert row[key] == pytest.approx(value, **CLOSE), key
+            assert getattr(record, key) == pytest.approx(value, **CLOSE), key
 
 
 @pytest.mark.parametrize("cell", ["gru", "lstm", "rhn"])
@@ -63,7 +65,7 @@ def test_two_layers_with_dropout_give_the_losses_they_gave(tiny_corpus, tmp_path
     train(TrainConfig(corpus="tiny", cell=cell, hidden=16, layers=2, dropout=0.2, batch_size=8, bptt=20, epochs=1,
                       train_fraction=0.5, lr=3e-3, eval_batch_size=4, data_dir=str(tiny_corpus), run_dir=str(run), seed=11,
                       log_every=10))
-    records = Run(run).history().records
+    history = Run(run).history()
     expected = EXPECTED["fixed_seed_2layer_dropout"][cell]
-    assert [row["loss"] for row in records if row["event"] == "step"] == pytest.approx(expected["steps"], **CLOSE)
-    assert [row["valid_bpc"] for row in records if row["event"] == "epoch"] == pytest.approx(expected["valid_bpc"], **CLOSE)
+    assert [record.loss for record in history.steps] == pytest.approx(expected["steps"], **CLOSE)
+    assert [record.valid_bpc for record in history.epochs] == pytest.approx(expected["valid_bpc"], **CLOSE)

@@ -26,7 +26,7 @@ def bench(given: dict = None):
     from charlm.model import parse_budget
     from charlm.errors import ConfigError
     from charlm.runtime.precision import check_precision
-    from charlm.training.trainer import check_cuda_graph
+    from charlm.training.setup import check_cuda_graph
 
     settings = BenchmarkSettings(**given)
     validate(settings)

@@ -21,7 +21,7 @@ def report(
     """Write Markdown and CSV tables and PNG figures comparing runs: Table 1 (test loss at the best
     validation epoch per corpus and cell, per parameter budget), epochs to converge, learning curves,
     statistical efficiency, gradient norms per layer, static against dynamic evaluation."""
-    from charlm.experiments.report.compare import build_report
+    from charlm.experiments.report.write import build_report
 
     result = build_report(directories, out=out, reference=reference)
     for title, columns, rows in result.tables:

@@ -231,7 +231,7 @@ class Sweep:
         from charlm.api import load
 
         run = Run(self.directory / point.name)
-        done = {_eval_label(row) for row in run.events() if row.get("event") == "eval"}
+        done = {_eval_label(record) for record in run.history().evaluations}
         missing = [step for step in self.plan.evals if step.label not in done]
         if not missing or not run.best.exists():
             return
@@ -243,7 +243,7 @@ class Sweep:
             model.restore()
 
 
-def _eval_label(row: dict) -> str:
+def _eval_label(row) -> str:
     mode = row.get("mode")
     if mode == "dynamic":
         mode = (row.get("hyperparameters") or {}).get("method", "dynamic")

@@ -1,8 +1,8 @@
 """A run directory: config.json, provenance.json, metrics.jsonl, train.log, last.pt and best.pt.
 
 ``Run`` is the one place that writes them. Every record goes to ``metrics.jsonl`` (one JSON
-object per line) and to any extra sinks (TensorBoard); ``summary()`` reads a run back for
-`charlm runs`.
+object per line, typed and versioned by ``charlm.runs.records``) and to any extra sinks
+(TensorBoard); ``history()`` reads the records back and ``summary()`` a run for `charlm runs`.
 
 One training at a time owns a run directory: it holds an advisory lock on ``lock`` (``flock``,
 released by the kernel when the process dies, so a killed run never blocks its resumption).
@@ -23,11 +23,10 @@ try:
 except ImportError:  # Windows: no advisory locks, one training per directory is up to the user
     fcntl = None
 
-import torch
-
 from charlm.errors import CharlmError
 from charlm.files import atomic_write_text
 from charlm.logs import get_logger
+from charlm.runs.records import RunHistory, encode, new_record
 
 STATUSES = ("finished", "interrupted", "diverged", "running", "created")
 
@@ -151,14 +150,14 @@ class Run:
 
     # --- what happens during a run ---------------------------------------------------------------
     def record(self, event: str, **fields) -> None:
-        """Append one JSON object to metrics.jsonl, and hand it to every sink."""
-        row = {"event": event, "time": round(time.time(), 3), **fields}
-        line = json.dumps(row, default=_plain)
+        """Append one record to metrics.jsonl (``charlm.runs.records``), and hand it to every sink."""
+        record = new_record(event, round(time.time(), 3), fields)
+        line = encode(record)
         prefix = "\n" if _ends_without_newline(self.metrics) else ""
         with self.metrics.open("a", encoding="utf-8") as handle:
             handle.write(prefix + line + "\n")
         for sink in self.sinks:
-            sink.write(event, row)
+            sink.write(event, record.to_dict())
 
     def log(self, message: str) -> None:
         """A line for the person watching (the charlm logger) and for the run's train.log."""
@@ -178,24 +177,11 @@ class Run:
         self.release()
 
     # --- reading a run back ----------------------------------------------------------------------
-    def events(self) -> list[dict]:
-        """The records of metrics.jsonl; a line cut short by a crash is skipped."""
-        rows = []
-        try:
-            text = self.metrics.read_text(encoding="utf-8")
-        except OSError:
-            return rows
-        for line in text.splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-        return rows
+    def history(self) -> RunHistory:
+        """The records of metrics.jsonl (``charlm.runs.records.RunHistory``)."""
+        return RunHistory.read(self.metrics)
 
-    def status(self, events: list[dict] | None = None) -> str:
-        events = self.events() if events is None else events
+    def status(self, history: RunHistory | None = None) -> str:
         if self.holder():
             return "running"
         if fcntl is None:  # no locks here (Windows): trust the running mark of a live process on this host
@@ -203,47 +189,33 @@ class Run:
             pid = running.get("pid")
             if running.get("host") == platform.node() and pid != os.getpid() and _alive(pid):
                 return "running"
-        last_start = max((i for i, row in enumerate(events) if row.get("event") == "start"), default=None)
-        if last_start is None:
-            return "created"
-        after = [row.get("event") for row in events[last_start:]]
-        if "end" in after:
-            return "finished"
-        if "diverged" in after:
-            return "diverged"
-        return "interrupted"
+        return (self.history() if history is None else history).status
 
     def summary(self) -> dict:
         """One row of `charlm runs`: settings, size, progress, scores, time, status."""
         config = self.read_json(self.config_file)
         train, model = config.get("train", {}), config.get("model", {})
-        events = self.events()
-        epochs = [row for row in events if row.get("event") == "epoch"]
-        full_epochs = [row for row in epochs if not row.get("partial")]
-        best = [row for row in epochs if row.get("best")]
-        starts = [row for row in events if row.get("event") == "start"]
+        history = self.history()
+        best = history.best
         dynamic = {}
-        for row in events:
-            if row.get("event") == "eval" and row.get("mode") == "dynamic":
-                method = (row.get("hyperparameters") or {}).get("method", "dynamic")
-                dynamic[f"{method} {row.get('split')}" + (" #2" if row.get("adapt_on") else "")] = row.get("dynamic_bpc")
-        wall = sum(row.get("train_seconds", 0.0) for row in full_epochs)
-        if epochs and epochs[-1].get("partial"):
-            wall += epochs[-1].get("train_seconds", 0.0)
+        for record in history.evaluations:
+            if record.mode == "dynamic":
+                method = (record.hyperparameters or {}).get("method", "dynamic")
+                dynamic[f"{method} {record.split}" + (" #2" if record.adapt_on else "")] = record.dynamic_bpc
         return {
             "run": str(self.path),
             "corpus": train.get("corpus"),
             "cell": model.get("cell", train.get("cell")),
             "layers": model.get("layers"),
             "hidden": model.get("hidden_size"),
-            "parameters": starts[-1].get("parameters") if starts else None,
-            "epochs": len(full_epochs),
-            "best_epoch": best[-1]["epoch"] if best else None,
-            "best_valid_bpc": best[-1].get("valid_bpc") if best else None,
-            "test_bpc": _test_at_best(best[-1], events) if best else None,
+            "parameters": history.parameters,
+            "epochs": len(history.full_epochs),
+            "best_epoch": best.epoch if best else None,
+            "best_valid_bpc": best.valid_bpc if best else None,
+            "test_bpc": history.test_at_best.get("test_bpc") if best else None,
             "dynamic": dynamic,
-            "train_seconds": wall,
-            "status": self.status(events),
+            "train_seconds": history.train_seconds,
+            "status": self.status(history),
             "provenance": self.read_json(self.provenance_file),
         }
 
@@ -251,14 +223,6 @@ class Run:
 def _in_use(path: Path, holder: str) -> CharlmError:
     return CharlmError(f"run directory {path} is in use by another training ({holder}): wait for it to end, "
                        "or choose another --run-dir")
-
-
-def _test_at_best(best_epoch: dict, events: list[dict]):
-    """The test bpc of the best-validation weights: in their epoch record, or the later ``test`` record."""
-    if "test_bpc" in best_epoch:
-        return best_epoch["test_bpc"]
-    tests = [row for row in events if row.get("event") == "test" and row.get("epoch") == best_epoch.get("epoch")]
-    return tests[-1].get("test_bpc") if tests else None
 
 
 def find_runs(root: str | Path) -> list[Run]:
@@ -327,10 +291,3 @@ def _ends_without_newline(path: Path) -> bool:
     except OSError:
         return False
 
-
-def _plain(value):
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"cannot write {type(value).__name__} to metrics")

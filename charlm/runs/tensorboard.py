@@ -43,7 +43,7 @@ def check_available() -> None:
 
 def _scalars(prefix: str, fields: dict):
     for key, value in fields.items():
-        if key in ("event", "time", "step"):
+        if key in ("event", "time", "schema", "step"):
             continue
         if isinstance(value, bool) or value is None:
             continue

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 import charlm
-from charlm.experiments.report.compare import budget_label, build_report, data_needed
+from charlm.experiments.report.compare import budget_label, data_needed
+from charlm.experiments.report.write import build_report
 from charlm.training.trainer import Trainer
-from helpers import assert_one_line_error, cli, prepare_tiny_corpus
+from helpers import assert_one_line_error, cli, prepare_tiny_corpus, records
 
 SWEEP_FILES = {"index.md", "table1.md", "table1.csv", "convergence.csv", "convergence.png", "curves.png",
                "efficiency.md", "efficiency.csv", "efficiency.png", "gradnorms.png", "dynamic.md", "dynamic.csv"}
@@ -30,7 +31,7 @@ def config(data_dir, run_dir, **changes) -> charlm.TrainConfig:
 
 
 def events(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return records(run)
 
 
 def best_epoch_record(run: Path) -> dict:

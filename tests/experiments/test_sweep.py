@@ -15,7 +15,7 @@ from charlm.experiments.plan import load_plan, shipped_plans
 from charlm.model import parse_budget
 from charlm.runs.directory import Run
 from charlm.experiments.sweep import Sweep, select
-from helpers import assert_one_line_error, cli
+from helpers import assert_one_line_error, cli, records
 
 TINY_PLAN = """
 name = "tiny"
@@ -62,7 +62,7 @@ def test_sweep_survives_kill_9_and_a_rerun_skips_finished_and_resumes_interrupte
     second = killed / "cell-gru_train_fraction-0.3"
 
     def second_run_saved_mid_epoch():
-        return (second / "metrics.jsonl").exists() and '"event": "checkpoint"' in (second / "metrics.jsonl").read_text()
+        return bool(records(second, "checkpoint"))
 
     try:
         deadline = time.time() + 180
@@ -85,7 +85,7 @@ def test_sweep_survives_kill_9_and_a_rerun_skips_finished_and_resumes_interrupte
     for point in load_plan(plan_file).points():
         a, b = weights_of(killed / point.name), weights_of(straight / point.name)
         assert all((a[key] == b[key]).all() for key in a), point.name
-        evals = [row for row in Run(killed / point.name).events() if row["event"] == "eval"]
+        evals = records(killed / point.name, "eval")
         assert [(row["split"], row["mode"]) for row in evals] == [("valid", "static")]  # evaluated once
 
     again = cli(*sweep_args(plan_file, killed, tiny_corpus), check_code=0)

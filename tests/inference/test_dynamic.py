@@ -4,7 +4,6 @@ and through `charlm eval`."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,7 +19,7 @@ from charlm.inference.dynamic_protocol import SEARCH_LRS, NoProgress, evaluate_d
 from charlm.inference.scoring import score_tokens, window_nats
 from charlm.model import LanguageModel, ModelConfig, detach_state
 from charlm.training.trainer import train
-from helpers import assert_one_line_error, cli
+from helpers import assert_one_line_error, cli, records
 
 VOCAB = 11
 
@@ -265,7 +264,7 @@ def table_row(stdout, name):
 
 
 def last_event(run):
-    return json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    return records(run)[-1]
 
 
 def test_cli_sgd_search_reports_both_figures_and_saves_adapted_weights(trained_run, tmp_path):

@@ -14,7 +14,7 @@ from charlm.config import SampleConfig
 from charlm.inference.scoring import score_tokens
 from charlm.model import LanguageModel, ModelConfig
 from charlm.inference.sampling import filter_logits, generate
-from helpers import assert_one_line_error, assert_replays_the_step, cli
+from helpers import assert_one_line_error, assert_replays_the_step, cli, records
 
 # `trained_run` (conftest.py): a small LRU trained for two epochs on the `tiny` corpus.
 
@@ -47,8 +47,8 @@ def test_eval_command_reports_bpc_and_records_it(trained_run, tmp_path):
     bpc = float(next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("bpc")))
     assert 0.5 < bpc < 6
     assert "perplexity" in result.stdout
-    assert '"event": "eval"' in (run / "metrics.jsonl").read_text()
-    assert '"event": "eval"' not in (trained_run / "metrics.jsonl").read_text()
+    assert records(run, "eval")
+    assert not records(trained_run, "eval")
 
 
 def test_sample_same_seed_same_text(trained_run):

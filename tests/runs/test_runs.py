@@ -18,7 +18,7 @@ import charlm
 from charlm.checkpoint import Checkpoint
 from charlm.runs.directory import Run
 from charlm.training.trainer import Trainer, TrainingDiverged, TrainingInterrupted
-from helpers import assert_one_line_error, cli, prepare_tiny_corpus, run_cli
+from helpers import assert_one_line_error, cli, prepare_tiny_corpus, records, run_cli
 
 PROVENANCE_KEYS = {"command", "charlm_version", "git_commit", "python", "torch", "cuda", "device", "device_name",
                    "threads", "host", "pid", "corpus", "corpus_fingerprint", "started"}
@@ -212,19 +212,19 @@ def test_record_survives_a_half_written_line(tmp_path):
     lines = run.metrics.read_text(encoding="utf-8").splitlines()
     assert lines[1] == '{"event": "ep'
     assert json.loads(lines[2])["event"] == "epoch"
-    events = run.events()
+    events = records(run.path)
     assert [row["event"] for row in events] == ["start", "epoch"]
     assert events[1]["valid_bpc"] == float("inf")
     assert events[1]["norm"] == [1.5, 2.0] and events[1]["where"] == str(tmp_path)
     assert [event for event, _ in seen] == ["start", "epoch"] and seen[1][1]["epoch"] == 1
     assert run.status() == "interrupted"  # started, never ended, not running
-    run.record("end")
+    run.record("end", epochs=1, best_epoch=1)
     assert Run(tmp_path).status() == "finished"
 
 
 def test_status_of_created_run(tmp_path):
     run = Run(tmp_path)
-    assert run.status() == "created" and run.events() == []
+    assert run.status() == "created" and run.history().records == ()
     run.metrics.write_text("", encoding="utf-8")
     (tmp_path / "config.json").write_text("{}", encoding="utf-8")
     assert run.summary()["status"] == "created"

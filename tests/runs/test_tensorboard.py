@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
 
-from helpers import assert_one_line_error, cli, prepare_tiny_corpus
+from helpers import assert_one_line_error, cli, prepare_tiny_corpus, records
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +51,7 @@ def test_tensorboard_scalars_match_the_metrics(data_dir, tmp_path):
             "epoch/grad_norm/layer0"} <= tags
     assert not any(tag.endswith(("/best", "/partial", "/time")) for tag in tags)  # flags and clocks are not scalars
 
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-    epochs = [row for row in records if row["event"] == "epoch"]
+    epochs = records(run, "epoch")
     assert len(epochs) == 2
     for tag, key in (("epoch/valid_bpc", "valid_bpc"), ("epoch/test_bpc", "test_bpc"), ("epoch/lr", "lr")):
         scalars = accumulator.Scalars(tag)
@@ -61,5 +59,5 @@ def test_tensorboard_scalars_match_the_metrics(data_dir, tmp_path):
         assert [scalar.value for scalar in scalars] == pytest.approx([row[key] for row in epochs], rel=1e-6)
     layer = accumulator.Scalars("epoch/grad_norm/layer0")
     assert [scalar.value for scalar in layer] == pytest.approx([row["grad_norm"]["layer0"] for row in epochs], rel=1e-6)
-    steps = [row for row in records if row["event"] == "step"]
+    steps = records(run, "step")
     assert [scalar.step for scalar in accumulator.Scalars("step/bpc")] == [row["step"] for row in steps]

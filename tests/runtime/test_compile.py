@@ -6,7 +6,6 @@ real C++ compilation of inductor takes tens of seconds on a 2-core CPU and is ma
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -16,12 +15,12 @@ from charlm.checkpoint import Checkpoint
 from charlm.runtime.compiling import CompiledForward
 from charlm.model import LanguageModel, ModelConfig
 from charlm.training.trainer import Trainer
-from helpers import cli
+from helpers import cli, records
 from helpers import assert_same_weights, tiny_config, weights
 
 
 def events(run_dir, name):
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = records(run_dir)
     return [row for row in rows if row["event"] == name]
 
 

@@ -22,6 +22,7 @@ from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
 from charlm.runtime.distributed import World
 from charlm.training.trainer import Trainer
+from helpers import records
 
 WORKER = Path(__file__).with_name("distributed_train.py")
 TOLERANCE = 1e-10
@@ -82,7 +83,7 @@ def test_two_processes_train_the_weights_of_one(tiny_corpus, tmp_path, one_proce
     ours, reference = Checkpoint.load(run / "best.pt"), Checkpoint.load(one_process / "best.pt")
     assert abs(ours.scores["valid_bpc"] - reference.scores["valid_bpc"]) < TOLERANCE
     assert abs(ours.scores["test_bpc"] - reference.scores["test_bpc"]) < TOLERANCE
-    events = [json.loads(line)["event"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    events = [row["event"] for row in records(run)]
     assert events.count("start") == 1 and events.count("end") == 1 and events.count("epoch") == 2  # rank 0 alone wrote
     assert len((run / "train.log").read_text().splitlines()) == len((one_process / "train.log").read_text().splitlines())
 
@@ -152,8 +153,7 @@ def test_a_killed_process_stops_the_attempt_and_torchrun_restarts_it_from_the_ch
     assert "charlm: error: training stopped: a process of this training failed or was lost" in stderr
     assert "the last checkpoint" in stderr and "is intact" in stderr
     assert process.returncode == 0, stderr[-3000:]
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    starts = [record for record in records if record["event"] == "start"]
+    starts = records(run, "start")
     assert len(starts) == 2 and starts[1]["resumed_at"] != {"epoch": 0, "window": 0}  # from the checkpoint
     assert Checkpoint.load(run / "last.pt").training.progress["epoch"] == 2
 
@@ -195,8 +195,7 @@ def test_a_restarted_command_goes_on_with_its_run(tiny_corpus, tmp_path, monkeyp
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     result = cli(*command, "--epochs", "2")
     assert result.returncode == 0, result.stderr
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    starts = [record for record in records if record["event"] == "start"]
+    starts = records(run, "start")
     assert len(starts) == 2 and starts[1]["resumed_at"]["epoch"] == 1
     assert Checkpoint.load(run / "last.pt").training.progress["epoch"] == 2
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")

@@ -79,7 +79,7 @@ def warnings(monkeypatch) -> list[str]:
 
 
 def records(run_dir, event):
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = records(run_dir)
     return [row for row in rows if row["event"] == event]
 
 

@@ -16,7 +16,7 @@ from charlm.checkpoint import Checkpoint
 from charlm.model import LanguageModel, ModelConfig
 from charlm.training.step import TrainingStep
 from charlm.training.trainer import Trainer, TrainingInterrupted
-from helpers import assert_one_line_error, assert_same_run_end, assert_same_weights, cli, tiny_config, weights
+from helpers import assert_one_line_error, assert_same_run_end, assert_same_weights, cli, records, tiny_config, weights
 
 
 @pytest.mark.parametrize("cell", ["lstm", "lru"])
@@ -61,7 +61,7 @@ def test_sigterm_inside_an_epoch_then_resume_equals_straight_run(tiny_corpus, tm
     assert saved.progress["epoch"] == 1 and saved.progress["window"] == 8 and saved.progress["step"] == stop_at
     assert saved.scheduler["last_epoch"] == 1
     assert saved.optimizer["param_groups"][0]["lr"] == pytest.approx(1e-3 * 0.9)
-    assert any(row["event"] == "interrupted" for row in map(json.loads, (interrupted / "metrics.jsonl").read_text().splitlines()))
+    assert records(interrupted, "interrupted")
 
     Trainer.resume(str(interrupted)).fit()
     assert_same_run_end(straight, interrupted)
@@ -72,7 +72,7 @@ def test_run_directory_holds_config_metrics_log_and_checkpoints(tiny_corpus, tmp
     summary = Trainer(tiny_config(tiny_corpus, run)).fit()
     for name in ("config.json", "metrics.jsonl", "train.log", "last.pt", "best.pt"):
         assert (run / name).is_file(), name
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = records(run)
     epochs = [row for row in rows if row["event"] == "epoch"]
     assert [row["epoch"] for row in epochs] == [1, 2]
     for key in ("train_loss", "train_bits", "valid_loss", "valid_bpc", "lr", "chars_per_second", "train_seconds"):
@@ -95,7 +95,7 @@ def test_test_split_is_scored_once_with_the_best_validation_weights(tiny_corpus,
 
     run = tmp_path / "run"
     summary = Trainer(tiny_config(tiny_corpus, run, epochs=3)).fit()
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = records(run)
     tests = [row for row in rows if row["event"] == "test"]
     assert len(tests) == 1 and tests[0]["epoch"] == summary["best_epoch"]
     direct = load(run, device="cpu").evaluate("test", batch_size=4, record=False)  # eval_batch_size of tiny_config
@@ -108,7 +108,7 @@ def test_test_split_is_scored_once_with_the_best_validation_weights(tiny_corpus,
 
     every = tmp_path / "every"
     Trainer(tiny_config(tiny_corpus, every, epochs=2, test_every_epoch=True)).fit()
-    rows = [json.loads(line) for line in (every / "metrics.jsonl").read_text().splitlines()]
+    rows = records(every)
     assert all("test_bpc" in row for row in rows if row["event"] == "epoch")
     assert not any(row["event"] == "test" for row in rows)
 
@@ -156,7 +156,7 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tiny_corpus, tmp_path):
     kept = Checkpoint.load(run / "last.pt")
     assert kept.training.progress["epoch"] == 1
     assert all(torch.isfinite(tensor).all() for tensor in kept.weights.values())
-    tests = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"event": "test"' in line]
+    tests = records(run, "test")
     assert len(tests) == 1 and tests[0]["epoch"] == 1  # the best weights before the divergence are still tested
 
 

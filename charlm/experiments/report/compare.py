@@ -1,7 +1,8 @@
-"""Reports over many runs: the comparisons of the LRU and Delta-RNN papers, as Markdown, CSV and PNG.
+"""Comparing runs: each run read back (through its RunHistory) into a ``RunRecord``, runs grouped
+over seeds, and the comparisons of the LRU and Delta-RNN papers computed from the groups.
 
-``build_report(["runs/sweep"])`` reads every run directory at or below the given directories and
-writes, into ``runs/sweep/report``:
+``charlm.experiments.report.write.build_report(["runs/sweep"])`` reads every run directory at or
+below the given directories with ``read_runs`` and writes, into ``runs/sweep/report``:
 
 - ``table1.md/.csv``: the LRU paper's Table 1, one table per parameter budget (``--params``, else
   the parameter count to two significant figures): rows corpora, columns cells, the test loss
@@ -31,12 +32,6 @@ from pathlib import Path
 from charlm.errors import CharlmError
 from charlm.model import parse_budget
 from charlm.runs.directory import STATUSES, Run, find_runs
-
-DEFAULT_REFERENCE = "gru"
-REPORT_FILES = ("index.md", "table1.md", "table1.csv", "convergence.csv", "convergence.png", "curves.png",
-                "efficiency.md", "efficiency.csv", "efficiency.png", "gradnorms.png", "dynamic.md", "dynamic.csv",
-                "summary.md", "summary.csv")
-
 
 @dataclasses.dataclass(frozen=True)
 class RunRecord:
@@ -111,15 +106,6 @@ class Group:
         return ", ".join(f"{counts[status]} {status}" for status in STATUSES if counts[status])
 
 
-@dataclasses.dataclass
-class Report:
-    """What ``build_report`` wrote, and the main table(s) for the terminal."""
-
-    out: Path
-    files: list[str]
-    tables: list[tuple[str, list[str], list[list[str]]]]  # title, columns, rows
-
-
 # --- reading runs ------------------------------------------------------------------------------------
 
 def read_runs(directories: list[str | Path]) -> list[RunRecord]:
@@ -141,16 +127,11 @@ def read_run(run: Run, name: str) -> RunRecord:
     """A run's settings from config.json and its records from metrics.jsonl."""
     config = run.read_json(run.config_file)
     train, model = config.get("train", {}), config.get("model", {})
-    events = run.events()
-    epochs = [row for row in events if row.get("event") == "epoch" and isinstance(row.get("epoch"), int)]
-    flagged = [row for row in epochs if row.get("best")]
-    best = flagged[-1] if flagged else None
+    history = run.history()
+    best = history.best.to_dict() if history.best else None
     if best is not None and "test_loss" not in best:  # test scored once, for the best weights
-        tests = [row for row in events if row.get("event") == "test" and row.get("epoch") == best["epoch"]]
-        if tests:
-            best = {**best, **{key: value for key, value in tests[-1].items() if key.startswith("test_")}}
-    starts = [row for row in events if row.get("event") == "start"]
-    parameters = starts[-1].get("parameters") if starts else None
+        best = {**best, **history.test_at_best}
+    parameters = history.parameters
     budget, budget_size = budget_label(train.get("params"), parameters)
     return RunRecord(
         name=name,
@@ -163,11 +144,11 @@ def read_run(run: Run, name: str) -> RunRecord:
         budget_size=budget_size,
         fraction=float(train.get("train_fraction", 1.0)),
         seed=train.get("seed"),
-        status=run.status(events),
-        epochs=tuple(sorted({row["epoch"]: row for row in epochs}.values(), key=lambda row: row["epoch"])),
+        status=run.status(history),
+        epochs=tuple(record.to_dict() for record in history.epochs),
         best=best,
-        steps=tuple(row for row in events if row.get("event") == "step" and row.get("grad_norm")),
-        evaluations=tuple(row for row in events if row.get("event") == "eval" and row.get("mode") == "dynamic"),
+        steps=tuple(record.to_dict() for record in history.steps if record.grad_norm),
+        evaluations=tuple(record.to_dict() for record in history.evaluations if record.mode == "dynamic"),
     )
 
 
@@ -286,31 +267,3 @@ def protocol_name(pair: tuple[str, bool]) -> str:
 
 def _unique(values) -> list:
     return list(dict.fromkeys(values))
-
-
-def build_report(directories: list[str | Path], out: str | Path | None = None, reference: str | None = None) -> Report:
-    """Read the runs at or below ``directories`` and write the report into ``out`` (default
-    ``DIR/report`` for a single directory); files of an earlier report that no longer apply are removed."""
-    if not directories:
-        raise CharlmError("give at least one run directory")
-    if out is None and len(directories) > 1:
-        raise CharlmError("several directories: say where the report goes with --out REPORT_DIR")
-    records = read_runs(directories)
-    cells = sorted({record.cell for record in records})
-    if reference is not None and reference not in cells:
-        raise CharlmError(f"reference cell {reference} has no run here (cells: {', '.join(cells)})")
-    out = Path(out) if out is not None else Path(directories[0]) / "report"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise CharlmError(f"cannot create report directory {out}: {error.strerror}") from None
-    from charlm.experiments.report.write import ReportWriter
-
-    writer = ReportWriter(out, records, reference or DEFAULT_REFERENCE, [str(directory) for directory in directories])
-    writer.write_all()
-    for name in REPORT_FILES:
-        if name not in writer.files:
-            (out / name).unlink(missing_ok=True)
-    return Report(out, writer.files, writer.tables)
-
-

@@ -1,20 +1,28 @@
 """Writing a report: the Markdown and CSV files of each comparison, its figures and its index.
 
-``charlm.experiments.report.compare.build_report`` reads the runs and calls ``ReportWriter(...).write_all()``; each
-``write_*`` method writes one part, or adds a note to the index saying why it has none.
+``build_report`` reads the runs (``compare.read_runs``) and calls ``ReportWriter(...).write_all()``;
+each ``write_*`` method writes one part, or adds a note to the index saying why it has none.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 from pathlib import Path
 
+from charlm.errors import CharlmError
 from charlm.experiments.report import figures
+from charlm.experiments.report.compare import (Group, RunRecord, Stat, best_of, data_needed, dynamic_columns,
+                                               dynamic_rows, efficiency_families, group_runs, protocol_name,
+                                               read_runs, reference_loss, table1_sections)
 from charlm.files import atomic_write_text
-from charlm.experiments.report.compare import (Group, RunRecord, Stat, best_of, data_needed, dynamic_columns, dynamic_rows,
-                           efficiency_families, group_runs, protocol_name, reference_loss, table1_sections)
+
+DEFAULT_REFERENCE = "gru"
+REPORT_FILES = ("index.md", "table1.md", "table1.csv", "convergence.csv", "convergence.png", "curves.png",
+                "efficiency.md", "efficiency.csv", "efficiency.png", "gradnorms.png", "dynamic.md", "dynamic.csv",
+                "summary.md", "summary.csv")
 
 
 TABLES = {"summary.md": "Summary of the run",
@@ -314,3 +322,38 @@ def _markdown(columns: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join(_display(value).replace("|", "\\|") for value in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+@dataclasses.dataclass
+class Report:
+    """What ``build_report`` wrote, and the main table(s) for the terminal."""
+
+    out: Path
+    files: list[str]
+    tables: list[tuple[str, list[str], list[list[str]]]]  # title, columns, rows
+
+
+def build_report(directories: list[str | Path], out: str | Path | None = None, reference: str | None = None) -> Report:
+    """Read the runs at or below ``directories`` and write the report into ``out`` (default
+    ``DIR/report`` for a single directory); files of an earlier report that no longer apply are removed."""
+    if not directories:
+        raise CharlmError("give at least one run directory")
+    if out is None and len(directories) > 1:
+        raise CharlmError("several directories: say where the report goes with --out REPORT_DIR")
+    records = read_runs(directories)
+    cells = sorted({record.cell for record in records})
+    if reference is not None and reference not in cells:
+        raise CharlmError(f"reference cell {reference} has no run here (cells: {', '.join(cells)})")
+    out = Path(out) if out is not None else Path(directories[0]) / "report"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CharlmError(f"cannot create report directory {out}: {error.strerror}") from None
+    writer = ReportWriter(out, records, reference or DEFAULT_REFERENCE, [str(directory) for directory in directories])
+    writer.write_all()
+    for name in REPORT_FILES:
+        if name not in writer.files:
+            (out / name).unlink(missing_ok=True)
+    return Report(out, writer.files, writer.tables)
+
+

@@ -1,0 +1,273 @@
+"""The records of a run's ``metrics.jsonl``: one JSON object per line, one typed record per event.
+
+``Run.record(event, **fields)`` is the one writer: it builds the event's record (refusing an event
+or a missing field that this schema does not know: a programming error), stamps it with the time
+and ``SCHEMA_VERSION``, and appends it. :class:`RunHistory` is the one reader: ``charlm runs``,
+``charlm report``, sweeps, the trainer and the tests all read runs through it.
+
+Version 1 is what charlm wrote before records carried a version: the same events and fields, no
+``schema`` key. A record is read whatever its version; fields this release does not know, and whole
+events it does not know, are kept (``extra``, :class:`OtherRecord`), never dropped.
+
+    history = RunHistory.read("runs/wp-lru/metrics.jsonl")   # or Run(path).history()
+    [(e.epoch, e.valid_bpc) for e in history.epochs], history.best.epoch, history.status
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import ClassVar
+
+SCHEMA_VERSION = 2
+LEGACY_SCHEMA = 1  # a record without a ``schema`` key
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """What every record has; ``extra`` keeps the fields a newer release wrote that this one does not
+    know, ``keys`` the order of the object's keys as written (so a record reads back to the same JSON)."""
+
+    event: ClassVar[str] = ""
+    required: ClassVar[tuple[str, ...]] = ()  # the fields a writer must give
+
+    time: float | None = None
+    schema: int = LEGACY_SCHEMA
+    extra: dict = dataclasses.field(default_factory=dict)
+    keys: tuple[str, ...] = dataclasses.field(default=(), repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        """The JSON object of this record."""
+        values = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                  if field.name not in ("extra", "keys")}
+        values.update(self.extra)
+        order = self.keys or tuple(values)
+        return {"event": self.event, **{key: values[key] for key in order if key in values and key != "event"}}
+
+    def get(self, name: str, default=None):
+        """A field by name, known or extra (for code that picks fields by a computed name)."""
+        if name in self.extra:
+            return self.extra[name]
+        value = getattr(self, name, None) if name in _field_names(type(self)) else None
+        return default if value is None else value
+
+
+def _score_fields(prefix: str) -> list[tuple[str, type]]:
+    """The fields of a scored split (``Score.as_dict(prefix)``)."""
+    return [(f"{prefix}loss", float), (f"{prefix}bits_per_token", float), (f"{prefix}bpc", float),
+            (f"{prefix}perplexity", float), (f"{prefix}tokens", int)]
+
+
+def _record_class(name: str, event: str, fields: list[tuple[str, type]], required: tuple[str, ...], doc: str):
+    """A frozen dataclass ``name`` for ``event`` with these fields (all optional when read back)."""
+    cls = dataclasses.make_dataclass(name, [(field, kind | None, dataclasses.field(default=None)) for field, kind in fields],
+                                     bases=(Record,), frozen=True, namespace={"event": event, "required": required,
+                                                                             "__doc__": doc})
+    cls.__module__ = __name__
+    return cls
+
+
+_SCORE_KEYS = tuple(field for field, _ in _score_fields(""))
+
+StartRecord = _record_class("StartRecord", "start", [
+    ("parameters", int), ("hidden_size", int), ("device", str), ("resumed_at", dict)],
+    ("parameters",), "A training session began (``resumed_at``: the epoch and window it began at).")
+StepRecord = _record_class("StepRecord", "step", [
+    ("epoch", int), ("step", int), ("loss", float), ("bpc", float), ("lr", float), ("grad_norm", dict)],
+    ("epoch", "step", "loss"), "Every ``log_every`` steps: the step's loss (nats per token), bpc, lr, "
+    "per-layer gradient norms before clipping.")
+ValidRecord = _record_class("ValidRecord", "valid", [("epoch", int), ("step", int), *_score_fields("valid_")],
+                            ("epoch", "step", "valid_bpc"), "Every ``eval_every`` steps: the validation score.")
+EpochRecord = _record_class("EpochRecord", "epoch", [
+    ("epoch", int), ("partial", bool), ("lr", float), ("train_loss", float), ("train_bits", float),
+    ("train_bpc", float), *_score_fields("valid_"), *_score_fields("test_"), ("grad_norm", dict),
+    ("chars_per_second", float), ("train_seconds", float), ("step", int), ("best", bool)],
+    ("epoch", "valid_bpc"), "The end of an epoch (``partial``: cut short by the time budget): its training and "
+    "validation scores (and test, with ``test_every_epoch``), whether it is the best so far.")
+CheckpointRecord = _record_class("CheckpointRecord", "checkpoint", [("epoch", int), ("window", int), ("step", int)],
+                                 ("epoch", "window", "step"), "last.pt was saved inside an epoch (``save_every``).")
+InterruptedRecord = _record_class("InterruptedRecord", "interrupted", [("epoch", int), ("window", int), ("step", int)],
+                                  ("epoch", "window", "step"), "Ctrl-C or SIGTERM stopped the training; last.pt saved.")
+DivergedRecord = _record_class("DivergedRecord", "diverged", [("epoch", int), ("step", int), ("loss", float)],
+                               ("epoch", "step", "loss"), "The loss stopped being finite; training stopped.")
+TestRecord = _record_class("TestRecord", "test", [("epoch", int), *_score_fields("test_")], ("epoch", "test_bpc"),
+                           "The test score of the best-validation weights (those of ``epoch``).")
+EndRecord = _record_class("EndRecord", "end", [
+    ("run_dir", str), ("epochs", int), ("partial_epoch", bool), ("best_epoch", int), ("best_valid_bpc", float),
+    ("test_bpc_at_best", float), ("parameters", int), ("hidden_size", int), ("wall_seconds", dict)],
+    ("epochs", "best_epoch"), "The training ended (its epochs, early stopping or time budget): the run's summary.")
+CompileRecord = _record_class("CompileRecord", "compile", [
+    ("active", bool), ("seconds", float), ("backend", str), ("failure", str)], ("active",),
+    "``--compile``: whether the compiled forward is used, how long compiling took, why not.")
+CudaGraphRecord = _record_class("CudaGraphRecord", "cuda_graph", [("active", bool), ("seconds", float), ("failure", str)],
+                                ("active",), "``--cuda-graph``: whether the captured window is replayed, the capture time.")
+EvalRecord = _record_class("EvalRecord", "eval", [
+    ("checkpoint", str), ("split", str), ("mode", str), *_score_fields(""), ("chars_per_s", float),
+    ("adapt_on", str), ("hyperparameters", dict), *_score_fields("static_"), *_score_fields("dynamic_"),
+    ("static_chars_per_s", float), ("dynamic_chars_per_s", float), ("statistics_seconds", float),
+    ("statistics_batches", int), ("adaptation_bpc", float), ("adaptation_seconds", float), ("search", dict)],
+    ("split", "mode"), "`charlm eval` of a checkpoint of this run: ``mode`` static (the score's fields) or dynamic "
+    "(static_* and dynamic_* scores, the method's hyperparameters, ``adapt_on`` for protocol #2).")
+
+RECORDS: dict[str, type[Record]] = {cls.event: cls for cls in (
+    StartRecord, StepRecord, ValidRecord, EpochRecord, CheckpointRecord, InterruptedRecord, DivergedRecord,
+    TestRecord, EndRecord, CompileRecord, CudaGraphRecord, EvalRecord)}
+
+
+@dataclasses.dataclass(frozen=True)
+class OtherRecord(Record):
+    """An event this release does not know (written by a newer one): kept with all its fields."""
+
+    name: str = ""
+
+    def to_dict(self) -> dict:
+        return {"event": self.name, **{key: value for key, value in super().to_dict().items() if key != "event"}}
+
+
+def _field_names(cls) -> frozenset:
+    return frozenset(field.name for field in dataclasses.fields(cls)) - {"extra", "keys"}
+
+
+def new_record(event: str, time: float, fields: dict) -> Record:
+    """The record a writer appends now; an unknown event or a missing required field is a bug."""
+    cls = RECORDS.get(event)
+    if cls is None:
+        raise ValueError(f"metrics.jsonl has no event {event!r} (known: {', '.join(RECORDS)})")
+    missing = [name for name in cls.required if fields.get(name) is None]
+    if missing:
+        raise ValueError(f"a {event!r} record needs {', '.join(missing)}")
+    return record_from_dict({"event": event, "time": time, "schema": SCHEMA_VERSION, **fields})
+
+
+def record_from_dict(row: dict) -> Record:
+    """A record from its JSON object, of any schema version."""
+    event = row.get("event")
+    cls = RECORDS.get(event, OtherRecord)
+    known = _field_names(cls) - {"name"}
+    values = {key: value for key, value in row.items() if key in known}
+    extra = {key: value for key, value in row.items() if key not in known and key != "event"}
+    if cls is OtherRecord:
+        values["name"] = str(event)
+    values.setdefault("schema", LEGACY_SCHEMA)
+    return cls(**values, extra=extra, keys=tuple(key for key in row if key != "event"))
+
+
+def encode(record: Record) -> str:
+    """One line of metrics.jsonl (tensors as lists, paths as strings)."""
+    return json.dumps(record.to_dict(), default=_plain)
+
+
+def _plain(value):
+    if hasattr(value, "tolist"):  # a tensor or an array
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot write {type(value).__name__} to metrics")
+
+
+class RunHistory:
+    """A run's records, in the order they were written, and what is read from them."""
+
+    def __init__(self, records):
+        self.records: tuple[Record, ...] = tuple(records)
+
+    @classmethod
+    def read(cls, path: str | Path) -> "RunHistory":
+        """The records of a metrics.jsonl (none when it is missing); a line cut short by a crash, or
+        one that is not a JSON object, is skipped."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError:
+            return cls(())
+        records = []
+        for line in text.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                records.append(record_from_dict(row))
+        return cls(records)
+
+    def of(self, *events: str) -> list[Record]:
+        return [record for record in self.records if record.event in events or getattr(record, "name", None) in events]
+
+    @property
+    def starts(self) -> list[Record]:
+        return self.of("start")
+
+    @property
+    def parameters(self) -> int | None:
+        """The model's parameter count (its last ``start`` record)."""
+        starts = self.starts
+        return starts[-1].parameters if starts else None
+
+    @property
+    def epoch_records(self) -> list[Record]:
+        """Every ``epoch`` record as written: a partial epoch and its completion both appear."""
+        return self.of("epoch")
+
+    @property
+    def epochs(self) -> list[Record]:
+        """The last record written for each epoch, in epoch order."""
+        latest = {record.epoch: record for record in self.epoch_records if isinstance(record.epoch, int)}
+        return [latest[epoch] for epoch in sorted(latest)]
+
+    @property
+    def full_epochs(self) -> list[Record]:
+        return [record for record in self.epoch_records if not record.partial]
+
+    @property
+    def best(self) -> Record | None:
+        """The epoch record of the best validation score (the last one flagged best)."""
+        flagged = [record for record in self.epoch_records if record.best and isinstance(record.epoch, int)]
+        return flagged[-1] if flagged else None
+
+    @property
+    def test_at_best(self) -> dict:
+        """The test score of the best-validation weights (``test_bpc``, ``test_loss``, ...): in the best
+        epoch's record (``test_every_epoch``), else in the ``test`` record scored for that epoch."""
+        best = self.best
+        if best is None:
+            return {}
+        if best.test_bpc is not None:
+            return {key: value for key, value in best.to_dict().items() if key.startswith("test_")}
+        tests = [record for record in self.of("test") if record.epoch == best.epoch]
+        return {key: value for key, value in tests[-1].to_dict().items() if key.startswith("test_")} if tests else {}
+
+    @property
+    def steps(self) -> list[Record]:
+        return self.of("step")
+
+    @property
+    def evaluations(self) -> list[Record]:
+        return self.of("eval")
+
+    @property
+    def status(self) -> str:
+        """created, finished, diverged or interrupted, from the records after the last ``start``
+        (whether a process is training now is the run directory's lock to tell)."""
+        starts = [index for index, record in enumerate(self.records) if record.event == "start"]
+        if not starts:
+            return "created"
+        after = {record.event for record in self.records[starts[-1]:]}
+        if "end" in after:
+            return "finished"
+        if "diverged" in after:
+            return "diverged"
+        return "interrupted"
+
+    @property
+    def ended(self) -> bool:
+        """The last record is an ``end``: nothing was left undone."""
+        return bool(self.records) and self.records[-1].event == "end"
+
+    @property
+    def train_seconds(self) -> float:
+        """Training time: the full epochs', and the last epoch's when it was partial."""
+        seconds = sum(record.train_seconds or 0.0 for record in self.full_epochs)
+        epochs = self.epoch_records
+        if epochs and epochs[-1].partial:
+            seconds += epochs[-1].train_seconds or 0.0
+        return seconds

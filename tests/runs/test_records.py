@@ -1,0 +1,94 @@
+"""metrics.jsonl records: one writer (Run.record) and one reader (RunHistory), every event typed and
+versioned; files written before records carried a version read as version 1."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from charlm.runs.directory import Run
+from charlm.runs.records import RECORDS, SCHEMA_VERSION, EpochRecord, OtherRecord, RunHistory
+
+OLD_RUN = Path(__file__).parents[1] / "fixtures" / "release-0.2.0" / "run"
+
+SCORE = dict(loss=2.5, bits_per_token=3.6, bpc=3.6, perplexity=12.2, tokens=400)
+WRITTEN = {  # one record of every event, with the fields charlm's writers give it
+    "start": dict(parameters=6204, hidden_size=16, device="cpu", resumed_at={"epoch": 0, "window": 0}),
+    "step": dict(epoch=1, step=5, loss=3.1, bpc=4.4, lr=0.003, grad_norm={"embedding": 0.1, "layer0": 0.7}),
+    "valid": dict(epoch=1, step=10, **{f"valid_{k}": v for k, v in SCORE.items()}),
+    "epoch": dict(epoch=1, partial=False, lr=0.003, train_loss=3.0, train_bits=4.3, train_bpc=4.3,
+                  **{f"valid_{k}": v for k, v in SCORE.items()}, grad_norm={"layer0": 0.5}, chars_per_second=30000.0,
+                  train_seconds=1.5, step=20, best=True),
+    "checkpoint": dict(epoch=1, window=12, step=12),
+    "interrupted": dict(epoch=2, window=3, step=23),
+    "diverged": dict(epoch=2, step=24, loss=float("nan")),
+    "test": dict(epoch=1, **{f"test_{k}": v for k, v in SCORE.items()}),
+    "end": dict(run_dir="runs/x", epochs=1, partial_epoch=False, best_epoch=1, best_valid_bpc=3.6, test_bpc_at_best=None,
+                parameters=6204, hidden_size=16, wall_seconds={"train": 1.5, "valid": 0.2, "test": 0.1}),
+    "compile": dict(active=False, seconds=0.5, backend="inductor", failure="RuntimeError: no compiler"),
+    "cuda_graph": dict(active=True, seconds=0.2, failure=None),
+    "eval": dict(checkpoint="runs/x/best.pt", split="test", mode="static", **SCORE, chars_per_s=90000.0),
+}
+
+
+def test_every_event_is_written_and_read_back_as_it_was_given(tmp_path):
+    assert set(WRITTEN) == set(RECORDS)
+    run = Run(tmp_path)
+    for event, fields in WRITTEN.items():
+        run.record(event, **fields)
+    history = run.history()
+    assert [record.event for record in history.records] == list(WRITTEN)
+    for record, (event, fields) in zip(history.records, WRITTEN.items()):
+        assert isinstance(record, RECORDS[event]) and record.schema == SCHEMA_VERSION and record.extra == {}
+        row = record.to_dict()
+        assert list(row) == ["event", "time", "schema", *fields]  # the order written
+        for name, value in fields.items():
+            assert getattr(record, name) == value or (value != value and getattr(record, name) != getattr(record, name))
+    lines = run.metrics.read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["schema"] for line in lines] == [SCHEMA_VERSION] * len(WRITTEN)
+
+
+def test_a_record_reads_back_to_the_same_json():
+    history = RunHistory.read(OLD_RUN / "metrics.jsonl")
+    lines = (OLD_RUN / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(history.records) == len(lines)
+    for record, line in zip(history.records, lines):
+        assert json.dumps(record.to_dict()) == json.dumps(json.loads(line))
+
+
+def test_a_file_from_before_versions_reads_as_version_1():
+    history = RunHistory.read(OLD_RUN / "metrics.jsonl")
+    assert {record.schema for record in history.records} == {1}
+    assert [record.epoch for record in history.epochs] == [1, 2] and all(isinstance(r, EpochRecord) for r in history.epochs)
+    assert history.best.epoch == 2 and history.best.valid_bpc == pytest.approx(4.012109790990014)
+    assert history.test_at_best["test_bpc"] == pytest.approx(3.9679005416415967)  # from its ``test`` record
+    assert history.status == "finished" and history.parameters == 6204
+    assert history.evaluations[-1].mode == "static" and not history.ended  # an evaluation came after the end
+    assert len(history.steps) == 90 and history.steps[0].step == 5 and history.steps[-1].step == 450
+
+
+def test_events_and_fields_of_a_newer_release_are_kept(tmp_path):
+    rows = [{"event": "start", "time": 1.0, "schema": 3, "parameters": 10, "accelerator": "tpu"},
+            {"event": "warmup", "time": 2.0, "schema": 3, "steps": 100}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    history = Run(tmp_path).history()
+    start, warmup = history.records
+    assert start.parameters == 10 and start.extra == {"accelerator": "tpu"} and start.schema == 3
+    assert isinstance(warmup, OtherRecord) and warmup.name == "warmup" and warmup.extra == {"steps": 100}
+    assert [record.to_dict() for record in history.records] == rows
+    assert history.of("warmup") == [warmup]
+
+
+def test_a_line_cut_short_and_a_line_that_is_no_object_are_skipped(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"event": "start", "parameters": 3}\n[1, 2]\n{"event": "ep', encoding="utf-8")
+    history = Run(tmp_path).history()
+    assert [record.event for record in history.records] == ["start"] and history.status == "interrupted"
+
+
+def test_the_writer_refuses_an_event_or_a_field_it_does_not_know_of(tmp_path):
+    run = Run(tmp_path)
+    with pytest.raises(ValueError, match="no event 'epoc'"):
+        run.record("epoc", epoch=1)
+    with pytest.raises(ValueError, match="needs valid_bpc"):
+        run.record("epoch", epoch=1)
+    assert not run.metrics.exists()  # nothing half-written
