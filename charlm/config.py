@@ -3,6 +3,9 @@
 Each field carries its help text and its bounds (``setting(...)``). ``validate`` checks the bounds
 for Python callers; the command line builds its options, their help and their range checks from
 the same fields (``charlm.cli.options``), so a default or a bound is written once, here.
+
+Names: a ``*Config`` is the settings of one job (TrainConfig, EvalConfig, BenchmarkConfig, ...);
+``*Options`` are a part of another config (``DynamicOptions``; a cell's ``--cell-opt`` options).
 """
 
 from __future__ import annotations
@@ -287,7 +290,7 @@ DEFAULT_SEARCH_PREFIX = 50_000  # characters of the validation split that --dyn-
 
 
 @dataclasses.dataclass
-class BenchmarkSettings:
+class BenchmarkConfig:
     """`charlm bench`: models sized to one budget, timed on synthetic data."""
 
     cells: str = setting("lstm,gru,lru", "Comma-separated cell names, or 'all'.")
@@ -309,7 +312,7 @@ class BenchmarkSettings:
 
 
 @dataclasses.dataclass
-class DemoSettings:
+class DemoConfig:
     """`charlm demo`: a small LRU on the embedded pydoc corpus for a couple of minutes.
 
     ``sizes`` maps each hidden size the demo may choose to the characters of training after which
@@ -333,7 +336,7 @@ class DemoSettings:
 
 
 @dataclasses.dataclass
-class PrepareSettings:
+class PrepareConfig:
     """`charlm prepare`: the defaults that are not a recipe's own."""
 
     vocab_size: int = setting(2000, "Pieces in the subword model (with --subword and the *-subword corpora).", min=2)

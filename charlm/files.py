@@ -51,10 +51,6 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    atomic_write(path, lambda temporary: temporary.write_bytes(data))
-
-
 def _flush_to_disk(path: str) -> None:
     descriptor = os.open(path, os.O_RDWR)  # Windows fsyncs only handles open for writing
     try:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import charlm
-from charlm.config import (BenchmarkSettings, DemoSettings, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig,
+from charlm.config import (BenchmarkConfig, DemoConfig, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig,
                            TrainConfig, validate)
 from charlm.errors import CharlmError, ConfigError
 from helpers import assert_one_line_error, cli, prepare_tiny_corpus
@@ -27,7 +27,7 @@ def test_defaults_are_valid():
     TrainConfig().validate()
     DynamicOptions().validate()
     DynamicOptions(method="rms").validate()
-    for settings in (SampleConfig(), EvalConfig(), ScoreConfig(), BenchmarkSettings(), DemoSettings()):
+    for settings in (SampleConfig(), EvalConfig(), ScoreConfig(), BenchmarkConfig(), DemoConfig()):
         validate(settings)
     assert DynamicOptions().lr == 0.01 and DynamicOptions(method="rms").lr == 1e-4
 
@@ -71,7 +71,7 @@ def test_defaults_are_valid():
     (DynamicOptions(eps=0.0), "eps", "eps must be positive"),
     (DynamicOptions(segment=0), "segment", "segment must be at least 1"),
     (DynamicOptions(method="adam"), "method", "method must be one of sgd, rms"),
-    (BenchmarkSettings(vocab_size=1), "vocab_size", "vocab_size must be at least 2"),
+    (BenchmarkConfig(vocab_size=1), "vocab_size", "vocab_size must be at least 2"),
 ])
 def test_bounds_name_the_field(settings, field, message):
     with pytest.raises(ConfigError) as caught:
@@ -164,8 +164,8 @@ COMMANDS = [
     ("eval", EvalConfig, ("batch_size",)),
     ("score", DynamicOptions, ()),
     ("score", ScoreConfig, ()),
-    ("bench", BenchmarkSettings, ()),
-    ("demo", DemoSettings, ()),
+    ("bench", BenchmarkConfig, ()),
+    ("demo", DemoConfig, ()),
 ]
 
 

@@ -16,6 +16,7 @@ import charlm.checkpoint
 import charlm.training.reporting
 from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
+from charlm.cells import CELLS, RecurrentCell
 from charlm.runtime.memory import MemoryEstimate, check_fits, estimate_training_memory
 from charlm.runs.directory import Run
 from charlm.training.trainer import Trainer
@@ -157,8 +158,14 @@ def test_progress_lines_when_stderr_is_not_a_terminal(tiny_corpus, tmp_path, mon
     assert len(lines) > 10 and "bpc" in lines[0] and "chars/s" in lines[0]
 
 
+def test_every_built_in_cell_declares_the_activation_memory_it_keeps():
+    factors = {name: CELLS.get(name).activation_factor for name in CELLS.names()}
+    assert all(0 < factor < RecurrentCell.activation_factor for factor in factors.values()), factors
+    assert factors["rnn"] < factors["lstm"] < factors["lru"] < factors["rhn"]  # more gates, more kept
+
+
 def test_memory_estimate_covers_weights_optimizer_and_activations():
-    estimate = estimate_training_memory(1_000_000, "lstm", hidden_size=256, layers=2, vocab_size=50, embed_size=256,
+    estimate = estimate_training_memory(1_000_000, CELLS.get("lstm").activation_factor, hidden_size=256, layers=2, vocab_size=50, embed_size=256,
                                         batch_size=100, bptt=50)
     assert estimate.state_bytes == 16_000_000
     assert estimate.activation_bytes == 100 * 50 * (2 * 256 * 4 * 15 + (256 + 4 * 50) * 4)

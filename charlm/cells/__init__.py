@@ -10,7 +10,7 @@ from charlm.cells.lru import LatticeRecurrentUnit, ProjectedStateLRU, ResetGateL
 from charlm.cells.lstm import LSTM
 from charlm.cells.mgu import MinimalGatedUnit
 from charlm.cells.multiplicative import MultiplicativeRNN
-from charlm.cells.registry import CellRegistry, cell_options_dict, parse_cell_options, parse_key_values
+from charlm.cells.registry import CellRegistry, parse_cell_options, parse_key_values
 from charlm.cells.rhn import RecurrentHighwayNetwork
 from charlm.cells.scrn import SCRN
 
@@ -39,7 +39,6 @@ __all__ = [
     "NoOptions",
     "RecurrentCell",
     "State",
-    "cell_options_dict",
     "glorot_uniform_",
     "parse_cell_options",
     "parse_key_values",

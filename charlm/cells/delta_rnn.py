@@ -72,6 +72,7 @@ class DeltaRNN(RecurrentCell):
     """
 
     name = "delta-rnn"
+    activation_factor = 17
     folds_embedding = True
     description = "Delta-RNN (Differential State Framework) (options: inner, outer, alpha_init, dropout)"
     paper = "Ororbia, Mikolov & Reitter 2017, Learning simpler language models with the Delta-RNN"

@@ -33,6 +33,7 @@ class Elman(RecurrentCell):
     """
 
     name = "rnn"
+    activation_factor = 6
     folds_embedding = True
     description = "Elman network, h = φ(Wx + Uh + b) (option: activation tanh|sigmoid|relu)"
     paper = "Elman 1990, Finding structure in time"

@@ -54,6 +54,7 @@ class GridLSTM(RecurrentCell):
     """
 
     name = "grid-lstm"
+    activation_factor = 36
     folds_embedding = True
     evaluates_through_step = True  # measured faster without gradients (see RecurrentCell)
     description = "2-D Grid LSTM (time × depth), priority to depth, weights tied across depth by default"

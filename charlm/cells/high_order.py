@@ -138,6 +138,7 @@ class HighOrderLSTM(LSTM):
     """
 
     name = "ho-lstm"
+    activation_factor = 33
     evaluates_through_step = True  # measured faster without gradients (see RecurrentCell)
     description = "LSTM with high-order (second-order) gating on i, f, o"
     paper = "Luo 2016, High Order LSTM/GRU"
@@ -225,6 +226,7 @@ class HighOrderGRU(GRU):
     """
 
     name = "ho-gru"
+    activation_factor = 30
     evaluates_through_step = True  # measured faster without gradients (see RecurrentCell)
     description = "GRU with high-order (second-order) gating on z, r"
     paper = "Luo 2016, High Order LSTM/GRU"

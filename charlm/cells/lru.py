@@ -158,6 +158,7 @@ class ProjectedStateLRU(_Lattice):
     """
 
     name = "ps-lru"
+    activation_factor = 32
     description = "Lattice Recurrent Unit, projected state decoupled (one r, one z)"
     paper = "Ahuja & Morency 2017, Lattice Recurrent Unit"
     formula = "8n² + 4n (d = n)"
@@ -179,6 +180,7 @@ class ResetGateLRU(_Lattice):
     """
 
     name = "rg-lru"
+    activation_factor = 33
     description = "Lattice Recurrent Unit, reset gate decoupled (r₁, r₂, one z)"
     paper = "Ahuja & Morency 2017, Lattice Recurrent Unit"
     formula = "10n² + 5n (d = n)"
@@ -200,6 +202,7 @@ class LatticeRecurrentUnit(_Lattice):
     """
 
     name = "lru"
+    activation_factor = 36
     description = "Lattice Recurrent Unit, update gate decoupled too (UG-LRU: r₁, r₂, z₁, z₂)"
     paper = "Ahuja & Morency 2017, Lattice Recurrent Unit"
     formula = "12n² + 6n (d = n)"

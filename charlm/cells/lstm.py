@@ -29,6 +29,7 @@ class LSTM(RecurrentCell):
     """
 
     name = "lstm"
+    activation_factor = 15
     description = "Long short-term memory (forget bias +1; option: peepholes)"
     paper = "Hochreiter & Schmidhuber 1997; Gers et al. 2000"
     formula = "4(dn + n² + n) (+3n with peepholes)"

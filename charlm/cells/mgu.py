@@ -19,6 +19,7 @@ class MinimalGatedUnit(RecurrentCell):
     """
 
     name = "mgu"
+    activation_factor = 19
     folds_embedding = True
     evaluates_through_step = True  # measured faster without gradients (see RecurrentCell)
     description = "Minimal gated unit: one gate f, used to reset and to update"

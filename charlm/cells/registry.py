@@ -106,10 +106,6 @@ def parse_cell_options(cell: type[RecurrentCell], options: dict) -> object:
         raise CharlmError(f"bad option for cell {cell.name!r}: {error}") from None
 
 
-def cell_options_dict(config) -> dict:
-    return dataclasses.asdict(config)
-
-
 def _convert(raw, kind, key: str):
     if not isinstance(raw, str):
         return raw

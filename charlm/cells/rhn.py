@@ -34,6 +34,7 @@ class RecurrentHighwayNetwork(RecurrentCell):
     """
 
     name = "rhn"
+    activation_factor = 48
     description = "Recurrent highway network, L micro-layers, coupled carry gate (options: depth, gate_bias)"
     paper = "Zilly et al. 2017, Recurrent highway networks"
     formula = "2dn + 2Ln² + 2Ln (L = depth, default 5)"

@@ -40,6 +40,7 @@ class SCRN(RecurrentCell):
     """
 
     name = "scrn"
+    activation_factor = 8
     folds_embedding = True
     evaluates_through_step = True  # measured faster without gradients (see RecurrentCell)
     description = "Structurally constrained RNN: sigmoid hidden state plus a slow context; depth output h and s concatenated"

@@ -10,10 +10,10 @@ import typer
 
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_table
-from charlm.config import BenchmarkSettings
+from charlm.config import BenchmarkConfig
 
 
-@settings_options(BenchmarkSettings)
+@settings_options(BenchmarkConfig)
 def bench(given: dict = None):
     """Measure training, evaluation and sampling throughput (characters per second)."""
     import torch
@@ -28,7 +28,7 @@ def bench(given: dict = None):
     from charlm.runtime.precision import check_precision
     from charlm.training.setup import check_cuda_graph
 
-    settings = BenchmarkSettings(**given)
+    settings = BenchmarkConfig(**given)
     validate(settings)
     names = CELLS.names() if settings.cells == "all" else [name.strip() for name in settings.cells.split(",") if name.strip()]
     for name in names:
@@ -38,7 +38,7 @@ def bench(given: dict = None):
     check_precision(settings.precision, torch.device(settings.device))
     check_cuda_graph(settings.cuda_graph, torch.device(settings.device))
     if settings.cuda_graph and settings.compile:
-        raise ConfigError(BenchmarkSettings, "cuda_graph", "and --compile are exclusive: give one, not both")
+        raise ConfigError(BenchmarkConfig, "cuda_graph", "and --compile are exclusive: give one, not both")
     if launched_by_torchrun():
         _bench_scaling(names, settings)
         return
@@ -81,7 +81,7 @@ def bench(given: dict = None):
                 rows)
 
 
-def _bench_scaling(names: list[str], settings: BenchmarkSettings) -> None:
+def _bench_scaling(names: list[str], settings: BenchmarkConfig) -> None:
     """Under torchrun: training throughput on one process against all of them."""
     import torch
 

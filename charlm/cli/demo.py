@@ -10,10 +10,10 @@ import typer
 
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_summary
-from charlm.config import DemoSettings
+from charlm.config import DemoConfig
 
 
-@settings_options(DemoSettings)
+@settings_options(DemoConfig)
 def demo(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Root of prepared corpora (default: $CHARLM_DATA or ./data)."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where to write the run (default: runs/pydoc-lru-demo-TIME)."),
@@ -27,7 +27,7 @@ def demo(
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    settings = DemoSettings(**given)
+    settings = DemoConfig(**given)
     validate(settings)
     summary = run_demo(settings, data_dir=data_dir, run_dir=run_dir, write=write)
     sys.stdout.write("\n\n")

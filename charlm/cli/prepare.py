@@ -12,7 +12,7 @@ from rich.table import Table
 
 from charlm.cli.options import help_text
 from charlm.cli.output import stdout
-from charlm.config import PrepareSettings
+from charlm.config import PrepareConfig
 from charlm.corpora import PreparedCorpus, data_root, list_corpora, prepare_corpus
 from charlm.corpora.splits import SPLITS, parse_fractions
 
@@ -29,7 +29,7 @@ def prepare(
                                             "download cache (default: $CHARLM_DATA, else ./data)."),
     subword: Optional[str] = typer.Option(None, "--subword", help="Train a sentencepiece model on the training "
                                           "split: bpe or unigram. A character corpus becomes <corpus>-<kind><N>."),
-    vocab_size: int = typer.Option(PrepareSettings.vocab_size, "--vocab-size", min=2, help=help_text(PrepareSettings, "vocab_size")),
+    vocab_size: int = typer.Option(PrepareConfig.vocab_size, "--vocab-size", min=2, help=help_text(PrepareConfig, "vocab_size")),
     name: Optional[str] = typer.Option(None, "--name", help="Name of the prepared corpus (required for `text`)."),
     split: Optional[str] = typer.Option(None, "--split", help="For `text`: train,valid,test fractions, contiguous "
                                         "(default 0.9,0.05,0.05)."),

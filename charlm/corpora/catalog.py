@@ -23,6 +23,16 @@ def load_corpus(name: str, data_dir: str | Path | None = None) -> PreparedCorpus
     raise CharlmError(f"corpus {name!r} is not prepared in {root}/: {_how_to_prepare(name)}")
 
 
+def vocabulary_size(name: str, data_dir: str | Path | None = None) -> tuple[int | None, bool]:
+    """The vocabulary size of corpus ``name``: its prepared form's, else the size its recipe
+    documents (the second value says it was assumed); None when neither is known."""
+    try:
+        return load_corpus(name, data_dir).vocab_size, False
+    except CharlmError:
+        recipe = RECIPES.get(name)
+        return (recipe.vocab_size if recipe else None), True
+
+
 def _how_to_prepare(name: str) -> str:
     if name in RECIPES and name != "text":
         return f"run `charlm prepare {name}`"

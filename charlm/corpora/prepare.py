@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from charlm import __version__
-from charlm.config import PrepareSettings
+from charlm.config import PrepareConfig
 from charlm.corpora.catalog import get_recipe
 from charlm.corpora.download import DownloadPolicy
 from charlm.corpora.inputs import GatherRequest
@@ -71,7 +71,7 @@ class PrepareOptions:
 
 
 def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, verify: bool = True,
-                   subword: str | None = None, vocab_size: int = PrepareSettings.vocab_size, paths=None, output_name: str | None = None,
+                   subword: str | None = None, vocab_size: int = PrepareConfig.vocab_size, paths=None, output_name: str | None = None,
                    split=None, unknown: str | None = None, progress: bool = True,
                    download_policy: DownloadPolicy | None = None, log=None) -> PreparedCorpus:
     """Prepare corpus ``name`` (a recipe name, or a ``Recipe``) in the data root, and return it.

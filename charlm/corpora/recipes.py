@@ -35,6 +35,7 @@ class Recipe:
     space_symbol: str | None = None  # the vocabulary symbol that stands for a space (PTB's "_")
     subword_kind: str = "bpe"  # the default model of a subword recipe
     unknown: str = "error"  # default policy for valid/test symbols absent from training
+    vocab_size: int | None = None  # what its default preparation gives (corpora.md); None: it depends on the text
 
     def split_rule(self, fractions=None) -> str:
         """How the splits are made, in words, for meta.json and messages."""
@@ -183,6 +184,7 @@ PTB = Recipe(
     inputs=_ptb_inputs(tuple(f"ptb.char.{s}.txt" for s in SPLITS)),
     parse=parse_ptb_chars,
     space_symbol="_",
+    vocab_size=50,
 )
 
 PTB_CONTIGUOUS = replace(
@@ -218,6 +220,7 @@ WP = Recipe(
     ),
     parse=parse_war_and_peace,
     fractions=DEFAULT_FRACTIONS,
+    vocab_size=82,
 )
 
 TEXT8 = Recipe(
@@ -237,6 +240,7 @@ TEXT8 = Recipe(
     ),
     parse=parse_text8,
     fractions=DEFAULT_FRACTIONS,
+    vocab_size=27,
 )
 
 ENWIK8 = Recipe(
@@ -255,6 +259,7 @@ ENWIK8 = Recipe(
     ),
     parse=parse_enwik8,
     fractions=DEFAULT_FRACTIONS,
+    vocab_size=205,
 )
 
 IMDB_SUBWORD = Recipe(
@@ -297,6 +302,7 @@ PYDOC = Recipe(
     parse=parse_pydoc,
     fractions=DEFAULT_FRACTIONS,
     unknown="unk",  # the text differs between Python versions, so valid/test may hold a symbol train lacks
+    vocab_size=104,  # Python 3.11's documentation; other versions differ slightly
 )
 
 RECIPES: Mapping[str, Recipe] = MappingProxyType(

@@ -22,10 +22,6 @@ from charlm.logs import get_logger
 from charlm.experiments.plan import EvalStep, Plan, Point
 from charlm.runs.directory import Run
 
-# Vocabulary sizes the corpora documents give, to size a dry run before a corpus is prepared.
-DOCUMENTED_VOCABULARY = {"ptb": 50, "ptb-contiguous": 50, "wp": 82, "text8": 27, "enwik8": 205,
-                         "pydoc": 104}  # pydoc: Python 3.11's documentation; other versions differ slightly
-
 
 @dataclasses.dataclass
 class Outcome:
@@ -130,11 +126,12 @@ class Sweep:
     def describe(self, point: Point) -> dict:
         """What a dry run shows of a point: its settings, hidden size and parameter count."""
         from charlm.cells import CELLS
+        from charlm.corpora.catalog import vocabulary_size
         from charlm.model import LanguageModel, count_parameters
-        from charlm.training.trainer import model_config_for
+        from charlm.training.setup import model_config_for
 
         config = self.config(point)
-        vocabulary, assumed = _vocabulary_size(config.corpus, self.data_dir)
+        vocabulary, assumed = vocabulary_size(config.corpus, self.data_dir)
         row = {"run": point.name, "corpus": config.corpus, "cell": config.cell, "layers": config.layers,
                "params": config.params, "state": self.state(point), "hidden": None, "parameters": None,
                "vocabulary": vocabulary, "vocabulary_assumed": assumed}
@@ -249,15 +246,6 @@ def _eval_label(row) -> str:
         mode = (row.get("hyperparameters") or {}).get("method", "dynamic")
     return EvalStep(split=row.get("split", "test"), dynamic=None if mode == "static" else mode,
                     adapt_on=row.get("adapt_on")).label
-
-
-def _vocabulary_size(corpus: str, data_dir) -> tuple[int | None, bool]:
-    from charlm.corpora import load_corpus
-
-    try:
-        return load_corpus(corpus, data_dir).vocab_size, False
-    except CharlmError:
-        return DOCUMENTED_VOCABULARY.get(corpus), True
 
 
 def _minutes(seconds: float) -> str:

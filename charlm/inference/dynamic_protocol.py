@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from charlm.inference.dynamic import METHODS, DynamicDiverged, DynamicOptions, collect_gradient_statistics, dynamic_score, make_update
-from charlm.config import DEFAULT_SEARCH_PREFIX  # noqa: F401
+from charlm.config import DynamicOptions
+from charlm.inference.dynamic import METHODS, DynamicDiverged, collect_gradient_statistics, dynamic_score, make_update
 from charlm.errors import CharlmError
 from charlm.inference.scoring import Score, characters_per_token, score_tokens
 

@@ -2,10 +2,9 @@
 
 A run holds four float32 copies of every parameter (weights, gradients, Adam's two moments) and,
 for one window, the activations autograd keeps for the backward pass. The parameter part is
-exact; the activation part is ``batch × bptt × layers × hidden × 4 bytes`` times a per-cell factor
-measured on the CPU (peak resident memory of one forward + backward at batch 128 × bptt 50,
-2 layers of 256, rounded up by a quarter), plus the embedding and the softmax layer's inputs,
-logits and their gradients.
+exact; the activation part is ``batch × bptt × layers × hidden × 4 bytes`` times the cell's own
+``activation_factor`` (each cell class declares it, see ``charlm.cells.base.RecurrentCell``), plus
+the embedding and the softmax layer's inputs, logits and their gradients.
 """
 
 from __future__ import annotations
@@ -19,11 +18,6 @@ import torch
 from charlm.errors import CharlmError
 
 BYTES_PER_PARAMETER = 16  # float32 weight, gradient, Adam first and second moment
-ACTIVATION_FACTOR = {  # bytes kept per (step, stream, layer, hidden unit), in float32 units
-    "rnn": 6, "scrn": 8, "mi-rnn": 14, "lstm": 15, "delta-rnn": 17, "gru": 19, "mgu": 19, "ho-gru": 30,
-    "ps-lru": 32, "rg-lru": 33, "ho-lstm": 33, "lru": 36, "grid-lstm": 36, "rhn": 48,
-}
-UNKNOWN_CELL_FACTOR = 64  # a user's cell: assume more than any built-in one keeps
 GIB = 1024**3
 
 
@@ -38,11 +32,10 @@ class MemoryEstimate:
         return self.state_bytes + self.activation_bytes
 
 
-def estimate_training_memory(parameters: int, cell: str, hidden_size: int, layers: int, vocab_size: int,
+def estimate_training_memory(parameters: int, activation_factor: int, hidden_size: int, layers: int, vocab_size: int,
                              embed_size: int, batch_size: int, bptt: int) -> MemoryEstimate:
     positions = batch_size * bptt
-    factor = ACTIVATION_FACTOR.get(cell, UNKNOWN_CELL_FACTOR)
-    recurrent = positions * layers * hidden_size * 4 * factor
+    recurrent = positions * layers * hidden_size * 4 * activation_factor
     ends = positions * (embed_size + 4 * vocab_size) * 4  # embedding rows; logits, softmax and their gradients
     return MemoryEstimate(parameters, parameters * BYTES_PER_PARAMETER, recurrent + ends)
 

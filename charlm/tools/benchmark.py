@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from charlm.runtime.compiling import CompiledForward
-from charlm.config import BenchmarkSettings, SampleConfig
+from charlm.config import BenchmarkConfig, SampleConfig
 from charlm.runtime.cuda_graphs import GraphedWindow
 from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
 from charlm.runtime.precision import autocast, float32_state, grad_scaler
@@ -123,7 +123,7 @@ def fused_lstm_runs_in(precision: str, device: torch.device) -> bool:
     return True
 
 
-def _baseline_size(settings: BenchmarkSettings) -> int:
+def _baseline_size(settings: BenchmarkConfig) -> int:
     def total(hidden):
         with torch.device("meta"):
             return count_parameters(FusedLSTMBaseline(settings.vocab_size, hidden, settings.layers))
@@ -152,7 +152,7 @@ def _synchronize(device):
 class _Contender:
     """A model with its synthetic data, optimiser and carried state, timed a round at a time."""
 
-    def __init__(self, name: str, model: nn.Module, settings: BenchmarkSettings, device, flops_per_char: float,
+    def __init__(self, name: str, model: nn.Module, settings: BenchmarkConfig, device, flops_per_char: float,
                  initial_state=None, compiled: bool = False, graphed: bool = False):
         """``initial_state``: where the carried state comes from when ``model`` is a wrapper (DDP);
         ``compiled``: train through ``torch.compile`` (the warm-up step compiles); ``graphed``: through
@@ -228,13 +228,13 @@ class _Contender:
         return drawn / (time.perf_counter() - start)
 
 
-def _cell_model(cell: str, settings: BenchmarkSettings) -> LanguageModel:
+def _cell_model(cell: str, settings: BenchmarkConfig) -> LanguageModel:
     config = ModelConfig(cell, vocab_size=settings.vocab_size, hidden_size=1, layers=settings.layers)
     hidden, _ = size_for_budget(config, parse_budget(settings.params))
     return LanguageModel(dataclasses.replace(config, hidden_size=hidden))
 
 
-def benchmark_cells(cells: list[str], settings: BenchmarkSettings, progress=None) -> list[Throughput]:
+def benchmark_cells(cells: list[str], settings: BenchmarkConfig, progress=None) -> list[Throughput]:
     """The fused-LSTM baseline first, then every cell, each sized to the same parameter budget,
     timed in ``settings.repeat`` interleaved rounds. ``progress(text)`` is told each round."""
     device = torch.device(settings.device)
@@ -300,7 +300,7 @@ class Scaling:
                 "speedup": self.together.median / self.single.median, "efficiency": self.efficiency}
 
 
-def benchmark_scaling(cells: list[str], settings: BenchmarkSettings, world, progress=None) -> list[Scaling]:
+def benchmark_scaling(cells: list[str], settings: BenchmarkConfig, world, progress=None) -> list[Scaling]:
     """Under torchrun: each model trained by rank 0 alone on the whole batch, then by every process
     with DistributedDataParallel on its share of the streams, in interleaved rounds."""
     from torch.nn.parallel import DistributedDataParallel

@@ -2,7 +2,7 @@
 it for the time budget, evaluate, sample.
 
 Sizing happens inside the budget: the demo times a few training steps, largest hidden size first,
-and keeps the largest size of ``DemoSettings.sizes`` that can train, in the time left, the
+and keeps the largest size of ``DemoConfig.sizes`` that can train, in the time left, the
 characters its sample needs to read as words. When none can, it trains the size that gets there
 soonest and says how many minutes would do. On a CPU it also times one thread against torch's
 default: on a busy machine the threads of a small model wait on each other and one runs faster.
@@ -20,13 +20,14 @@ import torch
 from charlm.api import load
 from charlm.corpora.streams import TokenStreams
 from charlm.cells import CELLS
-from charlm.config import DemoSettings, TrainConfig
+from charlm.config import DemoConfig, TrainConfig
 from charlm.corpora import prepare_corpus
 from charlm.runtime.devices import resolve_device
 from charlm.logs import info
 from charlm.model import LanguageModel, detach_state
 from charlm.runs.directory import default_run_dir
-from charlm.training.trainer import model_config_for, train
+from charlm.training.setup import model_config_for
+from charlm.training.trainer import train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +96,7 @@ def describe(sizing: Sizing) -> list[str]:
     return lines
 
 
-def demo_config(settings: DemoSettings, hidden: int, minutes: float, data_dir=None, run_dir=None) -> TrainConfig:
+def demo_config(settings: DemoConfig, hidden: int, minutes: float, data_dir=None, run_dir=None) -> TrainConfig:
     """The training run of the demo at one hidden size."""
     return TrainConfig(
         corpus="pydoc",
@@ -162,7 +163,7 @@ def measure_threads(config: TrainConfig, corpus, device, steps: int) -> tuple[in
     return threads, throughput[threads]
 
 
-def size_for_machine(settings: DemoSettings, corpus) -> Sizing:
+def size_for_machine(settings: DemoConfig, corpus) -> Sizing:
     """Measure the sizes of ``settings.sizes`` from the largest down until one can reach readable
     text in what is left of the budget (see ``choose_size``). Sets torch's thread count to the
     faster one; the caller restores it."""
@@ -187,7 +188,7 @@ def size_for_machine(settings: DemoSettings, corpus) -> Sizing:
     return sizing
 
 
-def run_demo(settings: DemoSettings, data_dir=None, run_dir=None, write=print, log=info) -> dict:
+def run_demo(settings: DemoConfig, data_dir=None, run_dir=None, write=print, log=info) -> dict:
     """Returns the training summary (with the ``sizing``); writes the sample through ``write`` as
     it is drawn and the sizing lines through ``log``."""
     corpus = prepare_corpus("pydoc", data_dir=data_dir)
@@ -206,7 +207,7 @@ def run_demo(settings: DemoSettings, data_dir=None, run_dir=None, write=print, l
     return summary
 
 
-def _write_sample(settings: DemoSettings, run_dir: str, write) -> str:
+def _write_sample(settings: DemoConfig, run_dir: str, write) -> str:
     model = load(run_dir)
     write(f"sample ({settings.sample_length} characters after the prime, temperature {settings.temperature:g}):\n{settings.prime}")
     pieces = []

@@ -74,7 +74,8 @@ def check_model_fits(model_config: ModelConfig, config: TrainConfig, device: tor
     with torch.device("meta"):
         shape = LanguageModel(model_config, cell_class)
     embed_size = getattr(shape.embedding, "embedding_dim", 0)
-    estimate = estimate_training_memory(count_parameters(shape), model_config.cell, model_config.hidden_size,
+    activation_factor = (cell_class or CELLS.get(model_config.cell)).activation_factor
+    estimate = estimate_training_memory(count_parameters(shape), activation_factor, model_config.hidden_size,
                                         model_config.layers, model_config.vocab_size, embed_size,
                                         max(config.batch_size, config.eval_batch_size), config.bptt)
     check_fits(estimate, device)

@@ -3,7 +3,7 @@
 The cases here are also the table in the README's Errors section: `test_readme_table_is_current`
 renders them and compares. After adding or changing a case, rewrite the table with
 
-    CHARLM_WRITE_README=1 python -m pytest tests/test_errors.py -k readme
+    CHARLM_WRITE_README=1 python -m pytest tests/cli/test_errors.py -k readme
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("`", "'")
 
 
-TABLE_START = "<!-- errors table: generated from tests/test_errors.py -->\n"
+TABLE_START = "<!-- errors table: generated from tests/cli/test_errors.py -->\n"
 TABLE_END = "<!-- end of errors table -->"
 
 

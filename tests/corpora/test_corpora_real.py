@@ -7,7 +7,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from charlm.corpora import DownloadPolicy, load_corpus, prepare_corpus
+from charlm.corpora import RECIPES, DownloadPolicy, load_corpus, prepare_corpus
 from charlm.errors import CharlmError
 
 FAST = DownloadPolicy(attempts=2, backoff=0.0, timeout=5.0)
@@ -33,7 +33,7 @@ def test_ptb_reproduces_the_published_counts(prepared):
     ptb = load_corpus("ptb", prepared)
     assert [ptb.tokens(s) for s in ("train", "valid", "test")] == [5_017_482, 393_042, 442_423]
     assert [len(ptb.split(s)) for s in ("train", "valid", "test")] == [5_017_482, 393_042, 442_423]
-    assert ptb.vocab_size == 50 and ptb.unit == "char"
+    assert ptb.vocab_size == 50 == RECIPES["ptb"].vocab_size and ptb.unit == "char"
     assert ptb.characters("valid") == 393_042
     assert ptb.split("train").dtype == np.uint8 and isinstance(ptb.split("train"), np.memmap)
     assert ptb.meta["sources"]["ptb.char.train.txt"] == \
@@ -66,7 +66,7 @@ def test_ptb_tokens_are_symbols_with_underscore_for_space_and_newline_per_line(p
 def test_war_and_peace_reproduces_the_published_counts(prepared):
     wp = load_corpus("wp", prepared)
     assert [wp.tokens(s) for s in ("train", "valid", "test")] == [2_876_590, 159_811, 159_811]
-    assert wp.vocab_size == 82 and "\r" not in wp.tokenizer.vocab and "\ufeff" not in wp.tokenizer.vocab
+    assert wp.vocab_size == 82 == RECIPES["wp"].vocab_size and "\r" not in wp.tokenizer.vocab and "\ufeff" not in wp.tokenizer.vocab
     assert wp.tokenizer.decode(wp.split("train")[:30]) == '"Well, Prince, so Genoa and Luc'[:30]
     assert wp.meta["split_rule"] == "contiguous 90/5/5 by characters"
 

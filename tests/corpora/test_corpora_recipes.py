@@ -306,3 +306,14 @@ def test_data_root_precedence(monkeypatch, tmp_path):
     assert str(data_root()) == "data"
     monkeypatch.setenv("CHARLM_DATA", str(tmp_path))
     assert data_root() == tmp_path and data_root("elsewhere").name == "elsewhere"
+
+
+def test_vocabulary_size_prefers_the_prepared_corpus_and_falls_back_to_the_documented_one(tiny_corpus, tmp_path):
+    from charlm.corpora.catalog import vocabulary_size
+
+    assert vocabulary_size("tiny", tiny_corpus) == (load_corpus("tiny", tiny_corpus).vocab_size, False)
+    empty = tmp_path / "nothing-prepared"
+    # corpora.md: PTB 49 symbols + end-of-line, War and Peace 82 distinct, text8 27 symbols
+    assert [vocabulary_size(name, empty) for name in ("ptb", "ptb-contiguous", "wp", "text8")] == [
+        (50, True), (50, True), (82, True), (27, True)]
+    assert vocabulary_size("text", empty) == (None, True) and vocabulary_size("mine", empty) == (None, True)

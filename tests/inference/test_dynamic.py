@@ -14,7 +14,8 @@ from charlm.api import load
 from charlm.cells import CELLS
 from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
-from charlm.inference.dynamic import DynamicOptions, collect_gradient_statistics, dynamic_score, make_update
+from charlm.config import DynamicOptions
+from charlm.inference.dynamic import collect_gradient_statistics, dynamic_score, make_update
 from charlm.inference.dynamic_protocol import SEARCH_LRS, NoProgress, evaluate_dynamic, grid_search
 from charlm.inference.scoring import score_tokens, window_nats
 from charlm.model import LanguageModel, ModelConfig, detach_state
@@ -353,7 +354,7 @@ def test_help_states_the_library_defaults():
 
     from charlm.cli.evaluate import evaluate
     from charlm.config import DEFAULT_DYNAMIC_LR
-    from charlm.inference.dynamic_protocol import DEFAULT_SEARCH_PREFIX
+    from charlm.config import DEFAULT_SEARCH_PREFIX
 
     helps = {parameter.default.param_decls[0]: parameter.default.help
              for parameter in inspect.signature(evaluate).parameters.values() if getattr(parameter.default, "param_decls", None)}

@@ -21,8 +21,7 @@ import charlm.training.setup
 from charlm.runtime.cuda_graphs import GraphedWindow, graphed_window
 from charlm.model import LanguageModel, ModelConfig
 from charlm.training.trainer import Trainer
-from helpers import assert_one_line_error, cli
-from helpers import assert_same_weights, tiny_config, weights
+from helpers import assert_one_line_error, assert_same_weights, cli, records, tiny_config, weights
 
 
 def replayed_by_calling(module, sample_args, allow_unused_input=False):
@@ -76,11 +75,6 @@ def warnings(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(charlm.runtime.cuda_graphs, "get_logger", Recorder)
     return messages
-
-
-def records(run_dir, event):
-    rows = records(run_dir)
-    return [row for row in rows if row["event"] == event]
 
 
 def test_graphed_training_gives_the_eager_weights(tiny_corpus, tmp_path, monkeypatch):
