@@ -17,7 +17,7 @@ _EXPORTS = {
     "load": "charlm.api",
     "Model": "charlm.api",
     "TextScore": "charlm.api",
-    "train": "charlm.training.trainer",
+    "train": "charlm.api",
     "Trainer": "charlm.training.trainer",
     "TrainConfig": "charlm.config",
     "SampleConfig": "charlm.config",

@@ -1,6 +1,8 @@
-"""charlm from Python: ``charlm.load`` gives a ``Model`` that samples, scores and evaluates.
+"""charlm from Python: ``charlm.train`` trains a run; ``charlm.load`` gives a ``Model`` that samples,
+scores and evaluates.
 
     import charlm
+    summary = charlm.train(charlm.TrainConfig(corpus="wp", cell="lru", params="1M", epochs=1))
     model = charlm.load("runs/wp-lru")                 # a run directory, a checkpoint or an export
     model.sample("Prince Andrew", length=200, temperature=0.8, seed=1)
     model.score("Some text.").bpc
@@ -19,7 +21,7 @@ from typing import Iterator
 import numpy as np
 
 from charlm.checkpoint import Checkpoint
-from charlm.config import DEFAULT_PRIME, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig, validate
+from charlm.config import DEFAULT_PRIME, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig, TrainConfig, validate
 from charlm.runtime.devices import resolve_device
 from charlm.errors import CharlmError, OutOfVocabulary
 from charlm.inference.scoring import LN2, Score, score_split, score_tokens
@@ -30,6 +32,14 @@ from charlm.inference.sampling import decoded_pieces, encode_prime, generate, ou
 _SAMPLE = SampleConfig()
 _SCORE = ScoreConfig()
 _EVAL = EvalConfig()
+
+
+def train(config: TrainConfig) -> dict:
+    """Train a new run under ``config`` and return its summary (``charlm.Trainer(config).fit()``;
+    ``Trainer.resume(run_dir).fit()`` continues a run)."""
+    from charlm.training.trainer import Trainer
+
+    return Trainer(config).fit()
 
 
 def load(reference: str | Path, device: str = "auto", *, cells=(), trust_code: bool = False,

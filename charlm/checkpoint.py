@@ -40,7 +40,7 @@ class TrainingState:
     optimizer: dict
     scheduler: dict | None  # ExponentialLR's state; None in format 1
     rng: dict  # {"torch": ByteTensor, "cuda": [ByteTensor per device]}
-    progress: dict  # charlm.training.trainer.Progress as a dict
+    progress: dict  # charlm.training.resume.Progress as a dict
     hidden: list | None  # carried state per layer, [B, n] tensors on the CPU
 
 

@@ -102,7 +102,7 @@ class LanguageModel(nn.Module):
     def forward(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
         """``tokens`` is ``[B, T]``; returns logits ``[B, T, V]`` and the new state."""
         tokens = tokens.t()
-        hidden = self.embedding(tokens)
+        output = self.embedding(tokens)
         bottom = {}  # what the bottom layer is told about its inputs
         if self.fold_embedding and self.layers[0].folds_embedding and tokens.numel() > self.config.vocab_size:
             bottom = {"lookup": EmbeddingLookup(tokens, self._embedding_table())}
@@ -110,11 +110,11 @@ class LanguageModel(nn.Module):
         evaluating = not torch.is_grad_enabled()
         for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
             if index > 0:
-                hidden = self.dropout(hidden)
+                output = self.dropout(output)
             run = layer.inference_forward if evaluating and layer.evaluates_through_step else layer
-            hidden, layer_state = run(hidden, layer_state, **(bottom if index == 0 else {}))
+            output, layer_state = run(output, layer_state, **(bottom if index == 0 else {}))
             new_state.append(layer_state)
-        logits = self.head(self.dropout(hidden))
+        logits = self.head(self.dropout(output))
         return logits.transpose(0, 1), new_state
 
     def step(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
@@ -124,14 +124,14 @@ class LanguageModel(nn.Module):
         ``forward``: at one step a fused library kernel costs more to set up than it saves, and
         the two are held to the same function by the reference check.
         """
-        hidden = self.embedding(tokens)
+        output = self.embedding(tokens)
         new_state = []
         for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
             if index > 0:
-                hidden = self.dropout(hidden)
-            hidden, layer_state = layer.step(hidden, layer_state)
+                output = self.dropout(output)
+            output, layer_state = layer.step(output, layer_state)
             new_state.append(layer_state)
-        return self.head(self.dropout(hidden)), new_state
+        return self.head(self.dropout(output)), new_state
 
     @torch.no_grad()
     def for_sampling(self) -> "InferenceModel | LanguageModel":
@@ -176,15 +176,15 @@ class InferenceModel:
     def step(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
         """The same function as :meth:`LanguageModel.step` in eval mode."""
         bottom = self.layers[0]
-        hidden = self.inputs.index_select(0, tokens) if bottom.reads_input or self.table is None else None
+        output = self.inputs.index_select(0, tokens) if bottom.reads_input or self.table is None else None
         projected = None if self.table is None else self.table.index_select(0, tokens)
         new_state = []
         for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
             if index > 0:
-                projected = layer.project(hidden)
-            hidden, layer_state = layer.advance(projected, hidden, layer_state)
+                projected = layer.project(output)
+            output, layer_state = layer.advance(projected, output, layer_state)
             new_state.append(layer_state)
-        return torch.addmm(self.head_bias, hidden, self.head_weight), new_state
+        return torch.addmm(self.head_bias, output, self.head_weight), new_state
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -220,9 +220,9 @@ def size_for_budget(config: ModelConfig, budget: int, max_hidden: int = 16384, c
     ones and a user's own included, is sized by what it really allocates.
     """
 
-    def total(hidden: int) -> int:
+    def total(hidden_size: int) -> int:
         with torch.device("meta"):
-            return count_parameters(LanguageModel(dataclasses.replace(config, hidden_size=hidden), cell_class))
+            return count_parameters(LanguageModel(dataclasses.replace(config, hidden_size=hidden_size), cell_class))
 
     if total(max_hidden) < budget:
         raise CharlmError(f"a parameter budget of {budget:,} is beyond the largest model charlm sizes "
@@ -236,5 +236,5 @@ def size_for_budget(config: ModelConfig, budget: int, max_hidden: int = 16384, c
             low = middle
         else:
             high = middle
-    best = min((low, high), key=lambda hidden: abs(total(hidden) - budget))
+    best = min((low, high), key=lambda hidden_size: abs(total(hidden_size) - budget))
     return best, total(best)

@@ -7,6 +7,10 @@
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
+from charlm.model import LanguageModel, ModelConfig
+
 
 @dataclass(frozen=True)
 class CellCase:
@@ -94,3 +98,35 @@ CASES = [
     CellCase("ho-gru", {"ho_form": "symmetric"}, high_order_params(3, 2, "symmetric"), same),
     CellCase("ho-gru", SMALL_SYMMETRIC, high_order_params(3, 2, "symmetric", m=3, r=2), same),
 ]
+
+
+# --- what the cell tests do to every case ---------------------------------------------------------
+
+def randomise(module, seed: int = 0) -> None:
+    """Move every parameter off its initial value so that zero-initialised terms are exercised too."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype))
+
+
+def tiny_model(case: CellCase, vocab_size: int, hidden: int = 16, layers: int = 2) -> LanguageModel:
+    config = ModelConfig(case.cell, vocab_size=vocab_size, hidden_size=hidden, layers=layers, cell_options=dict(case.options))
+    return LanguageModel(config)
+
+
+def loss_after_overfitting(case: CellCase, steps: int) -> float:
+    """The loss (nats) of a tiny model of ``case`` after ``steps`` Adam steps on one short sentence."""
+    torch.manual_seed(0)
+    text = "the quick brown fox jumps over the lazy dog. "
+    vocab = sorted(set(text))
+    ids = torch.tensor([vocab.index(c) for c in text]).unsqueeze(0)
+    model = tiny_model(case, len(vocab))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    for _ in range(steps):
+        logits, _ = model(ids[:, :-1], model.initial_state(1))
+        loss = torch.nn.functional.cross_entropy(logits[0], ids[0, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return loss.item()

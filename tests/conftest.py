@@ -104,7 +104,7 @@ def tiny_corpus(tmp_path_factory) -> Path:
 def trained_run(tiny_corpus, tmp_path_factory) -> Path:
     """A small LRU trained for two epochs on `tiny`: the run directory. Tests must not modify it."""
     from charlm.config import TrainConfig
-    from charlm.training.trainer import train
+    from charlm.api import train
 
     run = tmp_path_factory.mktemp("trained") / "run"
     train(TrainConfig(corpus="tiny", cell="lru", hidden=32, batch_size=16, bptt=25, epochs=2, lr=3e-3,

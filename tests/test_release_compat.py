@@ -12,7 +12,8 @@ import torch
 import charlm
 from charlm.config import TrainConfig
 from charlm.runs.directory import Run
-from charlm.training.trainer import Trainer, train
+from charlm.api import train
+from charlm.training.trainer import Trainer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "release-0.2.0"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text(encoding="utf-8"))

@@ -116,10 +116,10 @@ class GridLSTM(RecurrentCell):
         u, f, o, c = pre.chunk(4, dim=-1)
         memory = torch.sigmoid(f) * memory + torch.sigmoid(u) * torch.tanh(c)
         if self.config.output == "paper":
-            hidden = torch.tanh(torch.sigmoid(o) * memory)
+            h = torch.tanh(torch.sigmoid(o) * memory)
         else:
-            hidden = torch.sigmoid(o) * torch.tanh(memory)
-        return hidden, memory
+            h = torch.sigmoid(o) * torch.tanh(memory)
+        return h, memory
 
     def _depth_transform(self, pre: Tensor, depth_input: Tensor) -> Tensor:
         """The depth output from the depth pre-activations W H′ + b and the depth input."""
@@ -186,8 +186,8 @@ class GridInference(InferenceStep):
     def _transform(self, pre: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
         """(h′, m′) of an LSTM transform; overwrites ``pre``."""
         gate, memory = lstm_memory_(pre, memory, blocks="ifog")  # u, f, o, c
-        hidden = torch.tanh(gate.mul_(memory)) if self.paper_output else gate * torch.tanh(memory)
-        return hidden, memory
+        h = torch.tanh(gate.mul_(memory)) if self.paper_output else gate * torch.tanh(memory)
+        return h, memory
 
     def advance(self, projected: Tensor, x: Tensor, state: State) -> tuple[Tensor, State]:
         h_time, m_time = state

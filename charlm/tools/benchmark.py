@@ -124,16 +124,16 @@ def fused_lstm_runs_in(precision: str, device: torch.device) -> bool:
 
 
 def _baseline_size(settings: BenchmarkConfig) -> int:
-    def total(hidden):
+    def total(hidden_size):
         with torch.device("meta"):
-            return count_parameters(FusedLSTMBaseline(settings.vocab_size, hidden, settings.layers))
+            return count_parameters(FusedLSTMBaseline(settings.vocab_size, hidden_size, settings.layers))
 
     budget = parse_budget(settings.params)
     low, high = 1, 16384
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if total(middle) < budget else (low, middle)
-    return min((low, high), key=lambda hidden: abs(total(hidden) - budget))
+    return min((low, high), key=lambda hidden_size: abs(total(hidden_size) - budget))
 
 
 def training_flops_per_char(model: LanguageModel) -> float:
@@ -230,8 +230,8 @@ class _Contender:
 
 def _cell_model(cell: str, settings: BenchmarkConfig) -> LanguageModel:
     config = ModelConfig(cell, vocab_size=settings.vocab_size, hidden_size=1, layers=settings.layers)
-    hidden, _ = size_for_budget(config, parse_budget(settings.params))
-    return LanguageModel(dataclasses.replace(config, hidden_size=hidden))
+    hidden_size, _ = size_for_budget(config, parse_budget(settings.params))
+    return LanguageModel(dataclasses.replace(config, hidden_size=hidden_size))
 
 
 def benchmark_cells(cells: list[str], settings: BenchmarkConfig, progress=None) -> list[Throughput]:

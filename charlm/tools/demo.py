@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from charlm.api import load
+from charlm.api import load, train
 from charlm.corpora.streams import TokenStreams
 from charlm.cells import CELLS
 from charlm.config import DemoConfig, TrainConfig
@@ -27,7 +27,6 @@ from charlm.logs import info
 from charlm.model import LanguageModel, detach_state
 from charlm.runs.directory import default_run_dir
 from charlm.training.setup import model_config_for
-from charlm.training.trainer import train
 
 
 @dataclasses.dataclass(frozen=True)

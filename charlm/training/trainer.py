@@ -7,7 +7,7 @@ state (``charlm.training.resume``), so on the CPU a resumed run ends with exactl
 uninterrupted one.
 
     import charlm
-    summary = charlm.train(charlm.TrainConfig(corpus="wp", cell="lru", params="1M", epochs=1))
+    summary = charlm.Trainer(charlm.TrainConfig(corpus="wp", cell="lru", params="1M", epochs=1)).fit()
     summary = charlm.Trainer.resume("runs/wp-lru-...", epochs=5).fit()
 
 ``Trainer`` is the loop and its decisions; the parts it is built from are made in ``setup``, one
@@ -42,8 +42,7 @@ from charlm.training.setup import (cell_class_for, check_model_fits, forward_pas
                                    model_config_for, optimizer_and_schedule, placement, training_streams)
 from charlm.training.step import TrainingStep, gradients_for
 
-__all__ = ["Trainer", "train", "TrainingDiverged", "TrainingInterrupted", "ProcessLost", "StorageError", "Progress",
-           "model_config_for"]
+__all__ = ["Trainer", "TrainingDiverged", "TrainingInterrupted", "ProcessLost", "StorageError", "Progress"]
 
 
 class Trainer:
@@ -289,8 +288,3 @@ class Trainer:
             run.record("end", **self.summary())
         run.log(f"run {run.path} is already complete ({self.progress.epoch} epochs); pass a larger --epochs to go on")
         return self.summary()
-
-
-def train(config: TrainConfig) -> dict:
-    """Train a new run under ``config`` and return its summary (``Trainer(config).fit()``)."""
-    return Trainer(config).fit()

@@ -11,7 +11,7 @@ import io
 import pytest
 import torch
 
-from cell_cases import CASES
+from cell_cases import CASES, loss_after_overfitting, randomise, tiny_model
 from charlm.cells import CELLS, parse_cell_options
 from charlm.model import LanguageModel, ModelConfig, count_parameters
 
@@ -24,14 +24,6 @@ def make_cell(case, input_size=5, hidden=6):
         input_size = case.input_size(hidden)
     stack = cell_class.make_stack(input_size, hidden, 1, config)
     return stack[0], input_size
-
-
-def randomise(module):
-    """Move every parameter off its initial value so that zero-initialised terms are exercised too."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype))
 
 
 def random_state(cell, batch):
@@ -151,25 +143,9 @@ def test_carried_state_equals_one_long_run(case, double_precision):
         torch.testing.assert_close(a, b)
 
 
-def tiny_model(case, vocab_size, hidden=16, layers=2):
-    config = ModelConfig(case.cell, vocab_size=vocab_size, hidden_size=hidden, layers=layers, cell_options=dict(case.options))
-    return LanguageModel(config)
-
-
 def test_tiny_model_overfits_a_short_string(case):
-    torch.manual_seed(0)
-    text = "the quick brown fox jumps over the lazy dog. "
-    vocab = sorted(set(text))
-    ids = torch.tensor([vocab.index(c) for c in text]).unsqueeze(0)
-    model = tiny_model(case, len(vocab))
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
-    for _ in range(120):
-        logits, _ = model(ids[:, :-1], model.initial_state(1))
-        loss = torch.nn.functional.cross_entropy(logits[0], ids[0, 1:])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert loss.item() < 0.15, f"{case.id} reached only {loss.item():.3f} nats"
+    loss = loss_after_overfitting(case, steps=120)
+    assert loss < 0.15, f"{case.id} reached only {loss:.3f} nats"
 
 
 def test_save_load_gives_identical_outputs(case, double_precision):

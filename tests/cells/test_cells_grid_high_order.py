@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 
+from cell_cases import randomise
 from charlm.cells import CELLS, parse_cell_options, parse_key_values
 from charlm.cells.grid_lstm import GridLSTM, GridLSTMConfig
 from charlm.cells.gru import GRU
@@ -17,13 +18,6 @@ from charlm.model import LanguageModel, ModelConfig, count_parameters, size_for_
 def meta_count(config: ModelConfig) -> int:
     with torch.device("meta"):
         return count_parameters(LanguageModel(config))
-
-
-def randomise(module, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator))
 
 
 # --- Grid LSTM: parameter counts -------------------------------------------------------------

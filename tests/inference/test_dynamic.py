@@ -19,7 +19,7 @@ from charlm.inference.dynamic import collect_gradient_statistics, dynamic_score,
 from charlm.inference.dynamic_protocol import SEARCH_LRS, NoProgress, evaluate_dynamic, grid_search
 from charlm.inference.scoring import score_tokens, window_nats
 from charlm.model import LanguageModel, ModelConfig, detach_state
-from charlm.training.trainer import train
+from charlm.api import train
 from helpers import assert_one_line_error, cli, records
 
 VOCAB = 11
