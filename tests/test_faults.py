@@ -183,9 +183,8 @@ def test_a_run_stopped_while_scoring_test_gets_its_score_and_end_on_resume(tiny_
     """Killed after its last checkpoint but before the test score and the end record were written."""
     run = tmp_path / "run"
     Trainer(tiny_config(tiny_corpus, run, epochs=2)).fit()
-    lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    kept = [line for line in lines if json.loads(line)["event"] not in ("test", "end")]
-    (run / "metrics.jsonl").write_text("\n".join(kept) + "\n", encoding="utf-8")
+    kept = [row for row in records(run) if row["event"] not in ("test", "end")]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
     last = Checkpoint.load(run / "last.pt")
     last.training.progress["best_test_bpc"] = None
     last.save(run / "last.pt")

@@ -133,9 +133,8 @@ def test_interrupt_then_resume_equals_straight_run(tiny_corpus, tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "charlm", *map(str, args), "--run-dir", str(interrupted)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     cli(*args, "--run-dir", tmp_path / "straight", check_code=0)  # in this process, while the other starts up
-    metrics = interrupted / "metrics.jsonl"
     deadline = time.time() + 120
-    while time.time() < deadline and not (metrics.exists() and '"event": "step"' in metrics.read_text()):
+    while time.time() < deadline and not records(interrupted, "step"):
         time.sleep(0.05)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
