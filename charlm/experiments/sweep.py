@@ -240,12 +240,13 @@ class Sweep:
             model.restore()
 
 
-def _eval_label(row) -> str:
-    mode = row.get("mode")
+def _eval_label(record) -> str:
+    """The label of the plan's evaluation step that wrote this ``eval`` record."""
+    mode = record.mode
     if mode == "dynamic":
-        mode = (row.get("hyperparameters") or {}).get("method", "dynamic")
-    return EvalStep(split=row.get("split", "test"), dynamic=None if mode == "static" else mode,
-                    adapt_on=row.get("adapt_on")).label
+        mode = (record.hyperparameters or {}).get("method", "dynamic")
+    return EvalStep(split="test" if record.split is None else record.split, dynamic=None if mode == "static" else mode,
+                    adapt_on=record.adapt_on).label
 
 
 def _minutes(seconds: float) -> str:

@@ -212,7 +212,7 @@ class Run:
             "epochs": len(history.full_epochs),
             "best_epoch": best.epoch if best else None,
             "best_valid_bpc": best.valid_bpc if best else None,
-            "test_bpc": history.test_at_best.get("test_bpc") if best else None,
+            "test_bpc": history.test_bpc_at_best,
             "dynamic": dynamic,
             "train_seconds": history.train_seconds,
             "status": self.status(history),

@@ -1,9 +1,9 @@
 """The records of a run's ``metrics.jsonl``: one JSON object per line, one typed record per event.
 
 ``Run.record(event, **fields)`` is the one writer: it builds the event's record (refusing an event
-or a missing field that this schema does not know: a programming error), stamps it with the time
-and ``SCHEMA_VERSION``, and appends it. :class:`RunHistory` is the one reader: ``charlm runs``,
-``charlm report``, sweeps, the trainer and the tests all read runs through it.
+this schema does not know, or one without a field its event requires: a programming error), stamps
+it with the time and ``SCHEMA_VERSION``, and appends it. :class:`RunHistory` is the one reader:
+``charlm runs``, ``charlm report``, sweeps, the trainer and the tests all read runs through it.
 
 Version 1 is what charlm wrote before records carried a version: the same events and fields, no
 ``schema`` key. A record is read whatever its version; fields this release does not know, and whole
@@ -38,19 +38,18 @@ class Record:
     keys: tuple[str, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        """The JSON object of this record."""
-        values = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
-                  if field.name not in ("extra", "keys")}
+        """The JSON object of this record: the keys as written, in their order, then the fields
+        given since (by ``dataclasses.replace`` or the constructor) that differ from their default."""
+        fields = [field for field in dataclasses.fields(self) if field.name in _field_names(type(self))]
+        values = {field.name: getattr(self, field.name) for field in fields}
         values.update(self.extra)
-        order = self.keys or tuple(values)
-        return {"event": self.event, **{key: values[key] for key in order if key in values and key != "event"}}
+        given = [field.name for field in fields if _differs(values[field.name], field.default)] + list(self.extra)
+        order = [key for key in self.keys if key in values] + [key for key in given if key not in self.keys]
+        return {"event": self.event, **{key: values[key] for key in order}}
 
-    def get(self, name: str, default=None):
-        """A field by name, known or extra (for code that picks fields by a computed name)."""
-        if name in self.extra:
-            return self.extra[name]
-        value = getattr(self, name, None) if name in _field_names(type(self)) else None
-        return default if value is None else value
+
+def _differs(value, default) -> bool:
+    return value is not None if default is None else value != default
 
 
 def _score_fields(prefix: str) -> list[tuple[str, type]]:
@@ -121,12 +120,12 @@ class OtherRecord(Record):
 
     name: str = ""
 
-    def to_dict(self) -> dict:
-        return {"event": self.name, **{key: value for key, value in super().to_dict().items() if key != "event"}}
+    event = property(lambda self: self.name)
 
 
 def _field_names(cls) -> frozenset:
-    return frozenset(field.name for field in dataclasses.fields(cls)) - {"extra", "keys"}
+    """The fields that are keys of the JSON object (``OtherRecord.name`` is its ``event``)."""
+    return frozenset(field.name for field in dataclasses.fields(cls)) - {"extra", "keys", "name"}
 
 
 def new_record(event: str, time: float, fields: dict) -> Record:
@@ -144,12 +143,11 @@ def record_from_dict(row: dict) -> Record:
     """A record from its JSON object, of any schema version."""
     event = row.get("event")
     cls = RECORDS.get(event, OtherRecord)
-    known = _field_names(cls) - {"name"}
+    known = _field_names(cls)
     values = {key: value for key, value in row.items() if key in known}
     extra = {key: value for key, value in row.items() if key not in known and key != "event"}
     if cls is OtherRecord:
         values["name"] = str(event)
-    values.setdefault("schema", LEGACY_SCHEMA)
     return cls(**values, extra=extra, keys=tuple(key for key in row if key != "event"))
 
 
@@ -191,7 +189,8 @@ class RunHistory:
         return cls(records)
 
     def of(self, *events: str) -> list[Record]:
-        return [record for record in self.records if record.event in events or getattr(record, "name", None) in events]
+        """The records of these events, in order."""
+        return [record for record in self.records if record.event in events]
 
     @property
     def starts(self) -> list[Record]:
@@ -225,16 +224,22 @@ class RunHistory:
         return flagged[-1] if flagged else None
 
     @property
-    def test_at_best(self) -> dict:
-        """The test score of the best-validation weights (``test_bpc``, ``test_loss``, ...): in the best
-        epoch's record (``test_every_epoch``), else in the ``test`` record scored for that epoch."""
+    def best_test(self) -> Record | None:
+        """The record holding the test score of the best-validation weights (its ``test_*`` fields):
+        the best epoch's own (``test_every_epoch``), else the ``test`` record scored for that epoch."""
         best = self.best
-        if best is None:
-            return {}
-        if best.test_bpc is not None:
-            return {key: value for key, value in best.to_dict().items() if key.startswith("test_")}
+        if best is None or best.test_bpc is not None:
+            return best
         tests = [record for record in self.of("test") if record.epoch == best.epoch]
-        return {key: value for key, value in tests[-1].to_dict().items() if key.startswith("test_")} if tests else {}
+        return tests[-1] if tests else None
+
+    @property
+    def test_bpc_at_best(self) -> float | None:
+        return None if self.best_test is None else self.best_test.test_bpc
+
+    @property
+    def test_loss_at_best(self) -> float | None:
+        return None if self.best_test is None else self.best_test.test_loss
 
     @property
     def steps(self) -> list[Record]:

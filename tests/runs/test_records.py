@@ -1,13 +1,14 @@
 """metrics.jsonl records: one writer (Run.record) and one reader (RunHistory), every event typed and
 versioned; files written before records carried a version read as version 1."""
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from charlm.runs.directory import Run
-from charlm.runs.records import RECORDS, SCHEMA_VERSION, EpochRecord, OtherRecord, RunHistory
+from charlm.runs.records import RECORDS, SCHEMA_VERSION, EpochRecord, OtherRecord, RunHistory, record_from_dict
 
 OLD_RUN = Path(__file__).parents[1] / "fixtures" / "release-0.2.0" / "run"
 
@@ -21,7 +22,7 @@ WRITTEN = {  # one record of every event, with the fields charlm's writers give 
                   train_seconds=1.5, step=20, best=True),
     "checkpoint": dict(epoch=1, window=12, step=12),
     "interrupted": dict(epoch=2, window=3, step=23),
-    "diverged": dict(epoch=2, step=24, loss=float("nan")),
+    "diverged": dict(epoch=2, step=24, loss=float("inf")),
     "test": dict(epoch=1, **{f"test_{k}": v for k, v in SCORE.items()}),
     "end": dict(run_dir="runs/x", epochs=1, partial_epoch=False, best_epoch=1, best_valid_bpc=3.6, test_bpc_at_best=None,
                 parameters=6204, hidden_size=16, wall_seconds={"train": 1.5, "valid": 0.2, "test": 0.1}),
@@ -39,11 +40,11 @@ def test_every_event_is_written_and_read_back_as_it_was_given(tmp_path):
     history = run.history()
     assert [record.event for record in history.records] == list(WRITTEN)
     for record, (event, fields) in zip(history.records, WRITTEN.items()):
-        assert isinstance(record, RECORDS[event]) and record.schema == SCHEMA_VERSION and record.extra == {}
+        assert record == RECORDS[event](time=record.time, schema=SCHEMA_VERSION, **fields)
+        assert record_from_dict(record.to_dict()) == record
         row = record.to_dict()
         assert list(row) == ["event", "time", "schema", *fields]  # the order written
-        for name, value in fields.items():
-            assert getattr(record, name) == value or (value != value and getattr(record, name) != getattr(record, name))
+        assert {name: row[name] for name in fields} == fields
     lines = run.metrics.read_text(encoding="utf-8").splitlines()
     assert [json.loads(line)["schema"] for line in lines] == [SCHEMA_VERSION] * len(WRITTEN)
 
@@ -61,7 +62,9 @@ def test_a_file_from_before_versions_reads_as_version_1():
     assert {record.schema for record in history.records} == {1}
     assert [record.epoch for record in history.epochs] == [1, 2] and all(isinstance(r, EpochRecord) for r in history.epochs)
     assert history.best.epoch == 2 and history.best.valid_bpc == pytest.approx(4.012109790990014)
-    assert history.test_at_best["test_bpc"] == pytest.approx(3.9679005416415967)  # from its ``test`` record
+    assert history.test_bpc_at_best == pytest.approx(3.9679005416415967)  # from its ``test`` record
+    assert history.test_loss_at_best == pytest.approx(2.7503390731811526) and history.best_test.event == "test"
+    assert history.train_seconds == pytest.approx(sum(epoch.train_seconds for epoch in history.epochs))
     assert history.status == "finished" and history.parameters == 6204
     assert history.evaluations[-1].mode == "static" and not history.ended  # an evaluation came after the end
     assert len(history.steps) == 90 and history.steps[0].step == 5 and history.steps[-1].step == 450
@@ -74,7 +77,7 @@ def test_events_and_fields_of_a_newer_release_are_kept(tmp_path):
     history = Run(tmp_path).history()
     start, warmup = history.records
     assert start.parameters == 10 and start.extra == {"accelerator": "tpu"} and start.schema == 3
-    assert isinstance(warmup, OtherRecord) and warmup.name == "warmup" and warmup.extra == {"steps": 100}
+    assert isinstance(warmup, OtherRecord) and warmup.event == "warmup" and warmup.extra == {"steps": 100}
     assert [record.to_dict() for record in history.records] == rows
     assert history.of("warmup") == [warmup]
 
@@ -92,3 +95,36 @@ def test_the_writer_refuses_an_event_or_a_field_it_does_not_know_of(tmp_path):
     with pytest.raises(ValueError, match="needs valid_bpc"):
         run.record("epoch", epoch=1)
     assert not run.metrics.exists()  # nothing half-written
+
+
+def _epoch(epoch, valid_bpc, best, partial=False, **fields):
+    return dict(epoch=epoch, partial=partial, valid_bpc=valid_bpc, best=best, train_seconds=10.0, **fields)
+
+
+def test_epochs_best_test_score_and_status_of_a_run_resumed_after_a_partial_epoch(tmp_path):
+    run = Run(tmp_path)
+    run.record("start", parameters=100)
+    run.record("epoch", **_epoch(1, 3.0, True, test_bpc=3.2, test_loss=2.2))  # --test-every-epoch
+    run.record("epoch", **_epoch(2, 3.5, False, partial=True))  # the time budget ran out
+    run.record("end", epochs=1, best_epoch=1)
+    assert Run(tmp_path).history().ended
+    run.record("start", parameters=100, resumed_at={"epoch": 1, "window": 4})
+    run.record("epoch", **_epoch(2, 2.9, True))  # the same epoch, completed
+    run.record("test", epoch=2, test_bpc=3.1, test_loss=2.1)
+    history = run.history()
+    assert [(epoch.epoch, epoch.valid_bpc) for epoch in history.epochs] == [(1, 3.0), (2, 2.9)]
+    assert [epoch.epoch for epoch in history.full_epochs] == [1, 2] and len(history.of("epoch")) == 3
+    assert history.best.epoch == 2 and (history.test_bpc_at_best, history.test_loss_at_best) == (3.1, 2.1)
+    assert history.train_seconds == 20.0 and len(history.starts) == 2
+    assert history.status == "interrupted" and not history.ended  # the second session has no end
+    assert RunHistory(history.records[:4]).test_bpc_at_best == 3.2  # in the best epoch's own record
+    assert RunHistory(history.records[:3]).train_seconds == 20.0  # the partial epoch counts while it is the last
+    run.record("diverged", epoch=3, step=30, loss=float("nan"))
+    assert run.history().status == "diverged"
+
+
+def test_a_changed_record_writes_its_new_fields():
+    written = record_from_dict({"event": "epoch", "time": 1.0, "epoch": 1, "valid_bpc": 2.0})
+    changed = dataclasses.replace(written, test_bpc=2.5)
+    assert changed.to_dict() == {"event": "epoch", "time": 1.0, "epoch": 1, "valid_bpc": 2.0, "test_bpc": 2.5}
+    assert EpochRecord(epoch=3, valid_bpc=2.0).to_dict() == {"event": "epoch", "epoch": 3, "valid_bpc": 2.0}

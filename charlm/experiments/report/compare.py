@@ -32,6 +32,8 @@ from pathlib import Path
 from charlm.errors import CharlmError
 from charlm.model import parse_budget
 from charlm.runs.directory import STATUSES, Run, find_runs
+from charlm.runs.records import EpochRecord, EvalRecord, StepRecord
+
 
 @dataclasses.dataclass(frozen=True)
 class RunRecord:
@@ -48,31 +50,25 @@ class RunRecord:
     fraction: float
     seed: int | None
     status: str
-    epochs: tuple[dict, ...]  # the last record written for each epoch, in order
-    best: dict | None  # the epoch record of the best validation loss (the last one flagged best)
-    steps: tuple[dict, ...]  # step records with per-layer gradient norms
-    evaluations: tuple[dict, ...]  # dynamic "eval" records
+    epochs: tuple[EpochRecord, ...]  # the last record written for each epoch, in order
+    best: EpochRecord | None  # the epoch record of the best validation loss (the last one flagged best)
+    test_loss: float | None  # the test score of the best epoch's weights
+    test_bpc: float | None
+    steps: tuple[StepRecord, ...]  # step records with per-layer gradient norms
+    evaluations: tuple[EvalRecord, ...]  # dynamic "eval" records
 
     @property
     def completed_epochs(self) -> int:
-        return sum(1 for row in self.epochs if not row.get("partial"))
+        return sum(1 for epoch in self.epochs if not epoch.partial)
 
     @property
     def best_epoch(self) -> int | None:
-        return self.best["epoch"] if self.best else None
-
-    @property
-    def test_loss(self) -> float | None:
-        return self.best.get("test_loss") if self.best else None
-
-    @property
-    def test_bpc(self) -> float | None:
-        return self.best.get("test_bpc") if self.best else None
+        return self.best.epoch if self.best else None
 
     def seconds(self, through_epoch: int | None = None) -> float:
         """Training time (the sum of the epochs' train_seconds) through ``through_epoch``, or in all."""
-        return sum(row.get("train_seconds", 0.0) for row in self.epochs
-                   if through_epoch is None or row["epoch"] <= through_epoch)
+        return sum(epoch.train_seconds or 0.0 for epoch in self.epochs
+                   if through_epoch is None or epoch.epoch <= through_epoch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,9 +124,6 @@ def read_run(run: Run, name: str) -> RunRecord:
     config = run.read_json(run.config_file)
     train, model = config.get("train", {}), config.get("model", {})
     history = run.history()
-    best = history.best.to_dict() if history.best else None
-    if best is not None and "test_loss" not in best:  # test scored once, for the best weights
-        best = {**best, **history.test_at_best}
     parameters = history.parameters
     budget, budget_size = budget_label(train.get("params"), parameters)
     return RunRecord(
@@ -145,10 +138,12 @@ def read_run(run: Run, name: str) -> RunRecord:
         fraction=float(train.get("train_fraction", 1.0)),
         seed=train.get("seed"),
         status=run.status(history),
-        epochs=tuple(record.to_dict() for record in history.epochs),
-        best=best,
-        steps=tuple(record.to_dict() for record in history.steps if record.grad_norm),
-        evaluations=tuple(record.to_dict() for record in history.evaluations if record.mode == "dynamic"),
+        epochs=tuple(history.epochs),
+        best=history.best,
+        test_loss=history.test_loss_at_best,
+        test_bpc=history.test_bpc_at_best,
+        steps=tuple(step for step in history.steps if step.grad_norm),
+        evaluations=tuple(evaluation for evaluation in history.evaluations if evaluation.mode == "dynamic"),
     )
 
 
@@ -242,7 +237,7 @@ def data_needed(points: list[tuple[float, float]], target: float) -> tuple[float
 
 def dynamic_columns(records: list[RunRecord]) -> list[tuple[str, bool]]:
     """The (method, after adapting on validation) pairs recorded: sgd #1, sgd #2, rms #1, ..."""
-    pairs = {(_method(row), bool(row.get("adapt_on"))) for record in records for row in record.evaluations}
+    pairs = {(_method(row), bool(row.adapt_on)) for record in records for row in record.evaluations}
     return sorted(pairs)
 
 
@@ -250,15 +245,19 @@ def dynamic_rows(records: list[RunRecord]) -> list[tuple[RunRecord, str, float |
     """Per run and split: the static bpc and the last dynamic bpc of each method and protocol."""
     rows = []
     for record in records:
-        for split in sorted({row.get("split", "?") for row in record.evaluations}):
-            inside = [row for row in record.evaluations if row.get("split", "?") == split]
-            latest = {(_method(row), bool(row.get("adapt_on"))): row.get("dynamic_bpc") for row in inside}
-            rows.append((record, split, inside[-1].get("static_bpc"), latest))
+        for split in sorted({_split(row) for row in record.evaluations}):
+            inside = [row for row in record.evaluations if _split(row) == split]
+            latest = {(_method(row), bool(row.adapt_on)): row.dynamic_bpc for row in inside}
+            rows.append((record, split, inside[-1].static_bpc, latest))
     return rows
 
 
-def _method(row: dict) -> str:
-    return str((row.get("hyperparameters") or {}).get("method", "dynamic"))
+def _method(row: EvalRecord) -> str:
+    return str((row.hyperparameters or {}).get("method", "dynamic"))
+
+
+def _split(row: EvalRecord) -> str:
+    return "?" if row.split is None else row.split
 
 
 def protocol_name(pair: tuple[str, bool]) -> str:

@@ -75,7 +75,7 @@ class ReportWriter:
         record = self.records[0]
         rows = [*map(list, _settings(record).items()),
                 ["best epoch", record.best_epoch],
-                ["best valid bpc", record.best and record.best.get("valid_bpc")],
+                ["best valid bpc", record.best and record.best.valid_bpc],
                 ["test loss (nats) at best", record.test_loss],
                 ["test bpc at best", record.test_bpc],
                 ["training seconds", record.seconds()]]
@@ -108,7 +108,7 @@ class ReportWriter:
 
     def write_convergence(self) -> None:
         rows = [[record.name, record.corpus, record.cell, record.layers, record.budget, record.fraction, record.seed,
-                 record.status, record.completed_epochs, record.best_epoch, record.best and record.best.get("valid_bpc"),
+                 record.status, record.completed_epochs, record.best_epoch, record.best and record.best.valid_bpc,
                  record.test_loss, record.test_bpc, record.best and record.seconds(record.best_epoch), record.seconds()]
                 for record in self.records]
         self.table("convergence.csv", ["run", "corpus", "cell", "layers", "budget", "fraction", "seed", "status", "epochs",
@@ -172,12 +172,12 @@ class ReportWriter:
         chosen = [record for record in self.records if record.fraction == 1.0] or self.records
         panels = {}
         for record in chosen:
-            epochs = [row for row in record.epochs if _finite(row.get("valid_bpc"))]
+            epochs = [epoch for epoch in record.epochs if _finite(epoch.valid_bpc)]
             if epochs:
-                seconds = [record.seconds(row["epoch"]) for row in epochs]
+                seconds = [record.seconds(epoch.epoch) for epoch in epochs]
                 panels.setdefault(record.corpus, []).append(figures.Curve(
-                    record.cell, self.colours[record.cell], [row["epoch"] for row in epochs],
-                    [row["valid_bpc"] for row in epochs], seconds))
+                    record.cell, self.colours[record.cell], [epoch.epoch for epoch in epochs],
+                    [epoch.valid_bpc for epoch in epochs], seconds))
         if not panels:
             self.notes.append("No run has finished an epoch: no learning curves.")
             return
@@ -284,9 +284,9 @@ def _bpc_text(group: Group | None) -> str:
 
 
 def _heat_map(record: RunRecord) -> figures.HeatMap:
-    steps = sorted({row["step"]: row for row in record.steps if isinstance(row.get("step"), int)}.items())
-    layers = sorted({name for _, row in steps for name in row["grad_norm"]}, key=_layer_order)
-    values = [[row["grad_norm"].get(layer, math.nan) for _, row in steps] for layer in layers]
+    steps = sorted({row.step: row for row in record.steps if isinstance(row.step, int)}.items())
+    layers = sorted({name for _, row in steps for name in row.grad_norm}, key=_layer_order)
+    values = [[row.grad_norm.get(layer, math.nan) for _, row in steps] for layer in layers]
     return figures.HeatMap(f"{record.name} ({record.cell}, {record.corpus})", layers, [step for step, _ in steps], values)
 
 
