@@ -110,15 +110,15 @@ class Model:
                top_k: int = _SAMPLE.top_k, top_p: float = _SAMPLE.top_p, seed: int | None = _SAMPLE.seed) -> Iterator[str]:
         """The generated text (after the prime), piece by piece as it is drawn. The settings and
         the prime are checked here, before the first piece is asked for."""
-        options = SampleConfig(length=length, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        validate(options)
+        config = SampleConfig(length=length, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        validate(config)
         prime_ids, _ = self._prime(prime)
         if not prime_ids:
             raise CharlmError("the prime is empty: give at least one symbol")
         if top_k > len(self.tokenizer.vocab):
             get_logger().warning(f"warning: top-k {top_k} is more than the {len(self.tokenizer.vocab)} symbols of the "
                                  "vocabulary: sampling from all of them")
-        ids = generate(self.network, prime_ids, options, unknown_ids(self.tokenizer))
+        ids = generate(self.network, prime_ids, config, unknown_ids(self.tokenizer))
         return decoded_pieces(self.tokenizer, ids)
 
     def sample(self, prime: str | None = None, length: int = _SAMPLE.length, temperature: float = _SAMPLE.temperature,
@@ -217,10 +217,10 @@ class Model:
             raise CharlmError(f"split must be train, valid or test, not {split!r}")
         corpus = self.corpus(data_dir)
         if dynamic is None:
-            settings = EvalConfig(split="test", batch_size=batch_size or _EVAL.batch_size, bptt=bptt)
-            validate(settings)
+            config = EvalConfig(split="test", batch_size=batch_size or _EVAL.batch_size, bptt=bptt)
+            validate(config)
             started = time.perf_counter()
-            score = score_split(self.network, corpus, split, batch_size=settings.batch_size,
+            score = score_split(self.network, corpus, split, batch_size=config.batch_size,
                                 bptt=bptt or self.checkpoint.train_config.bptt, device=self.device, progress=progress)
             if record:
                 self._record(split=split, mode="static", chars_per_s=score.characters / (time.perf_counter() - started),

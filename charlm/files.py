@@ -1,7 +1,8 @@
-"""Writing files atomically: a temporary file beside the target, flushed to disk, then a rename.
+"""Files: reading a text file the user named, and writing files atomically (a temporary file
+beside the target, flushed to disk, then a rename).
 
-At every moment the target is either its old or its new complete contents, whatever kills the
-process (``kill -9``, a full disk, a power cut once the data reached the disk).
+At every moment a target being written is either its old or its new complete contents, whatever
+kills the process (``kill -9``, a full disk, a power cut once the data reached the disk).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Callable
+
+from charlm.errors import CharlmError
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
@@ -34,8 +37,6 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
 
 def read_text(path: str | Path, what: str) -> str:
     """A UTF-8 text file the user named; one-line errors say which ``what`` ("prime file") is wrong."""
-    from charlm.errors import CharlmError
-
     path = Path(path)
     try:
         return path.read_text(encoding="utf-8")

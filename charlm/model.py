@@ -213,7 +213,7 @@ def parse_budget(text: str) -> int:
     return int(round(value))
 
 
-def size_for_budget(config: ModelConfig, budget: int, max_hidden: int = 16384, cell_class=None) -> tuple[int, int]:
+def size_for_budget(config: ModelConfig, budget: int, max_hidden_size: int = 16384, cell_class=None) -> tuple[int, int]:
     """The hidden size whose total parameter count is closest to ``budget``, and that count.
 
     Counts are taken from models built on the meta device, so every cell, tied and two-stream
@@ -224,12 +224,12 @@ def size_for_budget(config: ModelConfig, budget: int, max_hidden: int = 16384, c
         with torch.device("meta"):
             return count_parameters(LanguageModel(dataclasses.replace(config, hidden_size=hidden_size), cell_class))
 
-    if total(max_hidden) < budget:
+    if total(max_hidden_size) < budget:
         raise CharlmError(f"a parameter budget of {budget:,} is beyond the largest model charlm sizes "
-                          f"(hidden {max_hidden:,}: {total(max_hidden):,} parameters)")
+                          f"(hidden {max_hidden_size:,}: {total(max_hidden_size):,} parameters)")
     low, high = 1, 1
-    while total(high) < budget and high < max_hidden:
-        low, high = high, min(high * 2, max_hidden)
+    while total(high) < budget and high < max_hidden_size:
+        low, high = high, min(high * 2, max_hidden_size)
     while high - low > 1:
         middle = (low + high) // 2
         if total(middle) < budget:

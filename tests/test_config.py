@@ -27,8 +27,8 @@ def test_defaults_are_valid():
     TrainConfig().validate()
     DynamicOptions().validate()
     DynamicOptions(method="rms").validate()
-    for settings in (SampleConfig(), EvalConfig(), ScoreConfig(), BenchmarkConfig(), DemoConfig()):
-        validate(settings)
+    for config in (SampleConfig(), EvalConfig(), ScoreConfig(), BenchmarkConfig(), DemoConfig()):
+        validate(config)
     assert DynamicOptions().lr == 0.01 and DynamicOptions(method="rms").lr == 1e-4
 
 

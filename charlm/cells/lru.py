@@ -28,7 +28,8 @@ class _Lattice(RecurrentCell):
     stream: this layer at t − 1). Every gate sees both: g = σ(A_g [h₁; h₂] + b_g). The projections
     are ĥ₁ = tanh(A₁ [h₁; r₂ ⊙ h₂] + b₁) and ĥ₂ = tanh(A₂ [r₁ ⊙ h₁; h₂] + b₂), where r₁ = r₂ = r
     when the reset gate is shared. The new depth output h₁′ goes up; the new time output h₂′ is
-    carried to t + 1. Subclasses say how many reset and update gates there are and how they mix.
+    carried to t + 1. Subclasses say how many reset and update gates there are; the LRU also says
+    how they mix (PS-LRU and RG-LRU keep the default ``_mix``).
     """
 
     reset_gates: ClassVar[int] = 1
@@ -72,12 +73,13 @@ class _Lattice(RecurrentCell):
         return r1, r2, z1, z2
 
     def _mix(self, h1, h2, h1_hat, h2_hat, z1, z2) -> tuple[Tensor, Tensor]:
-        """(h₁′, h₂′) from the inputs, the two projections and the update gates."""
-        raise NotImplementedError
+        """(h₁′, h₂′) from the inputs, the two projections and the update gates: by default (PS-LRU,
+        RG-LRU) h₁′ = z₁ ⊙ h₁ + (1 − z₁) ⊙ ĥ₂ and h₂′ = z₂ ⊙ h₂ + (1 − z₂) ⊙ ĥ₁."""
+        return z1 * h1 + (1 - z1) * h2_hat, z2 * h2 + (1 - z2) * h1_hat
 
     def _mix_(self, h1, h2, h1_hat, h2_hat, z1, z2) -> tuple[Tensor, Tensor]:
         """``_mix`` in fewer operations (one addcmul per output); may overwrite h1_hat and h2_hat."""
-        raise NotImplementedError
+        return torch.addcmul(h2_hat, z1, h1 - h2_hat), torch.addcmul(h1_hat, z2, h2 - h1_hat)
 
     def inference_step(self) -> "LatticeInference":
         return LatticeInference(self)
@@ -164,12 +166,6 @@ class ProjectedStateLRU(_Lattice):
     formula = "8n² + 4n (d = n)"
     reset_gates, update_gates = 1, 1
 
-    def _mix(self, h1, h2, h1_hat, h2_hat, z1, z2):
-        return z1 * h1 + (1 - z1) * h2_hat, z2 * h2 + (1 - z2) * h1_hat
-
-    def _mix_(self, h1, h2, h1_hat, h2_hat, z1, z2):
-        return torch.addcmul(h2_hat, z1, h1 - h2_hat), torch.addcmul(h1_hat, z2, h2 - h1_hat)
-
 
 class ResetGateLRU(_Lattice):
     r"""RG-LRU: reset gate also decoupled; r₁, r₂, one update gate z.
@@ -185,12 +181,6 @@ class ResetGateLRU(_Lattice):
     paper = "Ahuja & Morency 2017, Lattice Recurrent Unit"
     formula = "10n² + 5n (d = n)"
     reset_gates, update_gates = 2, 1
-
-    def _mix(self, h1, h2, h1_hat, h2_hat, z1, z2):
-        return z1 * h1 + (1 - z1) * h2_hat, z2 * h2 + (1 - z2) * h1_hat
-
-    def _mix_(self, h1, h2, h1_hat, h2_hat, z1, z2):
-        return torch.addcmul(h2_hat, z1, h1 - h2_hat), torch.addcmul(h1_hat, z2, h2 - h1_hat)
 
 
 class LatticeRecurrentUnit(_Lattice):

@@ -27,9 +27,9 @@ def demo(
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    settings = DemoConfig(**given)
-    validate(settings)
-    summary = run_demo(settings, data_dir=data_dir, run_dir=run_dir, write=write)
+    config = DemoConfig(**given)
+    validate(config)
+    summary = run_demo(config, data_dir=data_dir, run_dir=run_dir, write=write)
     sys.stdout.write("\n\n")
     print_summary(summary)
 

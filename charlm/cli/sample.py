@@ -30,12 +30,12 @@ def sample(
         raise CharlmError("give --prime or --prime-file, not both")
     if prime_file is not None:
         prime = read_text(prime_file, "prime file")
-    options = SampleConfig(**given)
+    config = SampleConfig(**given)
     model = load_model(checkpoint, device, cell, trust_code)
-    for index in range(options.num_samples):
-        seed = None if options.seed is None else options.seed + index
+    for index in range(config.num_samples):
+        seed = None if config.seed is None else config.seed + index
         # stream() checks the settings and the prime: nothing is written before they pass
-        pieces = model.stream(prime, options.length, options.temperature, options.top_k, options.top_p, seed)
+        pieces = model.stream(prime, config.length, config.temperature, config.top_k, config.top_p, seed)
         if index:
             _write("\n\n")
         _write(model.sample(prime, length=0) if prime is None else prime)

@@ -17,7 +17,7 @@ from charlm.errors import CharlmError
 
 
 @settings_options(DynamicOptions, into="dyn")
-@settings_options(ScoreConfig, into="settings")
+@settings_options(ScoreConfig)
 def score(
     checkpoint: Path = CHECKPOINT,
     text_file: str = typer.Argument(..., metavar="FILE|-", help="UTF-8 text to score, or - for standard input."),
@@ -27,25 +27,24 @@ def score(
     device: str = DEVICE,
     cell: Optional[str] = CELL,
     trust_code: bool = TRUST_CODE,
-    settings: dict = None,
+    given: dict = None,
     dyn: dict = None,
 ):
     """Bits per character and perplexity of a text, state carried through it."""
-    options = ScoreConfig(**settings)
-    validate(options)
-    if dynamic is None and dyn:
-        raise CharlmError(f"{flag_of(DynamicOptions, next(iter(dyn)))} applies to dynamic scoring: add --dynamic sgd or --dynamic rms")
-    if dynamic is not None and dynamic not in ("sgd", "rms"):
-        raise CharlmError(f"--dynamic must be sgd or rms, not {dynamic!r}")
+    from charlm.inference.dynamic_protocol import check_method
+
+    config = ScoreConfig(**given)
+    validate(config)
+    check_method(dynamic, [flag_of(DynamicOptions, name) for name in dyn], purpose="scoring")
     dynamic_options = None if dynamic is None else DynamicOptions(method=dynamic, **dyn)
     text = _read(text_file)
     model = load_model(checkpoint, device, cell, trust_code)
-    static = model.score(text, per_char=per_char is not None and dynamic is None, unknown=options.unknown,
-                         batch_size=options.batch_size)
+    static = model.score(text, per_char=per_char is not None and dynamic is None, unknown=config.unknown,
+                         batch_size=config.batch_size)
     adapted = None
     if dynamic_options is not None:
-        adapted = model.score(text, per_char=per_char is not None, unknown=options.unknown, dynamic=dynamic_options,
-                              batch_size=options.batch_size, data_dir=data_dir)
+        adapted = model.score(text, per_char=per_char is not None, unknown=config.unknown, dynamic=dynamic_options,
+                              batch_size=config.batch_size, data_dir=data_dir)
     unit = {"byte": "bits per byte"}.get(model.unit, "bits per character")
     source = "standard input" if text_file == "-" else text_file
     stdout.print(f"checkpoint      {model.checkpoint.path}")

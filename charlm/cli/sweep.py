@@ -1,4 +1,4 @@
-"""`charlm sweep PLAN`: a grid of training runs from a TOML plan (see charlm.experiments.plans)."""
+"""`charlm sweep PLAN`: a grid of training runs from a TOML plan (its format: charlm.experiments.plan)."""
 
 from __future__ import annotations
 

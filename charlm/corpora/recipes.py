@@ -177,6 +177,12 @@ def _ptb_inputs(members):
     return RemoteInputs(PTB_ARCHIVE, members, PTB_LIMITS, member_sha256={name: PTB_SHA256[name] for name in members})
 
 
+def _single_member(file: RemoteFile, member: str, member_size: int, **checks) -> RemoteInputs:
+    """The inputs of a corpus that is one file of ``member_size`` bytes (or an archive of it);
+    anything over twice that size is refused."""
+    return RemoteInputs(file, (member,), SizeLimits(member=2 * member_size, total=2 * member_size), **checks)
+
+
 PTB = Recipe(
     name="ptb",
     description="Penn Treebank, characters (Mikolov's files)",
@@ -207,15 +213,15 @@ WP = Recipe(
     name="wp",
     description="War and Peace (char-rnn), split 90/5/5",
     unit="char",
-    inputs=RemoteInputs(
+    inputs=_single_member(
         RemoteFile(
             url="https://cs.stanford.edu/people/karpathy/char-rnn/warpeace_input.txt",
             filename="warpeace_input.txt",
             size=3_258_246,
             sha256="fb66ba999dafe24017cdd59e04c56d385a9c8466993d374fd4c6f08b2142985e",
         ),
-        members=("warpeace_input.txt",),
-        limits=SizeLimits(member=2 * 3_258_246, total=2 * 3_258_246),
+        "warpeace_input.txt",
+        3_258_246,
         member_sha256={"warpeace_input.txt": "fb66ba999dafe24017cdd59e04c56d385a9c8466993d374fd4c6f08b2142985e"},
     ),
     parse=parse_war_and_peace,
@@ -227,15 +233,15 @@ TEXT8 = Recipe(
     name="text8",
     description="text8: cleaned Wikipedia, 27 symbols",
     unit="char",
-    inputs=RemoteInputs(
+    inputs=_single_member(
         RemoteFile(
             url="http://mattmahoney.net/dc/text8.zip",
             filename="text8.zip",
             size=31_344_016,
             note="no published sha256: the member text8 is checked by its CRC-32 (0x7d6be66f)",
         ),
-        members=("text8",),
-        limits=SizeLimits(member=2 * 100_000_000, total=2 * 100_000_000),
+        "text8",
+        100_000_000,
         member_crc32={"text8": 0x7D6BE66F},
     ),
     parse=parse_text8,
@@ -247,19 +253,19 @@ ENWIK8 = Recipe(
     name="enwik8",
     description="enwik8: Wikipedia XML, bytes",
     unit="byte",
-    inputs=RemoteInputs(
+    inputs=_single_member(
         RemoteFile(
             url="http://mattmahoney.net/dc/enwik8.zip",
             filename="enwik8.zip",
             size=36_445_475,
             sha256="547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc",
         ),
-        members=("enwik8",),
-        limits=SizeLimits(member=2 * 100_000_000, total=2 * 100_000_000),
+        "enwik8",
+        100_000_000,
     ),
     parse=parse_enwik8,
     fractions=DEFAULT_FRACTIONS,
-    vocab_size=205,
+    vocab_size=205,  # not in corpora.md: the distinct bytes of the whole file, as published; train may have fewer
 )
 
 IMDB_SUBWORD = Recipe(
@@ -302,7 +308,7 @@ PYDOC = Recipe(
     parse=parse_pydoc,
     fractions=DEFAULT_FRACTIONS,
     unknown="unk",  # the text differs between Python versions, so valid/test may hold a symbol train lacks
-    vocab_size=104,  # Python 3.11's documentation; other versions differ slightly
+    vocab_size=104,  # Python 3.11's documentation, the <unk> entry included; other versions differ slightly
 )
 
 RECIPES: Mapping[str, Recipe] = MappingProxyType(

@@ -229,14 +229,10 @@ def resolve_options(method: str | None, given: dict, *, search: bool = False) ->
     """DynamicOptions from command-line values (flag → value, None or False where not given);
     None for static evaluation. Every option that makes no sense with the others is an error."""
     named = [flag for flag, value in given.items() if value is not None and value is not False]
+    dynamic_only = [flag for flag in named if flag not in STATIC_TOO_FLAGS] + (["--dyn-search"] if search else [])
+    check_method(method, dynamic_only)
     if method is None:
-        dynamic_only = [flag for flag in named if flag not in STATIC_TOO_FLAGS]
-        if dynamic_only or search:
-            flag = dynamic_only[0] if dynamic_only else "--dyn-search"
-            raise CharlmError(f"{flag} applies to dynamic evaluation: add --dynamic sgd or --dynamic rms")
         return None
-    if method not in METHODS:
-        raise CharlmError(f"--dynamic must be sgd or rms, not {method!r}")
     if given.get("--bptt") is not None:
         raise CharlmError("--bptt sets the windows of static evaluation; dynamic evaluation uses --segment for both figures")
     for flag in named:
@@ -252,6 +248,15 @@ def resolve_options(method: str | None, given: dict, *, search: bool = False) ->
     options = DynamicOptions(method=method, **values)
     options.validate()
     return options
+
+
+def check_method(method: str | None, dynamic_only: list[str], *, purpose: str = "evaluation") -> None:
+    """What every command with ``--dynamic`` checks first: the ``dynamic_only`` flags given need a
+    method, and the method must be one of ``METHODS``."""
+    if method is None and dynamic_only:
+        raise CharlmError(f"{dynamic_only[0]} applies to dynamic {purpose}: add --dynamic sgd or --dynamic rms")
+    if method is not None and method not in METHODS:
+        raise CharlmError(f"--dynamic must be sgd or rms, not {method!r}")
 
 
 def check_adapted_path(path, source) -> None:

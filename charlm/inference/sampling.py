@@ -70,8 +70,8 @@ def draw(probabilities: Tensor, generator: torch.Generator) -> Tensor:
 
 
 @torch.inference_mode()
-def generate(model: LanguageModel, prime_ids: list[int], options: SampleConfig, banned_ids=()) -> Iterator[int]:
-    """Yield ``options.length`` token ids, each drawn given the prime and everything drawn before.
+def generate(model: LanguageModel, prime_ids: list[int], config: SampleConfig, banned_ids=()) -> Iterator[int]:
+    """Yield ``config.length`` token ids, each drawn given the prime and everything drawn before.
 
     ``banned_ids`` are never drawn (the unknown-symbol entry: it stands for no character).
     """
@@ -79,8 +79,8 @@ def generate(model: LanguageModel, prime_ids: list[int], options: SampleConfig, 
         raise CharlmError("the prime is empty: give at least one symbol")
     device = next(model.parameters()).device
     generator = torch.Generator(device=device)
-    if options.seed is not None:
-        generator.manual_seed(options.seed)
+    if config.seed is not None:
+        generator.manual_seed(config.seed)
     else:
         generator.seed()
     state = model.initial_state(1, device=device)
@@ -88,13 +88,13 @@ def generate(model: LanguageModel, prime_ids: list[int], options: SampleConfig, 
     step = graphed_step(model.for_sampling(), state)  # its step, or on a GPU that step replayed from a CUDA graph
     banned = torch.tensor(list(banned_ids), dtype=torch.long, device=device)
     last = logits[0, -1]
-    for _ in range(options.length):
+    for _ in range(config.length):
         last = last.float()
         if len(banned):
             last = last.index_fill(0, banned, float("-inf"))
-        if options.temperature != 1.0:  # dividing by 1 changes nothing
-            last = last / options.temperature
-        probabilities = torch.softmax(filter_logits(last, options.top_k, options.top_p), dim=-1)
+        if config.temperature != 1.0:  # dividing by 1 changes nothing
+            last = last / config.temperature
+        probabilities = torch.softmax(filter_logits(last, config.top_k, config.top_p), dim=-1)
         if torch.isnan(probabilities).any():
             raise CharlmError("the model's next-symbol probabilities are not numbers (NaN): "
                               "its weights or its state overflowed")

@@ -123,12 +123,12 @@ def fused_lstm_runs_in(precision: str, device: torch.device) -> bool:
     return True
 
 
-def _baseline_size(settings: BenchmarkConfig) -> int:
+def _baseline_size(config: BenchmarkConfig) -> int:
     def total(hidden_size):
         with torch.device("meta"):
-            return count_parameters(FusedLSTMBaseline(settings.vocab_size, hidden_size, settings.layers))
+            return count_parameters(FusedLSTMBaseline(config.vocab_size, hidden_size, config.layers))
 
-    budget = parse_budget(settings.params)
+    budget = parse_budget(config.params)
     low, high = 1, 16384
     while high - low > 1:
         middle = (low + high) // 2
@@ -152,27 +152,27 @@ def _synchronize(device):
 class _Contender:
     """A model with its synthetic data, optimiser and carried state, timed a round at a time."""
 
-    def __init__(self, name: str, model: nn.Module, settings: BenchmarkConfig, device, flops_per_char: float,
+    def __init__(self, name: str, model: nn.Module, config: BenchmarkConfig, device, flops_per_char: float,
                  initial_state=None, compiled: bool = False, graphed: bool = False):
         """``initial_state``: where the carried state comes from when ``model`` is a wrapper (DDP);
         ``compiled``: train through ``torch.compile`` (the warm-up step compiles); ``graphed``: through
         captured CUDA graphs (the warm-up step captures)."""
-        self.model, self.settings, self.device = model, settings, device
+        self.model, self.config, self.device = model, config, device
         self.train_forward = model
         if compiled:
             self.train_forward = CompiledForward(model, device)
         elif graphed:
             self.train_forward = GraphedWindow(model, device)
-        self.scaler = grad_scaler(settings.precision, device)
-        generator = torch.Generator().manual_seed(settings.seed)
-        shape = (settings.batch_size, settings.bptt)
-        self.inputs = torch.randint(settings.vocab_size, shape, generator=generator).to(device)
-        self.targets = torch.randint(settings.vocab_size, shape, generator=generator).to(device)
+        self.scaler = grad_scaler(config.precision, device)
+        generator = torch.Generator().manual_seed(config.seed)
+        shape = (config.batch_size, config.bptt)
+        self.inputs = torch.randint(config.vocab_size, shape, generator=generator).to(device)
+        self.targets = torch.randint(config.vocab_size, shape, generator=generator).to(device)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        self.state = (initial_state or model.initial_state)(settings.batch_size, device=device)
+        self.state = (initial_state or model.initial_state)(config.batch_size, device=device)
         inner = getattr(model, "module", model)
         self.result = Throughput(name, getattr(inner, "hidden_size", 0) or inner.config.hidden_size,
-                                 count_parameters(inner), flops_per_char, settings.precision)
+                                 count_parameters(inner), flops_per_char, config.precision)
         started = time.perf_counter()
         self._train_step()  # warm-up: allocations, kernel selection, compilation
         _synchronize(device)
@@ -180,17 +180,17 @@ class _Contender:
             self.result.compile_seconds = time.perf_counter() - started
         if graphed:
             self.result.capture_seconds = time.perf_counter() - started
-        with torch.inference_mode(), autocast(settings.precision, device):
+        with torch.inference_mode(), autocast(config.precision, device):
             self.model.eval()
             self.model(self.inputs, self.state)
         _synchronize(device)
 
     def _train_step(self):
         self.model.train()
-        with autocast(self.settings.precision, self.device):
+        with autocast(self.config.precision, self.device):
             logits, state = self.train_forward(self.inputs, self.state)
         logits = logits.float()  # the loss in float32, as in training
-        loss = nn.functional.cross_entropy(logits.reshape(-1, self.settings.vocab_size), self.targets.reshape(-1))
+        loss = nn.functional.cross_entropy(logits.reshape(-1, self.config.vocab_size), self.targets.reshape(-1))
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is None:
             loss.backward()
@@ -204,56 +204,56 @@ class _Contender:
     def time_training(self) -> float:
         _synchronize(self.device)
         start = time.perf_counter()
-        for _ in range(self.settings.steps):
+        for _ in range(self.config.steps):
             self._train_step()
         _synchronize(self.device)
-        return self.settings.steps * self.inputs.numel() / (time.perf_counter() - start)
+        return self.config.steps * self.inputs.numel() / (time.perf_counter() - start)
 
     def time_evaluation(self) -> float:
         self.model.eval()
         state = self.state
-        with torch.inference_mode(), autocast(self.settings.precision, self.device):
+        with torch.inference_mode(), autocast(self.config.precision, self.device):
             _synchronize(self.device)
             start = time.perf_counter()
-            for _ in range(self.settings.steps):
+            for _ in range(self.config.steps):
                 _, state = self.model(self.inputs, state)
             _synchronize(self.device)
-        return self.settings.steps * self.inputs.numel() / (time.perf_counter() - start)
+        return self.config.steps * self.inputs.numel() / (time.perf_counter() - start)
 
     def time_sampling(self) -> float:
         self.model.eval()
-        options = SampleConfig(length=self.settings.sample_length, seed=self.settings.seed)
+        sample_config = SampleConfig(length=self.config.sample_length, seed=self.config.seed)
         start = time.perf_counter()
-        drawn = sum(1 for _ in generate(self.model, [0], options))
+        drawn = sum(1 for _ in generate(self.model, [0], sample_config))
         return drawn / (time.perf_counter() - start)
 
 
-def _cell_model(cell: str, settings: BenchmarkConfig) -> LanguageModel:
-    config = ModelConfig(cell, vocab_size=settings.vocab_size, hidden_size=1, layers=settings.layers)
-    hidden_size, _ = size_for_budget(config, parse_budget(settings.params))
-    return LanguageModel(dataclasses.replace(config, hidden_size=hidden_size))
+def _cell_model(cell: str, config: BenchmarkConfig) -> LanguageModel:
+    model_config = ModelConfig(cell, vocab_size=config.vocab_size, hidden_size=1, layers=config.layers)
+    hidden_size, _ = size_for_budget(model_config, parse_budget(config.params))
+    return LanguageModel(dataclasses.replace(model_config, hidden_size=hidden_size))
 
 
-def benchmark_cells(cells: list[str], settings: BenchmarkConfig, progress=None) -> list[Throughput]:
+def benchmark_cells(cells: list[str], config: BenchmarkConfig, progress=None) -> list[Throughput]:
     """The fused-LSTM baseline first, then every cell, each sized to the same parameter budget,
-    timed in ``settings.repeat`` interleaved rounds. ``progress(text)`` is told each round."""
-    device = torch.device(settings.device)
-    torch.manual_seed(settings.seed)
-    baseline_model = FusedLSTMBaseline(settings.vocab_size, _baseline_size(settings), settings.layers).to(device)
+    timed in ``config.repeat`` interleaved rounds. ``progress(text)`` is told each round."""
+    device = torch.device(config.device)
+    torch.manual_seed(config.seed)
+    baseline_model = FusedLSTMBaseline(config.vocab_size, _baseline_size(config), config.layers).to(device)
     # The fused baseline computes exactly the equations of charlm's `lstm` cell at the same size.
-    reference = LanguageModel(ModelConfig("lstm", settings.vocab_size, baseline_model.hidden_size, settings.layers))
+    reference = LanguageModel(ModelConfig("lstm", config.vocab_size, baseline_model.hidden_size, config.layers))
     # Where the fused kernel has no form in the asked precision, the baseline is its float32 form.
-    baseline_settings = settings if fused_lstm_runs_in(settings.precision, device) else dataclasses.replace(settings, precision="fp32")
-    contenders = [_Contender(BASELINE_NAME, baseline_model, baseline_settings, device, training_flops_per_char(reference))]
+    baseline_config = config if fused_lstm_runs_in(config.precision, device) else dataclasses.replace(config, precision="fp32")
+    contenders = [_Contender(BASELINE_NAME, baseline_model, baseline_config, device, training_flops_per_char(reference))]
     for cell in cells:
-        model = _cell_model(cell, settings)
+        model = _cell_model(cell, config)
         flops = training_flops_per_char(model)
-        contenders.append(_Contender(cell, model.to(device), settings, device, flops, compiled=settings.compile,
-                                     graphed=settings.cuda_graph))
+        contenders.append(_Contender(cell, model.to(device), config, device, flops, compiled=config.compile,
+                                     graphed=config.cuda_graph))
     baseline = contenders[0].result
-    for round_index in range(settings.repeat):
+    for round_index in range(config.repeat):
         if progress:
-            progress(f"round {round_index + 1}/{settings.repeat}")
+            progress(f"round {round_index + 1}/{config.repeat}")
         for contender in contenders:
             result = contender.result
             result.train.runs.append(contender.time_training())
@@ -300,27 +300,27 @@ class Scaling:
                 "speedup": self.together.median / self.single.median, "efficiency": self.efficiency}
 
 
-def benchmark_scaling(cells: list[str], settings: BenchmarkConfig, world, progress=None) -> list[Scaling]:
+def benchmark_scaling(cells: list[str], config: BenchmarkConfig, world, progress=None) -> list[Scaling]:
     """Under torchrun: each model trained by rank 0 alone on the whole batch, then by every process
     with DistributedDataParallel on its share of the streams, in interleaved rounds."""
     from torch.nn.parallel import DistributedDataParallel
 
-    device = torch.device(settings.device)
-    torch.manual_seed(settings.seed)
-    models = [(BASELINE_NAME, FusedLSTMBaseline(settings.vocab_size, _baseline_size(settings), settings.layers))]
-    models += [(cell, _cell_model(cell, settings)) for cell in cells]
-    rows = world.share(settings.batch_size)
+    device = torch.device(config.device)
+    torch.manual_seed(config.seed)
+    models = [(BASELINE_NAME, FusedLSTMBaseline(config.vocab_size, _baseline_size(config), config.layers))]
+    models += [(cell, _cell_model(cell, config)) for cell in cells]
+    rows = world.share(config.batch_size)
     results = []
     for name, model in models:
         model.to(device)
-        alone = _Contender(name, model, settings, device, 0.0) if world.is_main else None
+        alone = _Contender(name, model, config, device, 0.0) if world.is_main else None
         shared_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        shared = _Contender(name, shared_model, dataclasses.replace(settings, batch_size=rows.stop - rows.start), device, 0.0,
+        shared = _Contender(name, shared_model, dataclasses.replace(config, batch_size=rows.stop - rows.start), device, 0.0,
                             initial_state=model.initial_state)
         result = Scaling(name, count_parameters(model), world.size)
-        for round_index in range(settings.repeat):
+        for round_index in range(config.repeat):
             if progress and world.is_main:
-                progress(f"{name}: round {round_index + 1}/{settings.repeat}")
+                progress(f"{name}: round {round_index + 1}/{config.repeat}")
             world.barrier()
             if world.is_main:
                 result.single.runs.append(alone.time_training())
@@ -329,7 +329,7 @@ def benchmark_scaling(cells: list[str], settings: BenchmarkConfig, world, progre
             shared.time_training()
             world.barrier()
             seconds = time.perf_counter() - started
-            result.together.runs.append(settings.steps * settings.batch_size * settings.bptt / seconds)
-            result.step_seconds.runs.append(seconds / settings.steps)
+            result.together.runs.append(config.steps * config.batch_size * config.bptt / seconds)
+            result.step_seconds.runs.append(seconds / config.steps)
         results.append(result)
     return results

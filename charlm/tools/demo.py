@@ -33,7 +33,7 @@ from charlm.training.setup import model_config_for
 class Sizing:
     """The demo's choice of hidden size, and what the measurement says it can train in the budget."""
 
-    hidden: int
+    hidden_size: int
     threads: int
     chars_per_second: float
     seconds_left: float  # of the budget, after the measurement
@@ -59,13 +59,14 @@ def choose_size(throughput: dict[int, float], sizes: dict[int, int], *, seconds_
                 seconds_spent: float = 0.0, threads: int = 1) -> Sizing:
     """The largest measured size whose characters per second train its ``sizes`` need within
     ``seconds_left``; when none does, the measured size that would get there soonest."""
-    fitting = [hidden for hidden, rate in throughput.items() if rate * seconds_left >= sizes[hidden]]
+    fitting = [size for size, rate in throughput.items() if rate * seconds_left >= sizes[size]]
     if fitting:
-        hidden = max(fitting)
+        hidden_size = max(fitting)
     else:
-        hidden = min(throughput, key=lambda h: (sizes[h] / throughput[h], -h))
-    return Sizing(hidden=hidden, threads=threads, chars_per_second=throughput[hidden], seconds_left=seconds_left,
-                  seconds_spent=seconds_spent, chars_needed=sizes[hidden], measured=dict(throughput))
+        hidden_size = min(throughput, key=lambda size: (sizes[size] / throughput[size], -size))
+    return Sizing(hidden_size=hidden_size, threads=threads, chars_per_second=throughput[hidden_size],
+                  seconds_left=seconds_left, seconds_spent=seconds_spent, chars_needed=sizes[hidden_size],
+                  measured=dict(throughput))
 
 
 def faster_threads(throughput: dict[int, float]) -> int:
@@ -87,7 +88,7 @@ def describe(sizing: Sizing) -> list[str]:
         budget = f"~{about(sizing.chars_in_budget)} characters in the {sizing.seconds_left / 60:.3g} min left"
     else:
         budget = "the measurement took the whole budget"
-    lines = [f"sizing: hidden {sizing.hidden} on {threads}, ~{about(sizing.chars_per_second)} chars/s measured: "
+    lines = [f"sizing: hidden {sizing.hidden_size} on {threads}, ~{about(sizing.chars_per_second)} chars/s measured: "
              f"{budget} (readable text needs ~{about(sizing.chars_needed)})"]
     if not sizing.enough:
         lines.append(f"this machine trains about {about(sizing.chars_per_second)} chars/s now; readable text needs "
@@ -95,20 +96,20 @@ def describe(sizing: Sizing) -> list[str]:
     return lines
 
 
-def demo_config(settings: DemoConfig, hidden: int, minutes: float, data_dir=None, run_dir=None) -> TrainConfig:
+def demo_config(config: DemoConfig, hidden_size: int, minutes: float, data_dir=None, run_dir=None) -> TrainConfig:
     """The training run of the demo at one hidden size."""
     return TrainConfig(
         corpus="pydoc",
-        cell=settings.cell,
-        hidden=hidden,
-        layers=settings.layers,
-        batch_size=settings.batch_size,
-        bptt=settings.bptt,
-        lr=settings.lr,
+        cell=config.cell,
+        hidden=hidden_size,
+        layers=config.layers,
+        batch_size=config.batch_size,
+        bptt=config.bptt,
+        lr=config.lr,
         epochs=100,
         patience=100,
         max_minutes=minutes,
-        seed=settings.seed,
+        seed=config.seed,
         data_dir=None if data_dir is None else str(data_dir),
         run_dir=None if run_dir is None else str(run_dir),
     )
@@ -162,55 +163,55 @@ def measure_threads(config: TrainConfig, corpus, device, steps: int) -> tuple[in
     return threads, throughput[threads]
 
 
-def size_for_machine(settings: DemoConfig, corpus) -> Sizing:
-    """Measure the sizes of ``settings.sizes`` from the largest down until one can reach readable
+def size_for_machine(config: DemoConfig, corpus) -> Sizing:
+    """Measure the sizes of ``config.sizes`` from the largest down until one can reach readable
     text in what is left of the budget (see ``choose_size``). Sets torch's thread count to the
     faster one; the caller restores it."""
     started = time.monotonic()
-    budget = settings.minutes * 60
-    ladder = sorted(settings.sizes, reverse=True)
+    budget = config.minutes * 60
+    ladder = sorted(config.sizes, reverse=True)
     throughput = {}
     threads = torch.get_num_threads()
-    for hidden in ladder:
-        config = demo_config(settings, hidden, settings.minutes)
-        device = resolve_device(config.device)
+    for hidden_size in ladder:
+        train_config = demo_config(config, hidden_size, config.minutes)
+        device = resolve_device(train_config.device)
         if not throughput:
-            threads, throughput[hidden] = measure_threads(config, corpus, device, settings.calibration_steps)
+            threads, throughput[hidden_size] = measure_threads(train_config, corpus, device, config.calibration_steps)
             torch.set_num_threads(threads)
         else:
-            throughput[hidden] = measure_throughput(config, corpus, device, settings.calibration_steps)
+            throughput[hidden_size] = measure_throughput(train_config, corpus, device, config.calibration_steps)
         spent = time.monotonic() - started
-        sizing = choose_size(throughput, settings.sizes, seconds_left=budget - spent, seconds_spent=spent,
+        sizing = choose_size(throughput, config.sizes, seconds_left=budget - spent, seconds_spent=spent,
                              threads=threads)
         if sizing.enough:
             break
     return sizing
 
 
-def run_demo(settings: DemoConfig, data_dir=None, run_dir=None, write=print, log=info) -> dict:
+def run_demo(config: DemoConfig, data_dir=None, run_dir=None, write=print, log=info) -> dict:
     """Returns the training summary (with the ``sizing``); writes the sample through ``write`` as
     it is drawn and the sizing lines through ``log``."""
     corpus = prepare_corpus("pydoc", data_dir=data_dir)
     threads = torch.get_num_threads()
     try:
-        sizing = size_for_machine(settings, corpus)
+        sizing = size_for_machine(config, corpus)
         for line in describe(sizing):
             log(line)
         minutes_left = float(f"{max(sizing.seconds_left, 0.06) / 60:.3g}")  # a used-up budget still trains a window
-        run_dir = run_dir or default_run_dir("pydoc", f"{settings.cell}-demo")
-        summary = train(demo_config(settings, sizing.hidden, minutes_left, data_dir, run_dir))
+        run_dir = run_dir or default_run_dir("pydoc", f"{config.cell}-demo")
+        summary = train(demo_config(config, sizing.hidden_size, minutes_left, data_dir, run_dir))
         summary["sizing"] = {**dataclasses.asdict(sizing), "enough": sizing.enough}
-        summary["sample"] = _write_sample(settings, summary["run_dir"], write)
+        summary["sample"] = _write_sample(config, summary["run_dir"], write)
     finally:
         torch.set_num_threads(threads)
     return summary
 
 
-def _write_sample(settings: DemoConfig, run_dir: str, write) -> str:
+def _write_sample(config: DemoConfig, run_dir: str, write) -> str:
     model = load(run_dir)
-    write(f"sample ({settings.sample_length} characters after the prime, temperature {settings.temperature:g}):\n{settings.prime}")
+    write(f"sample ({config.sample_length} characters after the prime, temperature {config.temperature:g}):\n{config.prime}")
     pieces = []
-    for piece in model.stream(settings.prime, settings.sample_length, settings.temperature, seed=settings.seed):
+    for piece in model.stream(config.prime, config.sample_length, config.temperature, seed=config.seed):
         write(piece)
         pieces.append(piece)
-    return settings.prime + "".join(pieces)
+    return config.prime + "".join(pieces)

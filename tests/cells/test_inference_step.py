@@ -68,11 +68,11 @@ def test_a_cell_without_its_own_inference_step_samples_through_its_step():
     layers = model.layers
     for layer in layers:
         layer.inference_step = lambda layer=layer: InferenceStep(layer)
-    options = SampleConfig(length=20, seed=2)
-    drawn = list(generate(model, [1, 2], options))
+    config = SampleConfig(length=20, seed=2)
+    drawn = list(generate(model, [1, 2], config))
     for layer in layers:
         del layer.inference_step
-    assert drawn == list(generate(model, [1, 2], options))
+    assert drawn == list(generate(model, [1, 2], config))
 
 
 def test_a_subclass_with_its_own_step_samples_through_that_step():
@@ -96,10 +96,10 @@ def test_training_mode_samples_through_the_model_itself():
 @pytest.mark.parametrize("cell", ["lstm", "rhn", "grid-lstm", "ho-gru"])
 def test_sampling_draws_the_same_text_as_the_reference_step(cell, monkeypatch):
     model = LanguageModel(ModelConfig(cell, vocab_size=13, hidden_size=8, layers=2)).eval()
-    options = SampleConfig(length=60, seed=7, temperature=0.8)
-    fast = list(generate(model, [1, 2, 3], options))
+    config = SampleConfig(length=60, seed=7, temperature=0.8)
+    fast = list(generate(model, [1, 2, 3], config))
     monkeypatch.setattr(LanguageModel, "for_sampling", lambda self: self)
-    assert list(generate(model, [1, 2, 3], options)) == fast
+    assert list(generate(model, [1, 2, 3], config)) == fast
 
 
 @pytest.mark.parametrize("cell", ["rhn", "lru", "grid-lstm", "scrn"])

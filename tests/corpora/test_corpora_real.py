@@ -9,9 +9,9 @@ import pytest
 
 from charlm.corpora import RECIPES, DownloadPolicy, load_corpus, prepare_corpus
 from charlm.errors import CharlmError
+from conftest import SHARED_CORPORA_DIR
 
 FAST = DownloadPolicy(attempts=2, backoff=0.0, timeout=5.0)
-from conftest import SHARED_CORPORA_DIR as SHARED_CORPORA_DIR_FOR_TESTS  # noqa: E402
 
 PTB_CHAR_FILES = [f"ptb.char.{split}.txt" for split in ("train", "valid", "test")]
 
@@ -19,8 +19,6 @@ PTB_CHAR_FILES = [f"ptb.char.{split}.txt" for split in ("train", "valid", "test"
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """ptb and wp prepared once from ../shared/corpora, into one data root."""
-    from conftest import SHARED_CORPORA_DIR
-
     if not SHARED_CORPORA_DIR.is_dir():
         pytest.skip(f"the reference corpora are not at {SHARED_CORPORA_DIR}")
     root = tmp_path_factory.mktemp("data")
@@ -42,7 +40,7 @@ def test_ptb_reproduces_the_published_counts(prepared):
 
 def test_ptb_contiguous_is_the_three_files_as_one_text_split_90_5_5(prepared):
     """The LRU paper's PTB: first 90% / next 5% / last 5% of train+valid+test, not Mikolov's files."""
-    prepare_corpus("ptb-contiguous", source=SHARED_CORPORA_DIR_FOR_TESTS / "ptb", data_dir=prepared, progress=False)
+    prepare_corpus("ptb-contiguous", source=SHARED_CORPORA_DIR / "ptb", data_dir=prepared, progress=False)
     contiguous, files = load_corpus("ptb-contiguous", prepared), load_corpus("ptb", prepared)
     assert [contiguous.tokens(s) for s in ("train", "valid", "test")] == [5_267_651, 292_648, 292_648]
     assert sum(contiguous.tokens(s) for s in ("train", "valid", "test")) == 5_017_482 + 393_042 + 442_423
@@ -72,8 +70,6 @@ def test_war_and_peace_reproduces_the_published_counts(prepared):
 
 
 def test_same_inputs_again_do_nothing(prepared, capsys):
-    from conftest import SHARED_CORPORA_DIR
-
     before = (prepared / "wp" / "meta.json").stat().st_mtime_ns
     prepare_corpus("wp", source=SHARED_CORPORA_DIR / "wp", data_dir=prepared, progress=False)
     prepare_corpus("wp", data_dir=prepared, progress=False)  # no --source: the prepared corpus stands
@@ -139,8 +135,6 @@ def test_ptb_subword_on_the_word_files(shared_corpora, tmp_path):
 
 def test_wp_checksum_of_the_download(corpus_server, tmp_path):
     """The real wp recipe, its canonical address replaced by the local server (--url)."""
-    from conftest import SHARED_CORPORA_DIR
-
     path = SHARED_CORPORA_DIR / "wp" / "warpeace_input.txt"
     if not path.exists():
         pytest.skip("no War and Peace copy")

@@ -338,6 +338,21 @@ def test_bad_dynamic_options_are_one_line_errors(trained_run, args, fragment):
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--dyn-lr", "0.1"], "--dyn-lr applies to dynamic scoring: add --dynamic sgd or --dynamic rms"),
+        (["--dynamic", "adam"], "--dynamic must be sgd or rms, not 'adam'"),
+    ],
+)
+def test_score_checks_its_dynamic_flags_as_eval_does(trained_run, tmp_path, args, fragment):
+    text = tmp_path / "text.txt"
+    text.write_text("abc", encoding="utf-8")
+    result = cli("score", trained_run, text, *args)
+    assert_one_line_error(result, fragment)
+    assert result.stdout == ""
+
+
 def test_save_adapted_refuses_to_overwrite_the_evaluated_checkpoint(trained_run):
     result = cli("eval", trained_run, "--dynamic", "sgd", "--save-adapted", trained_run / "best.pt")
     assert_one_line_error(result, "would overwrite the evaluated checkpoint")

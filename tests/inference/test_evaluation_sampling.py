@@ -159,10 +159,10 @@ def test_sampling_through_the_graph_path_draws_the_same_text(monkeypatch):
 
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8)).eval()
-    options = SampleConfig(length=40, seed=3)
-    eager = list(generate(model, [1, 2, 3], options))
+    config = SampleConfig(length=40, seed=3)
+    eager = list(generate(model, [1, 2, 3], config))
     monkeypatch.setattr(charlm.inference.sampling, "graphed_step", lambda m, s: GraphedStep(m, s, graph=ReplayByCalling()))
-    assert list(generate(model, [1, 2, 3], options)) == eager
+    assert list(generate(model, [1, 2, 3], config)) == eager
 
 
 def test_graphed_step_is_only_for_cuda_and_falls_back_with_a_warning(monkeypatch):

@@ -29,32 +29,32 @@ def test_demo_prepares_sizes_trains_evaluates_and_samples(tmp_path):
 
 def test_the_largest_size_that_reaches_readable_text_is_chosen():
     fast = choose_size({192: 20_000}, SIZES, seconds_left=110)
-    assert (fast.hidden, fast.chars_in_budget, fast.enough) == (192, 2_200_000, True)
+    assert (fast.hidden_size, fast.chars_in_budget, fast.enough) == (192, 2_200_000, True)
     slower = choose_size({192: 3_000, 128: 6_000}, SIZES, seconds_left=110)  # 192 needs 133 s, 128 needs 100 s
-    assert (slower.hidden, slower.enough) == (128, True)
-    assert choose_size({192: 3_000, 128: 6_000, 64: 20_000}, SIZES, seconds_left=110).hidden == 128
+    assert (slower.hidden_size, slower.enough) == (128, True)
+    assert choose_size({192: 3_000, 128: 6_000, 64: 20_000}, SIZES, seconds_left=110).hidden_size == 128
 
 
 def test_when_no_size_gets_there_the_soonest_one_is_trained_and_the_minutes_it_needs_are_said():
     sizing = choose_size({192: 500, 128: 900, 64: 2_000}, SIZES, seconds_left=100, seconds_spent=20)
-    assert (sizing.hidden, sizing.enough) == (128, False)  # 667 s against 800 s (192) and 750 s (64)
+    assert (sizing.hidden_size, sizing.enough) == (128, False)  # 667 s against 800 s (192) and 750 s (64)
     assert sizing.minutes_needed == 12  # (20 + 667) s
-    assert choose_size({192: 1_000, 128: 1_500}, SIZES, seconds_left=10).hidden == 192  # a tie: the larger
+    assert choose_size({192: 1_000, 128: 1_500}, SIZES, seconds_left=10).hidden_size == 192  # a tie: the larger
 
 
 def test_the_sizing_lines():
-    enough = Sizing(hidden=192, threads=2, chars_per_second=17_477, seconds_left=118.6, seconds_spent=1.4,
+    enough = Sizing(hidden_size=192, threads=2, chars_per_second=17_477, seconds_left=118.6, seconds_spent=1.4,
                     chars_needed=400_000)
     assert describe(enough) == ["sizing: hidden 192 on 2 threads, ~17,000 chars/s measured: ~2,100,000 characters in the "
                                 "1.98 min left (readable text needs ~400,000)"]
-    short = Sizing(hidden=128, threads=1, chars_per_second=1_062, seconds_left=115, seconds_spent=5,
+    short = Sizing(hidden_size=128, threads=1, chars_per_second=1_062, seconds_left=115, seconds_spent=5,
                    chars_needed=600_000)
     assert describe(short) == [
         "sizing: hidden 128 on 1 thread, ~1,100 chars/s measured: ~120,000 characters in the 1.92 min left "
         "(readable text needs ~600,000)",
         "this machine trains about 1,100 chars/s now; readable text needs about 600,000 characters: try --minutes 10",
     ]
-    used_up = Sizing(hidden=192, threads=1, chars_per_second=14_000, seconds_left=-0.5, seconds_spent=1.7,
+    used_up = Sizing(hidden_size=192, threads=1, chars_per_second=14_000, seconds_left=-0.5, seconds_spent=1.7,
                      chars_needed=400_000)
     assert "measured: the measurement took the whole budget (readable" in describe(used_up)[0]
     assert describe(used_up)[1].endswith("try --minutes 1")
