@@ -86,7 +86,7 @@ class TrainingStep:
         tokens = self.batch_size * window.targets.shape[1]  # every process's streams
         mean = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), window.targets.reshape(-1))
         loss = mean * (self.world.size * share_tokens / tokens)
-        value = self.world.sum([mean.item() * share_tokens])[0] / tokens  # the one read-back of a step
+        value = self.world.sum([mean.item() * share_tokens])[0] / tokens  # summed over the processes
         if not math.isfinite(value):  # every process sees the same sum, so they stop together
             raise LossNotFinite(value)
         self.optimizer.zero_grad(set_to_none=True)
