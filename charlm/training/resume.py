@@ -85,8 +85,7 @@ def last_good_checkpoint(run: Run) -> Checkpoint | None:
 
 def resumed_config(run: Run, checkpoint: Checkpoint | None, changes: dict) -> TrainConfig:
     """The settings the run in ``run`` goes on with: its checkpoint's (or, stopped before its first
-    checkpoint, its config.json's), with ``changes`` to the resumable settings."""
-    check_resumable(changes)
+    checkpoint, its config.json's), with ``changes`` to the resumable settings (see ``check_resumable``)."""
     if checkpoint is not None:
         settings = checkpoint.train_config
     else:
