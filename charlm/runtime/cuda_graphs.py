@@ -49,6 +49,20 @@ def unflatten_state(flat, layout: list[int]) -> list[tuple[Tensor, ...]]:
     return state
 
 
+def unaliased(outputs, inputs) -> list[Tensor]:
+    """``outputs`` with a copy in place of any tensor that shares memory with one of ``inputs`` or
+    with an earlier output. A graph's outputs must be tensors of their own: a cell whose new state
+    hands one input state on into another slot would otherwise have that slot overwritten when the
+    next call copies the state into the graph's inputs."""
+    seen = {tensor.untyped_storage().data_ptr() for tensor in inputs}
+    fresh = []
+    for tensor in outputs:
+        address = tensor.untyped_storage().data_ptr()
+        fresh.append(tensor.clone() if address in seen else tensor)
+        seen.add(fresh[-1].untyped_storage().data_ptr())
+    return fresh
+
+
 def one_line(error: BaseException) -> str:
     """``Type: message`` of an error on one line, cut to 160 characters."""
     message = " ".join(str(error).split())
@@ -103,7 +117,8 @@ class GraphedCall:
 
         def run() -> list[Tensor]:
             logits, new_state = function(self.static_tokens, self.static_state)
-            return [logits, *flatten_state(new_state)[0]]
+            inputs = [self.static_tokens, *flatten_state(self.static_state)[0]]
+            return unaliased([logits, *flatten_state(new_state)[0]], inputs)
 
         with without_autocast_cache(tokens.device):
             outputs = self.graph.capture(run)
@@ -154,7 +169,8 @@ class FlatWindow(nn.Module):
 
     def forward(self, tokens: Tensor, *flat_state: Tensor) -> tuple[Tensor, ...]:
         logits, new_state = self.network(tokens, unflatten_state(flat_state, self.layout))
-        return (logits, *(tensor.detach() for layer in new_state for tensor in layer))
+        detached = [tensor.detach() for layer in new_state for tensor in layer]
+        return (logits, *unaliased(detached, [tokens, *flat_state, logits]))
 
 
 class GraphedWindow:

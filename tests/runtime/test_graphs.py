@@ -207,3 +207,32 @@ def test_scoring_falls_back_with_a_warning_where_capture_fails(monkeypatch, warn
     assert score_tokens(model, tokens, batch_size=2, bptt=5, device="cpu").nats == eager.nats
     assert warnings == ["warning: scoring without a CUDA graph (RuntimeError: operation not permitted when stream "
                         "is capturing)"]
+
+
+def handing_on(tokens, state):
+    """A cell whose new state hands one input state on into another slot: h′ = h + g/2 + 1, g′ = h."""
+    ((h, g),) = state
+    return h.sum(dim=-1, keepdim=True), [(h + g / 2 + 1, h)]
+
+
+def test_a_state_handed_on_to_another_slot_replays_as_it_runs_eagerly():
+    from charlm.runtime.cuda_graphs import GraphedCall, ReplayByCalling
+
+    tokens, state = torch.zeros(1, 1, dtype=torch.long), [(torch.zeros(1, 1), torch.zeros(1, 1))]
+    graphed = GraphedCall(handing_on, tokens, state, graph=ReplayByCalling())
+    eager_state, replayed_state, eager_h, replayed_h = state, state, [], []
+    for _ in range(4):
+        _, eager_state = handing_on(tokens, eager_state)
+        _, replayed_state = graphed(tokens, replayed_state)
+        eager_h.append(eager_state[0][0].item())
+        replayed_h.append(replayed_state[0][0].item())
+    assert eager_h == [1.0, 2.0, 3.5, 5.5]
+    assert replayed_h == eager_h  # with g′ the graph's own input h, copying slot by slot gave 1, 2.5, 4.75, 8.125
+
+
+def test_the_training_window_gives_the_graph_outputs_of_their_own():
+    from charlm.runtime.cuda_graphs import FlatWindow
+
+    h, g = torch.ones(2, 3), torch.zeros(2, 3)
+    logits, new_h, new_g = FlatWindow(lambda tokens, state: handing_on(tokens, state), [2])(torch.zeros(2, 1), h, g)
+    assert torch.equal(new_g, h) and new_g.untyped_storage().data_ptr() != h.untyped_storage().data_ptr()
