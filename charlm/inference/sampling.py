@@ -85,10 +85,10 @@ def generate(model: LanguageModel, prime_ids: list[int], config: SampleConfig, b
         generator.seed()
     state = model.initial_state(1, device=device)
     logits, state = model(torch.tensor([prime_ids], device=device), state)
-    step = graphed_step(model.for_sampling(), state)  # its step, or on a GPU that step replayed from a CUDA graph
+    step = None  # the model's step, or on a GPU that step replayed from a CUDA graph: made when first needed
     banned = torch.tensor(list(banned_ids), dtype=torch.long, device=device)
     last = logits[0, -1]
-    for _ in range(config.length):
+    for drawn in range(config.length):
         last = last.float()
         if len(banned):
             last = last.index_fill(0, banned, float("-inf"))
@@ -100,6 +100,10 @@ def generate(model: LanguageModel, prime_ids: list[int], config: SampleConfig, b
                               "its weights or its state overflowed")
         token = draw(probabilities, generator)
         yield int(token)
+        if drawn + 1 == config.length:
+            break  # nothing is drawn after the last symbol: no step for it
+        if step is None:
+            step = graphed_step(model.for_sampling(), state)
         logits, state = step(token, state)
         last = logits[0]
 

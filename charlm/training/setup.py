@@ -51,7 +51,18 @@ def placement(config: TrainConfig) -> tuple[torch.device, World]:
     check_precision(config.precision, device)
     check_cuda_graph(config.cuda_graph, device)
     world = world_from_environment(device)
+    check_streams_per_process(config, world)
     return device_for_rank(device, world), world
+
+
+def check_streams_per_process(config: TrainConfig, world: World) -> None:
+    """Refuse a batch that leaves a torchrun process without a stream to carry (it would train and
+    score on nothing, and its share of the state would be empty)."""
+    for name in ("batch_size", "eval_batch_size"):
+        streams = getattr(config, name)
+        if streams < world.size:
+            raise ConfigError(TrainConfig, name, f"is {streams}, fewer streams than the {world.size} processes: "
+                                                 "give each process at least one")
 
 
 def model_config_for(config: TrainConfig, vocab_size: int, cell_class=None, device: torch.device | None = None) -> ModelConfig:

@@ -165,6 +165,24 @@ def test_sampling_through_the_graph_path_draws_the_same_text(monkeypatch):
     assert list(generate(model, [1, 2, 3], config)) == eager
 
 
+def test_the_step_is_made_once_per_sample_and_only_when_a_symbol_follows(monkeypatch):
+    import charlm.inference.sampling
+
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8)).eval()
+    made = []
+
+    def counting(sampling_model, state):
+        made.append(state[0][0].shape)
+        return sampling_model.step
+
+    monkeypatch.setattr(charlm.inference.sampling, "graphed_step", counting)
+    for length, captures in ((0, 0), (1, 0), (2, 1), (30, 1)):
+        made.clear()
+        assert len(list(generate(model, [1, 2, 3], SampleConfig(length=length, seed=3)))) == length
+        assert len(made) == captures, length
+
+
 def test_graphed_step_is_only_for_cuda_and_falls_back_with_a_warning(monkeypatch):
     import charlm.runtime.cuda_graphs
 

@@ -76,6 +76,18 @@ def test_shares_are_contiguous_and_cover_every_stream():
             assert max(s.stop - s.start for s in world_shares) - min(s.stop - s.start for s in world_shares) <= 1
 
 
+def test_a_batch_smaller_than_the_processes_is_refused():
+    from charlm.errors import ConfigError
+    from charlm.training.setup import check_streams_per_process
+
+    check_streams_per_process(TrainConfig(corpus="tiny", batch_size=2, eval_batch_size=2), World(1, 2))  # one each
+    with pytest.raises(ConfigError, match="batch_size is 3, fewer streams than the 4 processes") as raised:
+        check_streams_per_process(TrainConfig(corpus="tiny", batch_size=3, eval_batch_size=8), World(0, 4))
+    assert raised.value.field == "batch_size"
+    with pytest.raises(ConfigError, match="eval_batch_size is 2, fewer streams than the 4 processes"):
+        check_streams_per_process(TrainConfig(corpus="tiny", batch_size=8, eval_batch_size=2), World(3, 4))
+
+
 def test_two_processes_train_the_weights_of_one(tiny_corpus, tmp_path, one_process):
     run = tmp_path / "two"
     torchrun(2, settings(tiny_corpus, run))
