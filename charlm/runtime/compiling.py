@@ -31,8 +31,9 @@ class CompiledForward:
     the probe and the first call, as measured (so it includes that step's own work).
     """
 
-    def __init__(self, network: torch.nn.Module, device: torch.device, backend=None):
+    def __init__(self, network: torch.nn.Module, device: torch.device, backend=None, window_shape=None):
         self.network = network
+        self.window_shape = None if window_shape is None else tuple(window_shape)  # compile at this shape only
         self.backend = backend or BACKEND
         self.compile_seconds = 0.0
         self.failure: str | None = None
@@ -54,9 +55,15 @@ class CompiledForward:
     def backend_name(self) -> str:
         return self.backend if isinstance(self.backend, str) else getattr(self.backend, "__name__", "custom")
 
+    @property
+    def settled(self) -> bool:
+        """Compiled, or fallen back: what ``active`` says is final."""
+        return self.failure is not None or self._shape is not None
+
     def __call__(self, inputs, state):
-        if self.failure is not None or (self._shape is not None and inputs.shape != self._shape):
-            return self.network(inputs, state)  # the epoch's last, shorter window: not worth compiling again
+        wanted = self._shape or self.window_shape
+        if self.failure is not None or (wanted is not None and tuple(inputs.shape) != tuple(wanted)):
+            return self.network(inputs, state)  # an epoch's last, shorter window: not worth compiling for
         if self._shape is not None:
             return self._compiled(inputs, state)
         started = time.monotonic()

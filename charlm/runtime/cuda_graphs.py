@@ -187,9 +187,10 @@ class GraphedWindow:
     ``graph_callables``: what captures (``torch.cuda.make_graphed_callables``; tests pass a stand-in).
     """
 
-    def __init__(self, network: nn.Module, device: torch.device, graph_callables=None):
+    def __init__(self, network: nn.Module, device: torch.device, graph_callables=None, window_shape=None):
         self.network, self.device = network, device
         self.graph_callables = graph_callables or make_graphed_callables
+        self.window_shape = None if window_shape is None else tuple(window_shape)  # capture at this shape only
         self.capture_seconds = 0.0
         self.failure: str | None = None
         self._shape = None  # the window shape captured for
@@ -199,9 +200,15 @@ class GraphedWindow:
     def active(self) -> bool:
         return self.failure is None
 
+    @property
+    def settled(self) -> bool:
+        """Captured, or fallen back: what ``active`` says is final."""
+        return self.failure is not None or self._graphed is not None
+
     def __call__(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
-        if self.failure is not None or (self._shape is not None and tokens.shape != self._shape):
-            return self.network(tokens, state)  # the epoch's last, shorter window
+        wanted = self._shape or self.window_shape
+        if self.failure is not None or (wanted is not None and tuple(tokens.shape) != tuple(wanted)):
+            return self.network(tokens, state)  # an epoch's last, shorter window
         flat, layout = flatten_state(state)
         if self._graphed is None:
             started = time.monotonic()
@@ -227,7 +234,7 @@ class GraphedWindow:
                              "training continues without it (the same results at eager speed)")
 
 
-def graphed_window(network: nn.Module, device: torch.device, distributed: bool):
+def graphed_window(network: nn.Module, device: torch.device, distributed: bool, window_shape=None):
     """What ``--cuda-graph`` trains through: a :class:`GraphedWindow`, or under torchrun (whose
     DistributedDataParallel hooks into the backward pass, which a captured graph skips), with a
     one-line warning, ``network`` itself."""
@@ -235,7 +242,7 @@ def graphed_window(network: nn.Module, device: torch.device, distributed: bool):
         get_logger().warning("warning: --cuda-graph is not used under torchrun (DistributedDataParallel's "
                              "gradient hooks cannot run inside a captured backward); training eagerly")
         return network
-    return GraphedWindow(network, device)
+    return GraphedWindow(network, device, window_shape=window_shape)
 
 
 class ScoringForward:

@@ -94,14 +94,18 @@ def check_model_fits(model_config: ModelConfig, config: TrainConfig, device: tor
 
 def forward_pass(model: LanguageModel, config: TrainConfig, device: torch.device, world: World):
     """What a training step calls for a window's logits: the model, inside DistributedDataParallel
-    under torchrun, then compiled (``--compile``) or replayed from CUDA graphs (``--cuda-graph``)."""
+    under torchrun, then compiled (``--compile``) or replayed from CUDA graphs (``--cuda-graph``), for
+    full windows only (this process's streams × bptt: a run resumed at an epoch's shorter last window
+    does not compile or capture that one)."""
+    rows = world.share(config.batch_size)
+    window_shape = (rows.stop - rows.start, config.bptt)
     forward = model
     if world.distributed:
         forward = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if config.compile:
-        forward = CompiledForward(forward, device)
+        forward = CompiledForward(forward, device, window_shape=window_shape)
     if config.cuda_graph:
-        forward = graphed_window(forward, device, world.distributed)
+        forward = graphed_window(forward, device, world.distributed, window_shape)
     return forward
 
 

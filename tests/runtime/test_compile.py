@@ -73,6 +73,18 @@ def test_a_model_that_fails_to_compile_runs_eagerly(monkeypatch):
     torch.testing.assert_close(logits, model(tokens, state)[0])
 
 
+def test_a_shorter_first_window_is_not_compiled_for(monkeypatch):
+    monkeypatch.setattr(charlm.runtime.compiling, "BACKEND", "eager")
+    model = LanguageModel(ModelConfig("lru", vocab_size=11, hidden_size=8))
+    forward = CompiledForward(model, torch.device("cpu"), window_shape=(3, 6))
+    state = model.initial_state(3)
+    for length in (4, 6, 6):  # resumed at an epoch's shorter last window, then full ones
+        tokens = torch.randint(11, (3, length))
+        torch.testing.assert_close(forward(tokens, state)[0], model(tokens, state)[0])
+        assert forward.settled == (length == 6)
+    assert forward.active and tuple(forward._shape) == (3, 6)
+
+
 def test_windows_of_another_shape_run_eagerly(monkeypatch):
     monkeypatch.setattr(charlm.runtime.compiling, "BACKEND", "eager")
     model = LanguageModel(ModelConfig("lru", vocab_size=11, hidden_size=8))

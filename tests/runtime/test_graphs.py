@@ -236,3 +236,25 @@ def test_the_training_window_gives_the_graph_outputs_of_their_own():
     h, g = torch.ones(2, 3), torch.zeros(2, 3)
     logits, new_h, new_g = FlatWindow(lambda tokens, state: handing_on(tokens, state), [2])(torch.zeros(2, 1), h, g)
     assert torch.equal(new_g, h) and new_g.untyped_storage().data_ptr() != h.untyped_storage().data_ptr()
+
+
+def test_a_shorter_first_window_runs_eagerly_and_the_graph_is_captured_at_the_full_window():
+    """A run resumed at an epoch's shorter last window: that window runs eagerly, the capture waits for
+    the first full one, and until then nothing claims the graph is in use."""
+    replayed_by_calling.captures.clear()
+    model = LanguageModel(ModelConfig("gru", vocab_size=11, hidden_size=8))
+    graphed = GraphedWindow(model, torch.device("cpu"), graph_callables=replayed_by_calling, window_shape=(3, 6))
+    state = model.initial_state(3)
+    short = torch.randint(11, (3, 4))
+    torch.testing.assert_close(graphed(short, state)[0], model(short, state)[0])
+    assert not graphed.settled and replayed_by_calling.captures == []
+    full = torch.randint(11, (3, 6))
+    torch.testing.assert_close(graphed(full, state)[0], model(full, state)[0])
+    assert graphed.settled and graphed.active and replayed_by_calling.captures == [[(3, 6), (3, 8)]]
+
+
+def test_the_trainer_captures_and_compiles_at_its_full_window(tiny_corpus, tmp_path, monkeypatch):
+    graph_on_the_cpu(monkeypatch)
+    trainer = Trainer(tiny_config(tiny_corpus, tmp_path / "run", cuda_graph=True, batch_size=8, bptt=16))
+    assert trainer.step.forward.window_shape == (8, 16)
+    trainer.run.release()
