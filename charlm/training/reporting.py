@@ -64,7 +64,7 @@ def report_fast_path(run, forward) -> None:
 
 def epoch_record(progress, valid, test, lr: float, chars_per_token: float, partial: bool, improved: bool) -> dict:
     """The fields of an ``epoch`` record, from the epoch's sums in ``progress``."""
-    windows = max(progress.window, 1)
+    windows = max(progress.window - progress.overflowed_steps, 1)  # the steps whose gradient norms were summed
     train_loss = progress.train_nats / max(progress.train_tokens, 1)
     return {
         "epoch": progress.epoch + 1,

@@ -40,6 +40,7 @@ class Progress:
     train_tokens: int = 0
     train_seconds: float = 0.0
     grad_norm_sums: dict = dataclasses.field(default_factory=dict)
+    overflowed_steps: int = 0  # this epoch's steps whose gradients were not finite (fp16: skipped by the scaler)
     finished: bool = False
 
     def add_wall(self, part: str, seconds: float) -> None:

@@ -194,8 +194,11 @@ class Trainer:
                 progress.train_nats += result.loss * result.tokens
                 progress.train_tokens += result.tokens
                 progress.train_seconds = seconds_before + time.monotonic() - epoch_clock
-                for name, norm in result.grad_norms.items():
-                    progress.grad_norm_sums[name] = progress.grad_norm_sums.get(name, 0.0) + norm
+                if all(math.isfinite(norm) for norm in result.grad_norms.values()):
+                    for name, norm in result.grad_norms.items():
+                        progress.grad_norm_sums[name] = progress.grad_norm_sums.get(name, 0.0) + norm
+                else:  # an overflow the fp16 scaler skipped: it has no place in the epoch's mean
+                    progress.overflowed_steps += 1
                 bar.advance()
                 bpc = result.loss / LN2 / self.train_chars_per_token
                 speed = progress.train_tokens / max(progress.train_seconds, 1e-9)
@@ -242,7 +245,7 @@ class Trainer:
             progress.window = 0
             progress.add_wall("train", progress.train_seconds)
             progress.train_nats, progress.train_tokens, progress.train_seconds = 0.0, 0, 0.0
-            progress.grad_norm_sums = {}
+            progress.grad_norm_sums, progress.overflowed_steps = {}, 0
             self.state = None
             self.scheduler.step()
         stop_early = progress.epochs_without_improvement >= config.patience

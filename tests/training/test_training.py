@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -285,3 +286,24 @@ def test_cells_with_a_fused_kernel_train_in_bf16_on_any_cpu(cell, options):
         logits, _ = model(tokens, model.initial_state(3))
     logits.float().sum().backward()
     torch.testing.assert_close(logits.float(), expected, atol=0.05, rtol=0.05)
+
+
+def test_a_step_whose_gradients_overflowed_stays_out_of_the_epochs_gradient_norm(tiny_corpus, tmp_path, monkeypatch):
+    """fp16's scaler skips a step whose gradients overflowed; its inf norm must not make the epoch's
+    mean norm inf (simulated: the CPU has no fp16 training)."""
+    original = TrainingStep._grad_norms
+    calls = []
+
+    def overflow_on_the_third(self):
+        calls.append(1)
+        norms = original(self)
+        return {name: math.inf for name in norms} if len(calls) == 3 else norms
+
+    monkeypatch.setattr(TrainingStep, "_grad_norms", overflow_on_the_third)
+    run = tmp_path / "run"
+    Trainer(tiny_config(tiny_corpus, run, epochs=1, log_every=1, train_fraction=0.2)).fit()
+    steps, (epoch,) = records(run, "step"), records(run, "epoch")
+    assert math.isinf(steps[2]["grad_norm"]["layer0"])  # the step record says what happened
+    finite = [step["grad_norm"]["layer0"] for step in steps if math.isfinite(step["grad_norm"]["layer0"])]
+    assert len(finite) == len(steps) - 1
+    assert epoch["grad_norm"]["layer0"] == pytest.approx(sum(finite) / len(finite), rel=1e-12)
