@@ -30,17 +30,13 @@ def config(data_dir, run_dir, **changes) -> charlm.TrainConfig:
     return charlm.TrainConfig(**{**values, **changes})
 
 
-def events(run: Path) -> list[dict]:
-    return records(run)
-
-
 def best_epoch_record(run: Path) -> dict:
     """The epoch record of the best validation loss: the last one flagged best."""
-    return [row for row in events(run) if row["event"] == "epoch" and row["best"]][-1]
+    return [row for row in records(run, "epoch") if row["best"]][-1]
 
 
 def keep_records(run: Path, keep) -> None:
-    rows = [row for row in events(run) if keep(row)]
+    rows = [row for row in records(run) if keep(row)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
@@ -145,7 +141,7 @@ def test_convergence_is_the_epoch_of_best_validation(report, sweep):
         if row["status"] == "finished":
             best = best_epoch_record(sweep / row["run"])
             assert int(row["best_epoch"]) == best["epoch"] and float(row["test_bpc"]) == best["test_bpc"]
-            seconds = sum(r["train_seconds"] for r in events(sweep / row["run"]) if r["event"] == "epoch")
+            seconds = sum(r["train_seconds"] for r in records(sweep / row["run"], "epoch"))
             assert float(row["train_seconds"]) == pytest.approx(seconds)
 
 
@@ -177,7 +173,7 @@ def test_runs_sized_by_hidden_share_a_budget_of_their_rounded_count():
 
 def test_dynamic_table_holds_both_protocols(report, sweep):
     out, _ = report
-    evaluations = [row for row in events(sweep / "tiny-lstm-f1-s1") if row["event"] == "eval"]
+    evaluations = records(sweep / "tiny-lstm-f1-s1", "eval")
     (row,) = read_csv(out / "dynamic.csv")
     assert row["run"] == "tiny-lstm-f1-s1" and row["split"] == "test"
     assert float(row["static_bpc"]) == evaluations[-1]["static_bpc"]
@@ -246,7 +242,7 @@ def test_test_loss_scored_once_at_the_end_is_read_from_its_record(tiny_corpus, t
     """Without --test-every-epoch, the best epoch's test loss is the run's one `test` record."""
     run = tmp_path / "runs" / "once"
     charlm.Trainer(config(tiny_corpus, run, test_every_epoch=False)).fit()
-    (tested,) = [row for row in events(run) if row["event"] == "test"]
+    (tested,) = records(run, "test")
     assert "test_loss" not in best_epoch_record(run)
     cli("report", run, "--out", tmp_path / "report", check_code=0)
     summary = {row["setting"]: row["value"] for row in read_csv(tmp_path / "report" / "summary.csv")}

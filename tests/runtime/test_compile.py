@@ -15,13 +15,7 @@ from charlm.checkpoint import Checkpoint
 from charlm.runtime.compiling import CompiledForward
 from charlm.model import LanguageModel, ModelConfig
 from charlm.training.trainer import Trainer
-from helpers import cli, records
-from helpers import assert_same_weights, tiny_config, weights
-
-
-def events(run_dir, name):
-    rows = records(run_dir)
-    return [row for row in rows if row["event"] == name]
+from helpers import assert_same_weights, cli, records, tiny_config, weights
 
 
 def test_compiled_training_gives_the_eager_weights(tiny_corpus, tmp_path, monkeypatch):
@@ -30,7 +24,7 @@ def test_compiled_training_gives_the_eager_weights(tiny_corpus, tmp_path, monkey
     Trainer(tiny_config(tiny_corpus, tmp_path / "eager", epochs=1, cell="gru")).fit()
     Trainer(tiny_config(tiny_corpus, tmp_path / "compiled", epochs=1, cell="gru", compile=True)).fit()
     assert_same_weights(weights(tmp_path / "eager"), weights(tmp_path / "compiled"))
-    (record,) = events(tmp_path / "compiled", "compile")
+    (record,) = records(tmp_path / "compiled", "compile")
     assert record["active"] and record["backend"] == "eager" and record["seconds"] > 0
 
 
@@ -49,7 +43,7 @@ def test_no_compiler_falls_back_in_one_line_and_trains_the_same(tiny_corpus, tmp
     assert warnings[0] == ("warning: --compile: torch.compile does not work here (RuntimeError: no working C++ compiler "
                            "found in PATH); training continues without it (the same results at eager speed)")
     assert_same_weights(weights(tmp_path / "eager"), weights(tmp_path / "compiled"))
-    (record,) = events(tmp_path / "compiled", "compile")
+    (record,) = records(tmp_path / "compiled", "compile")
     assert not record["active"] and "no working C++ compiler" in record["failure"]
 
 
@@ -104,6 +98,6 @@ def test_inductor_compiles_a_cell_and_agrees_with_eager(tiny_corpus, tmp_path):
     eager, compiled = weights(tmp_path / "eager"), weights(tmp_path / "compiled")
     for key in eager:
         torch.testing.assert_close(compiled[key], eager[key], rtol=1e-4, atol=1e-5)
-    (record,) = events(tmp_path / "compiled", "compile")
+    (record,) = records(tmp_path / "compiled", "compile")
     assert record["active"] and record["backend"] == "inductor"
     assert Checkpoint.load(tmp_path / "compiled" / "last.pt").train_config.compile
