@@ -43,13 +43,14 @@ def train(config: TrainConfig) -> dict:
 
 
 def load(reference: str | Path, device: str = "auto", *, cells=(), trust_code: bool = False,
-         prefer: str = "best") -> "Model":
+         prefer: str = "best", cuda_graphs: bool = True) -> "Model":
     """The model in a run directory (its ``best.pt``; ``prefer="last"`` for ``last.pt``), a
     checkpoint file or an exported model. A user cell (``module:Class``) is imported only if it
-    is named in ``cells`` (the class, or its ``"module:Class"`` name) or ``trust_code=True``."""
+    is named in ``cells`` (the class, or its ``"module:Class"`` name) or ``trust_code=True``.
+    ``cuda_graphs=False``: on a GPU, score and sample without CUDA graphs (``--no-cuda-graph``)."""
     target = resolve_device(device)
     checkpoint = Checkpoint.load(reference, prefer=prefer, map_location="cpu")
-    return Model(checkpoint, target, cells=cells, trust_code=trust_code)
+    return Model(checkpoint, target, cells=cells, trust_code=trust_code, cuda_graphs=cuda_graphs)
 
 
 @dataclasses.dataclass
@@ -76,8 +77,11 @@ class TextScore:
 class Model:
     """A trained language model with its vocabulary, on a device, in eval mode."""
 
-    def __init__(self, checkpoint: Checkpoint, device="cpu", *, cells=(), trust_code: bool = False):
+    def __init__(self, checkpoint: Checkpoint, device="cpu", *, cells=(), trust_code: bool = False,
+                 cuda_graphs: bool = True):
         self.checkpoint = checkpoint
+        self.cuda_graphs = cuda_graphs  # on a GPU: scoring and sampling replayed from checked CUDA graphs
+        self.last_fast_path = None  # the first-use check of the last scoring graph (FastPathCheck), if one was tried
         self.device = resolve_device(device) if isinstance(device, str) else device
         self.network = checkpoint.build_model(self.device, cells=cells, trust_code=trust_code)
         self.tokenizer = checkpoint.make_tokenizer()
@@ -118,7 +122,7 @@ class Model:
         if top_k > len(self.tokenizer.vocab):
             get_logger().warning(f"warning: top-k {top_k} is more than the {len(self.tokenizer.vocab)} symbols of the "
                                  "vocabulary: sampling from all of them")
-        ids = generate(self.network, prime_ids, config, unknown_ids(self.tokenizer))
+        ids = generate(self.network, prime_ids, config, unknown_ids(self.tokenizer), cuda_graph=self.cuda_graphs)
         return decoded_pieces(self.tokenizer, ids)
 
     def sample(self, prime: str | None = None, length: int = _SAMPLE.length, temperature: float = _SAMPLE.temperature,
@@ -173,7 +177,9 @@ class Model:
         chars_per_token = max(characters, 1) / (len(ids) - 1)
         if dynamic is None:
             score = score_tokens(self.network, tokens, batch_size=batch_size, bptt=self.checkpoint.train_config.bptt,
-                                 device=self.device, chars_per_token=chars_per_token, per_token=per_char)
+                                 device=self.device, chars_per_token=chars_per_token, per_token=per_char,
+                                 cuda_graph=self.cuda_graphs)
+            self.last_fast_path = score.fast_path
         else:
             score = self._score_dynamically(tokens, dynamic, batch_size, chars_per_token, per_char, data_dir)
         result = TextScore(score.nats, score.tokens, max(characters, 1), skipped)
@@ -221,10 +227,12 @@ class Model:
             validate(config)
             started = time.perf_counter()
             score = score_split(self.network, corpus, split, batch_size=config.batch_size,
-                                bptt=bptt or self.checkpoint.train_config.bptt, device=self.device, progress=progress)
+                                bptt=bptt or self.checkpoint.train_config.bptt, device=self.device, progress=progress,
+                                cuda_graph=self.cuda_graphs)
+            self.last_fast_path = score.fast_path
             if record:
                 self._record(split=split, mode="static", chars_per_s=score.characters / (time.perf_counter() - started),
-                             **score.as_dict())
+                             fast_path=None if score.fast_path is None else score.fast_path.fields(), **score.as_dict())
             return score
         from charlm.inference.dynamic_protocol import evaluate_dynamic
 
@@ -232,9 +240,11 @@ class Model:
         if batch_size is not None:
             options = dataclasses.replace(options, batch_size=batch_size)
         report = evaluate_dynamic(self.network, corpus, split, options, adapt_on=adapt_on, search_prefix=search_prefix,
-                                  device=self.device, progress=progress)
+                                  device=self.device, progress=progress, cuda_graph=self.cuda_graphs)
+        self.last_fast_path = report.static.fast_path
         if record:
-            self._record(**report.record_fields())
+            fast_path = None if report.static.fast_path is None else report.static.fast_path.fields()
+            self._record(**report.record_fields(), fast_path=fast_path)
         return report
 
     def _record(self, **fields) -> None:

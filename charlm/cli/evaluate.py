@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, TRUST_CODE, load_model
+from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_table, stdout
 from charlm.config import DEFAULT_SEARCH_PREFIX, DynamicOptions, EvalConfig, flag_of, validate
@@ -31,6 +31,7 @@ def evaluate(
     device: str = DEVICE,
     cell: Optional[str] = CELL,
     trust_code: bool = TRUST_CODE,
+    no_cuda_graph: bool = NO_CUDA_GRAPH,
     static: dict = None,
     dyn: dict = None,
 ):
@@ -47,7 +48,7 @@ def evaluate(
     prefix = (search_prefix or DEFAULT_SEARCH_PREFIX) if dyn_search else None
     if options is not None:
         check_protocol(split, adapt_on, prefix)
-    model = load_model(checkpoint, device, cell, trust_code)
+    model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
     if options is None:
         _evaluate_static(model, split, batch_size, static.get("bptt"), data_dir)
     else:
@@ -67,6 +68,13 @@ def _evaluate_static(model, split, batch_size, bptt, data_dir):
     if corpus.unit == "subword":
         stdout.print(f"nll per token   {score.loss:.4f} nats")
     stdout.print(f"perplexity      {score.perplexity:.4f} (per {corpus.unit} token)")
+    _print_fast_path(model)
+
+
+def _print_fast_path(model):
+    """On a GPU, what the scoring graph's first-use check found."""
+    if model.last_fast_path is not None:
+        stdout.print(f"fast path       {model.last_fast_path.summary()}")
 
 
 def _evaluate_dynamic(model, split, options, adapt_on, search_prefix, save_adapted, data_dir):
@@ -78,6 +86,7 @@ def _evaluate_dynamic(model, split, options, adapt_on, search_prefix, save_adapt
     report = model.evaluate(split, dynamic=options, data_dir=data_dir, adapt_on=adapt_on, search_prefix=search_prefix,
                             progress=_ProgressBars("bits/token" if corpus.unit == "subword" else "bpc"))
     _print_dynamic(report, model.checkpoint.path, corpus)
+    _print_fast_path(model)
     if save_adapted is not None:
         adapted_checkpoint(model, report).save(save_adapted)
         stdout.print(f"adapted weights {save_adapted}")

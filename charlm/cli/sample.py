@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from charlm.cli.loading import CELL, CHECKPOINT, DEVICE, TRUST_CODE, load_model
+from charlm.cli.loading import CELL, CHECKPOINT, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
 from charlm.config import SampleConfig
 from charlm.errors import CharlmError
@@ -23,6 +23,7 @@ def sample(
     device: str = DEVICE,
     cell: Optional[str] = CELL,
     trust_code: bool = TRUST_CODE,
+    no_cuda_graph: bool = NO_CUDA_GRAPH,
     given: dict = None,
 ):
     """Generate text from a checkpoint, streamed as it is drawn."""
@@ -31,7 +32,7 @@ def sample(
     if prime_file is not None:
         prime = read_text(prime_file, "prime file")
     config = SampleConfig(**given)
-    model = load_model(checkpoint, device, cell, trust_code)
+    model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
     for index in range(config.num_samples):
         seed = None if config.seed is None else config.seed + index
         # stream() checks the settings and the prime: nothing is written before they pass

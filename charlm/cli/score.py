@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, TRUST_CODE, load_model
+from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_table, stdout
 from charlm.config import DynamicOptions, ScoreConfig, flag_of, validate
@@ -27,6 +27,7 @@ def score(
     device: str = DEVICE,
     cell: Optional[str] = CELL,
     trust_code: bool = TRUST_CODE,
+    no_cuda_graph: bool = NO_CUDA_GRAPH,
     given: dict = None,
     dyn: dict = None,
 ):
@@ -38,7 +39,7 @@ def score(
     check_method(dynamic, [flag_of(DynamicOptions, name) for name in dyn], purpose="scoring")
     dynamic_options = None if dynamic is None else DynamicOptions(method=dynamic, **dyn)
     text = _read(text_file)
-    model = load_model(checkpoint, device, cell, trust_code)
+    model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
     static = model.score(text, per_char=per_char is not None and dynamic is None, unknown=config.unknown,
                          batch_size=config.batch_size)
     adapted = None
@@ -53,6 +54,8 @@ def score(
     stdout.print(f"bpc             {static.bpc:.4f} ({unit})")
     stdout.print(f"nats            {static.nats:.4f} (total)")
     stdout.print(f"perplexity      {static.perplexity:.4f} (per {model.unit} token)")
+    if model.last_fast_path is not None:
+        stdout.print(f"fast path       {model.last_fast_path.summary()}")
     if adapted is not None:
         print_table(None, ["mode", "bpc", f"perplexity (per {model.unit})"],
                     [["static", f"{static.bpc:.4f}", f"{static.perplexity:.4f}"],

@@ -108,7 +108,7 @@ class NoProgress:
 
 
 def grid_search(model, tokens: np.ndarray, options: DynamicOptions, rms=None, *, lrs, decays, device=None,
-                chars_per_token: float = 1.0, progress=None) -> SearchResult:
+                chars_per_token: float = 1.0, progress=None, cuda_graph: bool = True) -> SearchResult:
     """Dynamic bpc of ``tokens`` for every (η, λ) in lrs × decays, each from the current weights,
     which are restored afterwards. A point is abandoned as diverged as soon as its running loss
     exceeds twice the larger of the static loss and the uniform distribution's (log V nats)."""
@@ -116,7 +116,8 @@ def grid_search(model, tokens: np.ndarray, options: DynamicOptions, rms=None, *,
     trained = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     with progress.stage("search: static", len(tokens)) as callback:
         static = score_tokens(model, tokens, batch_size=options.batch_size, bptt=options.segment, device=device,
-                              chars_per_token=chars_per_token, progress=lambda count: callback(count, 0.0))
+                              chars_per_token=chars_per_token, progress=lambda count: callback(count, 0.0),
+                              cuda_graph=cuda_graph)
     hopeless_nats = 2 * max(static.loss, math.log(model.config.vocab_size))
     points = []
     for lr, decay in itertools.product(lrs, decays):
@@ -160,10 +161,12 @@ def _abandoning_beyond(nats_per_token: float, callback):
 
 
 def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adapt_on: str | None = None,
-                     search_prefix: int | None = None, device=None, progress=None) -> DynamicReport:
+                     search_prefix: int | None = None, device=None, progress=None,
+                     cuda_graph: bool = True) -> DynamicReport:
     """Static and dynamic scores of ``split`` (see the module docstring); leaves θ adapted.
 
-    ``search_prefix`` (characters of the validation split) turns the grid search on.
+    ``search_prefix`` (characters of the validation split) turns the grid search on;
+    ``cuda_graph=False`` scores the static figures without a CUDA graph.
     """
     options.validate()
     check_protocol(split, adapt_on, search_prefix)
@@ -174,7 +177,8 @@ def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adap
     started = time.perf_counter()
     with progress.stage(f"static {split}", len(tokens)) as callback:
         static = score_tokens(model, tokens, batch_size=options.batch_size, bptt=options.segment, device=device,
-                              chars_per_token=chars_per_token, progress=lambda count: callback(count, 0.0))
+                              chars_per_token=chars_per_token, progress=lambda count: callback(count, 0.0),
+                              cuda_graph=cuda_graph)
     static_seconds = time.perf_counter() - started
 
     rms, statistics_seconds, statistics_batches = None, 0.0, 0
@@ -194,7 +198,7 @@ def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adap
         prefix = corpus.split("valid")[: max(2, int(search_prefix / valid_chars_per_token) + 1)]
         search = grid_search(model, prefix, options, rms, lrs=SEARCH_LRS[options.method],
                              decays=SEARCH_DECAYS[options.method], device=device,
-                             chars_per_token=valid_chars_per_token, progress=progress)
+                             chars_per_token=valid_chars_per_token, progress=progress, cuda_graph=cuda_graph)
         options = dataclasses.replace(options, lr=search.best.lr, decay=search.best.decay)
 
     update = make_update(model, options, rms)

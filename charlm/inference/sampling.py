@@ -70,10 +70,12 @@ def draw(probabilities: Tensor, generator: torch.Generator) -> Tensor:
 
 
 @torch.inference_mode()
-def generate(model: LanguageModel, prime_ids: list[int], config: SampleConfig, banned_ids=()) -> Iterator[int]:
+def generate(model: LanguageModel, prime_ids: list[int], config: SampleConfig, banned_ids=(),
+             cuda_graph: bool = True) -> Iterator[int]:
     """Yield ``config.length`` token ids, each drawn given the prime and everything drawn before.
 
     ``banned_ids`` are never drawn (the unknown-symbol entry: it stands for no character).
+    ``cuda_graph=False``: on a GPU, step without a CUDA graph (``--no-cuda-graph``).
     """
     if not prime_ids:
         raise CharlmError("the prime is empty: give at least one symbol")
@@ -103,7 +105,7 @@ def generate(model: LanguageModel, prime_ids: list[int], config: SampleConfig, b
         if drawn + 1 == config.length:
             break  # nothing is drawn after the last symbol: no step for it
         if step is None:
-            step = graphed_step(model.for_sampling(), state)
+            step = graphed_step(model.for_sampling(), state, enabled=cuda_graph)
         logits, state = step(token, state)
         last = logits[0]
 

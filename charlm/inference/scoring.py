@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from charlm.corpora.streams import IGNORE, TokenStreams
 from charlm.runtime.cuda_graphs import ScoringForward
+from charlm.runtime.fast_path_check import FastPathCheck
 
 LN2 = math.log(2.0)
 
@@ -23,6 +24,7 @@ class Score:
     tokens: int
     characters: float
     token_nats: np.ndarray | None = None  # each prediction's NLL in text order, when asked for
+    fast_path: FastPathCheck | None = None  # the scoring graph's first-use check (None: no graph was tried)
 
     @property
     def loss(self) -> float:
@@ -72,7 +74,7 @@ def token_nats(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, device, chars_per_token: float = 1.0,
-                 progress=None, per_token: bool = False, rows: slice = slice(None)) -> Score:
+                 progress=None, per_token: bool = False, rows: slice = slice(None), cuda_graph: bool = True) -> Score:
     """Score every symbol of ``tokens`` after the first, carrying state across windows.
 
     ``per_token=True`` also returns each prediction's NLL in text order (``Score.token_nats``).
@@ -84,7 +86,7 @@ def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, devic
     model.eval()
     streams = TokenStreams(tokens, batch_size, bptt, cover_all=True, rows=rows)
     state = model.initial_state(streams.rows, device=device)
-    forward = ScoringForward(model, device, len(streams))  # on a GPU, replayed from a CUDA graph
+    forward = ScoringForward(model, device, len(streams), enabled=cuda_graph)  # on a GPU, replayed from a CUDA graph
     # Summed where computed, so a GPU never waits for the CPU between windows (MPS has no float64).
     total_on = torch.device("cpu") if device.type == "mps" else device
     nats = torch.zeros((), dtype=torch.float64, device=total_on)
@@ -98,7 +100,7 @@ def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, devic
         if progress is not None:
             progress(window.targets.numel())
     model.train(was_training)
-    score = Score(nats.item(), streams.tokens_scored, streams.tokens_scored * chars_per_token)
+    score = Score(nats.item(), streams.tokens_scored, streams.tokens_scored * chars_per_token, fast_path=forward.check)
     if per_token:
         # stream b holds a contiguous stretch of the text, so row-major order is text order
         score.token_nats = torch.cat(columns, dim=1).reshape(-1)[: streams.tokens_scored].numpy()
@@ -106,7 +108,7 @@ def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, devic
 
 
 def score_split(model, corpus, split: str, *, batch_size: int, bptt: int, device, progress=None,
-                rows: slice = slice(None)) -> Score:
+                rows: slice = slice(None), cuda_graph: bool = True) -> Score:
     return score_tokens(
         model,
         corpus.split(split),
@@ -116,4 +118,5 @@ def score_split(model, corpus, split: str, *, batch_size: int, bptt: int, device
         chars_per_token=characters_per_token(corpus, split),
         progress=progress,
         rows=rows,
+        cuda_graph=cuda_graph,
     )

@@ -96,22 +96,31 @@ EndRecord = _record_class("EndRecord", "end", [
     ("run_dir", str), ("epochs", int), ("partial_epoch", bool), ("best_epoch", int), ("best_valid_bpc", float),
     ("test_bpc_at_best", float), ("parameters", int), ("hidden_size", int), ("wall_seconds", dict)],
     ("epochs", "best_epoch"), "The training ended (its epochs, early stopping or time budget): the run's summary.")
+_CHECK_FIELDS = [("checked", bool), ("max_difference", float), ("tolerance", float), ("check_seconds", float)]
 CompileRecord = _record_class("CompileRecord", "compile", [
-    ("active", bool), ("seconds", float), ("backend", str), ("failure", str)], ("active",),
-    "``--compile``: whether the compiled forward is used, how long compiling took, why not.")
-CudaGraphRecord = _record_class("CudaGraphRecord", "cuda_graph", [("active", bool), ("seconds", float), ("failure", str)],
-                                ("active",), "``--cuda-graph``: whether the captured window is replayed, the capture time.")
+    ("active", bool), ("seconds", float), ("backend", str), ("failure", str), *_CHECK_FIELDS], ("active",),
+    "``--compile``: whether the compiled forward is used, how long compiling took, why not, and its first-use "
+    "check against the eager forward (``checked``, ``max_difference`` within ``tolerance``).")
+CudaGraphRecord = _record_class("CudaGraphRecord", "cuda_graph", [
+    ("active", bool), ("seconds", float), ("failure", str), *_CHECK_FIELDS], ("active",),
+    "``--cuda-graph``: whether the captured window is replayed, the capture time, and its first-use check.")
+FastPathRecord = _record_class("FastPathRecord", "fast_path", [
+    ("path", str), ("active", bool), ("failure", str), *_CHECK_FIELDS], ("path", "active"),
+    "A fast path other than training's (the scoring graph) the first time it was tried in this session: "
+    "in use or not, and its check against the eager code.")
 EvalRecord = _record_class("EvalRecord", "eval", [
     ("checkpoint", str), ("split", str), ("mode", str), *_score_fields(""), ("chars_per_s", float),
     ("adapt_on", str), ("hyperparameters", dict), *_score_fields("static_"), *_score_fields("dynamic_"),
     ("static_chars_per_s", float), ("dynamic_chars_per_s", float), ("statistics_seconds", float),
-    ("statistics_batches", int), ("adaptation_bpc", float), ("adaptation_seconds", float), ("search", dict)],
+    ("statistics_batches", int), ("adaptation_bpc", float), ("adaptation_seconds", float), ("search", dict),
+    ("fast_path", dict)],
     ("split", "mode"), "`charlm eval` of a checkpoint of this run: ``mode`` static (the score's fields) or dynamic "
-    "(static_* and dynamic_* scores, the method's hyperparameters, ``adapt_on`` for protocol #2).")
+    "(static_* and dynamic_* scores, the method's hyperparameters, ``adapt_on`` for protocol #2); ``fast_path``: "
+    "the scoring graph's first-use check, where one was tried (a GPU).")
 
 RECORDS: dict[str, type[Record]] = {cls.event: cls for cls in (
     StartRecord, StepRecord, ValidRecord, EpochRecord, CheckpointRecord, InterruptedRecord, DivergedRecord,
-    TestRecord, EndRecord, CompileRecord, CudaGraphRecord, EvalRecord)}
+    TestRecord, EndRecord, CompileRecord, CudaGraphRecord, FastPathRecord, EvalRecord)}
 
 
 @dataclasses.dataclass(frozen=True)

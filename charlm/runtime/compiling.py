@@ -8,6 +8,11 @@ batch sizes differ, and each shape would compile again).
 Compilation needs a working toolchain (a C++ compiler for the CPU, Triton for CUDA) and a Python
 that TorchDynamo supports. Where it fails, charlm says so in one line and trains eagerly: the model
 computes the same function either way, so a run never depends on the compiler.
+
+The first compiled window is checked against the eager forward on the same window (its logits and
+new state, ``charlm.runtime.fast_path_check``); a difference beyond the precision's tolerance falls
+back the same way. With dropout the two draw different masks (inductor generates its own random
+numbers), so the check says it could not compare rather than pass.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import time
 import torch
 
 from charlm.logs import get_logger
+from charlm.runtime.fast_path_check import (FastPathCheck, largest_difference, random_state, set_random_state,
+                                            tolerance_for)
 
 BACKEND = "inductor"  # torch.compile's default code generator
 
@@ -37,6 +44,7 @@ class CompiledForward:
         self.backend = backend or BACKEND
         self.compile_seconds = 0.0
         self.failure: str | None = None
+        self.check = FastPathCheck("compiled step")
         self._shape = None  # the window shape compiled for
         self._compiled = None
         started = time.monotonic()
@@ -67,20 +75,54 @@ class CompiledForward:
         if self._shape is not None:
             return self._compiled(inputs, state)
         started = time.monotonic()
+        randomness = random_state(inputs.device)
         try:
             result = self._compiled(inputs, state)
         except Exception as error:
             self._fall_back(error)
+            set_random_state(inputs.device, randomness)
             return self.network(inputs, state)
         self._shape = inputs.shape
         self.compile_seconds += time.monotonic() - started
+        if not self._compare(inputs, state, result, randomness):
+            return self.network(inputs, state)
         return result
+
+    def _compare(self, inputs, state, result, randomness) -> bool:
+        """Check the first compiled result against the eager forward on the same window; False
+        (fallen back, the random state as it was) where they differ."""
+        started = time.monotonic()
+        check = self.check
+        if has_active_dropout(self.network):
+            check.active, check.failure = True, "not compared: dropout (the compiled code draws its own masks)"
+            return True
+        after = random_state(inputs.device)
+        with torch.no_grad():
+            logits, new_state = self.network(inputs, state)
+        set_random_state(inputs.device, after)
+        expected = [logits, *(tensor for layer in new_state for tensor in layer)]
+        got = [result[0], *(tensor for layer in result[1] for tensor in layer)]
+        passed = check.passed(largest_difference(got, expected), tolerance_for(inputs.device, logits.dtype))
+        check.seconds = time.monotonic() - started
+        if passed:
+            check.active = True
+            return True
+        self._fall_back(check.mismatch())
+        set_random_state(inputs.device, randomness)
+        return False
 
     def _fall_back(self, error: BaseException) -> None:
         reason = _root_cause(error)
         self.failure = reason
+        self.check.active, self.check.failure = False, reason
         get_logger().warning(f"warning: --compile: torch.compile does not work here ({reason}); "
                              "training continues without it (the same results at eager speed)")
+
+
+def has_active_dropout(network: torch.nn.Module) -> bool:
+    """Whether a forward pass of ``network`` draws dropout masks."""
+    return any(isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0 and module.training
+               for module in network.modules())
 
 
 def _probe(device: torch.device, backend) -> None:

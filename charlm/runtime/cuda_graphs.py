@@ -16,14 +16,22 @@ window of an epoch runs eagerly, as it does under ``--compile``.
 **Scoring** a split runs the forward pass window after window under ``inference_mode``; on a GPU
 :class:`ScoringForward` captures it on the first full window and replays it for the others.
 
-The buffer handling is the same whatever does the capturing, and the test suite checks it on the
-CPU with stand-ins (:class:`ReplayByCalling` for the graphs of sampling and scoring, one that
-keeps the contract of ``make_graphed_callables`` for training); no GPU was available to measure
-the real graphs.
+**Every graph is checked on first use** (``charlm.runtime.fast_path_check``): its outputs are
+poisoned with NaN, it is replayed on the input it was captured with, and what it gives is compared
+with the eager code's result on that input; a graph that differs is dropped with a one-line
+warning. ``--no-cuda-graph`` (eval, score, sample) and ``CHARLM_NO_CUDA_GRAPHS=1`` (everything)
+turn graphs off. Capture happens on a side stream of the model's own device, with that device made
+current, so ``cuda:1`` never records onto ``cuda:0``'s stream.
+
+The buffer handling and the check are the same whatever does the capturing, and the test suite
+checks them on the CPU with stand-ins (:class:`ReplayByCalling` for the graphs of sampling and
+scoring, one that keeps the contract of ``make_graphed_callables`` for training, and ones that
+replay nothing or fail halfway); the CUDA side itself is untested on a GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable
 
@@ -32,6 +40,8 @@ from torch import Tensor, nn
 from torch.cuda import make_graphed_callables
 
 from charlm.logs import get_logger
+from charlm.runtime.fast_path_check import (ENVIRONMENT_SWITCH, FastPathCheck, detached_copies, graphs_disabled, largest_difference,
+                                            poison_, probe_loss, random_state, set_random_state, tolerance_for)
 from charlm.runtime.precision import without_autocast_cache
 
 
@@ -84,22 +94,97 @@ class ReplayByCalling:
             static.copy_(fresh)
 
 
-class CudaGraph:
-    """``torch.cuda.CUDAGraph`` behind the same two calls, with the warm-up capture needs."""
+@contextlib.contextmanager
+def synchronisation_errors(device: torch.device):
+    """On a CUDA device, an operation that waits for the GPU (``.item()``, a copy to the CPU) raises
+    instead of running: such an operation cannot be captured, and is better found before capturing."""
+    if device.type != "cuda":
+        yield
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
-    def __init__(self, device: torch.device, warmup: int = 3):
+
+def on_device(device: torch.device):
+    """``device`` made the current CUDA device for the block (captures and their side streams
+    belong to the current device; ``cuda:1`` must not capture on ``cuda:0``'s stream)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+class CudaCapture:
+    """What :class:`CudaGraph` asks of CUDA, in one place (tests pass a stand-in that records the calls)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def side_stream(self):
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        return stream
+
+    def on(self, stream):
+        return torch.cuda.stream(stream)
+
+    def join(self, stream) -> None:
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+
+    def new_graph(self):
+        return torch.cuda.CUDAGraph()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def release(self) -> None:
+        torch.cuda.empty_cache()
+
+
+class CudaGraph:
+    """``torch.cuda.CUDAGraph`` behind the same two calls, with the warm-up capture needs.
+
+    The warm-up and the capture run on a side stream of ``device`` with ``device`` current, so
+    the kernels are recorded whatever device was current before. The warm-up runs with
+    synchronisation errors on (a function that reads a value back fails there, before capturing).
+    Where capturing fails all the same, the stream capture is ended, the process is back on its own
+    stream, the device is synchronised and the graph and its memory pool are dropped before the
+    error goes on: the eager code that runs next runs as if nothing had been tried.
+    """
+
+    def __init__(self, device: torch.device, warmup: int = 3, cuda=None):
         self.device, self.warmup = device, warmup
+        self.cuda = cuda or CudaCapture(device)
+        self.graph = None
 
     def capture(self, function: Callable[[], list[Tensor]]) -> list[Tensor]:
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # kernel selection and workspace allocation, outside the graph
-            for _ in range(self.warmup):
-                function()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            outputs = function()
+        cuda = self.cuda
+        with on_device(self.device):
+            side = cuda.side_stream()
+            with cuda.on(side), synchronisation_errors(self.device):  # kernel choice, workspaces: outside the graph
+                for _ in range(self.warmup):
+                    function()
+            cuda.join(side)
+            cuda.synchronize()
+            graph = cuda.new_graph()
+            try:
+                with cuda.on(side):
+                    graph.capture_begin()
+                    try:
+                        outputs = function()
+                    except BaseException:
+                        with contextlib.suppress(Exception):
+                            graph.capture_end()  # ends the stream capture; its own error adds nothing
+                        raise
+                    graph.capture_end()
+            except BaseException:
+                del graph
+                cuda.synchronize()
+                cuda.release()
+                raise
+            cuda.join(side)
+        self.graph = graph
         return outputs
 
     def replay(self) -> None:
@@ -108,12 +193,17 @@ class CudaGraph:
 
 class GraphedCall:
     """``function(tokens, state)`` at the shapes of the ``tokens`` and ``state`` given, replayed from
-    a captured graph."""
+    a captured graph, checked against ``function`` itself on those inputs before it is used.
 
-    def __init__(self, function: Callable, tokens: Tensor, state: list, graph=None):
+    ``check`` says how the check went; where the replay does not give the eager outputs, building
+    raises :class:`FastPathMismatch` (the caller falls back to ``function``).
+    """
+
+    def __init__(self, function: Callable, tokens: Tensor, state: list, graph=None, path: str = "graph"):
         self.static_tokens = tokens.clone()
         self.static_state = [tuple(tensor.clone() for tensor in layer) for layer in state]
         self.graph = graph or CudaGraph(tokens.device)
+        self.check = FastPathCheck(path)
 
         def run() -> list[Tensor]:
             logits, new_state = function(self.static_tokens, self.static_state)
@@ -124,6 +214,20 @@ class GraphedCall:
             outputs = self.graph.capture(run)
         self.static_logits = outputs[0]
         self.static_new_state = unflatten_state(outputs[1:], [len(layer) for layer in state])
+        self._compare(function, tokens, state)
+
+    def _compare(self, function: Callable, tokens: Tensor, state: list) -> None:
+        started = time.monotonic()
+        logits, new_state = function(tokens, state)
+        expected = detached_copies([logits, *flatten_state(new_state)[0]])
+        poison_([self.static_logits, *flatten_state(self.static_new_state)[0]])
+        logits, new_state = self(tokens, state)
+        difference = largest_difference([logits, *flatten_state(new_state)[0]], expected)
+        passed = self.check.passed(difference, tolerance_for(tokens.device, expected[0].dtype))
+        self.check.seconds = time.monotonic() - started
+        if not passed:
+            raise self.check.mismatch()
+        self.check.active = True
 
     def __call__(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
         """The logits and the new state; both are the graph's own tensors, valid until the next call."""
@@ -142,18 +246,26 @@ class GraphedStep(GraphedCall):
     def __init__(self, model, state: list, graph=None):
         first = state[0][0]
         tokens = torch.zeros(first.shape[0], dtype=torch.long, device=first.device)
-        super().__init__(model.step, tokens, state, graph)
+        super().__init__(model.step, tokens, state, graph, path="sampling graph")
 
 
-def graphed_step(model, state: list):
-    """A :class:`GraphedStep` of ``model`` on a CUDA device, else (or where capture fails, with a
-    one-line warning) ``model.step`` itself."""
+def failed_check(path: str, error: BaseException, check: FastPathCheck | None = None) -> FastPathCheck:
+    """The outcome of a fast path that raised or failed its check (``check``: what it had found)."""
+    outcome = check if check is not None else FastPathCheck(path)
+    outcome.active, outcome.failure = False, one_line(error)
+    return outcome
+
+
+def graphed_step(model, state: list, enabled: bool = True, graph=None):
+    """A :class:`GraphedStep` of ``model`` on a CUDA device (``graph``: a stand-in, on any device),
+    else (or where capture or its check fails, with a one-line warning) ``model.step`` itself.
+    ``enabled=False`` (``--no-cuda-graph``) or ``CHARLM_NO_CUDA_GRAPHS`` turns it off."""
     device = state[0][0].device
-    if device.type != "cuda":
+    if not enabled or graphs_disabled() or (device.type != "cuda" and graph is None):
         return model.step
     try:
-        return GraphedStep(model, state)
-    except Exception as error:  # a cell that synchronises with the CPU, an old driver
+        return GraphedStep(model, state, graph)
+    except Exception as error:  # a cell that synchronises with the CPU, an old driver, a replay that differs
         get_logger().warning(f"warning: sampling without a CUDA graph ({one_line(error)})")
         return model.step
 
@@ -180,8 +292,13 @@ class GraphedWindow:
     The graphs read the parameters where they are (Adam updates them in place) and copy the tokens
     and the carried state into their static inputs; the logits and the new state they return are
     their own static tensors, overwritten by the next replay (training computes the loss from the
-    logits and copies the state before then). A window of another shape runs eagerly. Where
-    capturing fails (a cell that reads a value back to the CPU mid-window, an old driver) charlm
+    logits and copies the state before then). A window of another shape runs eagerly.
+
+    The first full window is run eagerly first, forward and backward, with synchronisation errors
+    on: a cell that reads a value back to the CPU fails there, before anything is captured. After
+    capturing, the graphs run that window from the same random state (dropout draws the same masks)
+    with their outputs poisoned with NaN, and their logits, new state and weight gradients are
+    compared with the eager ones (``check``). Where capturing fails or the results differ, charlm
     says so in one line and trains eagerly: the same function, so a run never depends on it.
 
     ``graph_callables``: what captures (``torch.cuda.make_graphed_callables``; tests pass a stand-in).
@@ -192,52 +309,95 @@ class GraphedWindow:
         self.graph_callables = graph_callables or make_graphed_callables
         self.window_shape = None if window_shape is None else tuple(window_shape)  # capture at this shape only
         self.capture_seconds = 0.0
-        self.failure: str | None = None
+        self.check = FastPathCheck("training graph")
         self._shape = None  # the window shape captured for
         self._graphed = None
 
     @property
     def active(self) -> bool:
-        return self.failure is None
+        return self.check.failure is None
+
+    @property
+    def failure(self) -> str | None:
+        return self.check.failure
 
     @property
     def settled(self) -> bool:
-        """Captured, or fallen back: what ``active`` says is final."""
-        return self.failure is not None or self._graphed is not None
+        """Captured and checked, or fallen back: what ``active`` says is final."""
+        return self.check.failure is not None or self._graphed is not None
 
     def __call__(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
         wanted = self._shape or self.window_shape
-        if self.failure is not None or (wanted is not None and tuple(tokens.shape) != tuple(wanted)):
+        if self.check.failure is not None or (wanted is not None and tuple(tokens.shape) != tuple(wanted)):
             return self.network(tokens, state)  # an epoch's last, shorter window
         flat, layout = flatten_state(state)
         if self._graphed is None:
             started = time.monotonic()
+            randomness = random_state(self.device)
             try:
-                self._capture(tokens, flat, layout)
-            except Exception as error:  # a cell that synchronises with the CPU, an old driver
+                window = FlatWindow(self.network, layout)
+                expected = self._eager_outputs_and_gradients(window, tokens, flat)
+                self._capture(window, tokens, flat)
+                self.capture_seconds = time.monotonic() - started
+                self._compare(tokens, flat, expected, randomness)
+            except Exception as error:  # a cell that synchronises with the CPU, an old driver, a replay that differs
+                self._graphed = None
+                set_random_state(self.device, randomness)
                 self._fall_back(error)
                 return self.network(tokens, state)
-            self.capture_seconds = time.monotonic() - started
+            self.check.active = True
+            set_random_state(self.device, randomness)  # the window as training would have drawn it
         logits, *new_flat = self._graphed(tokens, *flat)
         return logits, unflatten_state(new_flat, layout)
 
-    def _capture(self, tokens: Tensor, flat: list[Tensor], layout: list[int]) -> None:
-        window = FlatWindow(self.network, layout)
+    def _parameters(self) -> list[nn.Parameter]:
+        return [parameter for parameter in self.network.parameters() if parameter.requires_grad]
+
+    def _outputs_and_gradients(self, call, tokens: Tensor, flat: list[Tensor]) -> list:
+        """``call``'s logits and new state on this window, and the weights' gradients of
+        :func:`probe_loss` (taken apart from ``.grad``), as copies."""
+        outputs = call(tokens, *flat)
+        gradients = torch.autograd.grad(probe_loss(outputs[0]), self._parameters(), allow_unused=True)
+        return detached_copies([*outputs, *gradients])
+
+    def _eager_outputs_and_gradients(self, window: FlatWindow, tokens: Tensor, flat: list[Tensor]) -> list:
+        randomness = random_state(self.device)
+        with on_device(self.device), synchronisation_errors(self.device):
+            expected = self._outputs_and_gradients(window, tokens, flat)
+        set_random_state(self.device, randomness)
+        return expected
+
+    def _capture(self, window: FlatWindow, tokens: Tensor, flat: list[Tensor]) -> None:
         sample = (tokens.clone(), *(tensor.detach().clone() for tensor in flat))
-        with without_autocast_cache(self.device):
+        with on_device(self.device), without_autocast_cache(self.device):
             self._graphed = self.graph_callables(window, sample, allow_unused_input=True)
         self._shape = tokens.shape
 
+    def _compare(self, tokens: Tensor, flat: list[Tensor], expected: list, randomness) -> None:
+        started = time.monotonic()
+        set_random_state(self.device, randomness)
+        poison_(self._graphed(tokens, *flat))  # the static outputs: a replay that runs nothing leaves NaN
+        set_random_state(self.device, randomness)
+        got = self._outputs_and_gradients(self._graphed, tokens, flat)
+        difference = largest_difference(got, expected)
+        passed = self.check.passed(difference, tolerance_for(self.device))
+        self.check.seconds = time.monotonic() - started
+        if not passed:
+            raise self.check.mismatch()
+
     def _fall_back(self, error: BaseException) -> None:
-        self.failure = one_line(error)
-        get_logger().warning(f"warning: --cuda-graph: capturing the training window failed ({self.failure}); "
-                             "training continues without it (the same results at eager speed)")
+        self.check.active, self.check.failure = False, one_line(error)
+        get_logger().warning(f"warning: --cuda-graph: the training window's graphs are not used ({self.check.failure}); "
+                             "training continues without them (the same results at eager speed)")
 
 
 def graphed_window(network: nn.Module, device: torch.device, distributed: bool, window_shape=None):
     """What ``--cuda-graph`` trains through: a :class:`GraphedWindow`, or under torchrun (whose
-    DistributedDataParallel hooks into the backward pass, which a captured graph skips), with a
-    one-line warning, ``network`` itself."""
+    DistributedDataParallel hooks into the backward pass, which a captured graph skips) or with
+    ``CHARLM_NO_CUDA_GRAPHS`` set, with a one-line warning, ``network`` itself."""
+    if graphs_disabled():
+        get_logger().warning(f"warning: --cuda-graph is turned off by {ENVIRONMENT_SWITCH}; training eagerly")
+        return network
     if distributed:
         get_logger().warning("warning: --cuda-graph is not used under torchrun (DistributedDataParallel's "
                              "gradient hooks cannot run inside a captured backward); training eagerly")
@@ -249,25 +409,33 @@ class ScoringForward:
     """``model(tokens, state)`` for scoring a split window by window (no gradients).
 
     On a CUDA device, when there are at least ``MIN_WINDOWS`` full windows to score, the first of
-    them captures the forward pass as a graph, and every window of that shape replays it; the
-    shorter last window calls the model. Where capture fails, a one-line warning, and the model is
-    called for every window. ``graph`` (tests) stands in for the CUDA graph, on any device.
+    them captures the forward pass as a graph, checks it against the model on that window
+    (:class:`GraphedCall`), and every window of that shape replays it; the shorter last window calls
+    the model. Where capture or the check fails, a one-line warning, and the model is called for
+    every window. ``check`` says what happened (None: no graph was tried). ``enabled=False``
+    (``--no-cuda-graph``) or ``CHARLM_NO_CUDA_GRAPHS`` turns the graph off. ``graph`` (tests) stands
+    in for the CUDA graph, on any device.
     """
 
     MIN_WINDOWS = 8  # below this, the warm-up and capture cost more than replaying saves
 
-    def __init__(self, model, device: torch.device, windows: int, graph=None):
+    def __init__(self, model, device: torch.device, windows: int, graph=None, enabled: bool = True):
         self.model, self.graph = model, graph
-        self.wanted = (graph is not None or device.type == "cuda") and windows >= self.MIN_WINDOWS
+        self.wanted = (enabled and not graphs_disabled() and (graph is not None or device.type == "cuda")
+                       and windows >= self.MIN_WINDOWS)
+        self.check: FastPathCheck | None = None
         self._graphed: GraphedCall | None = None
 
     def __call__(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
         if self._graphed is None and self.wanted:
             self.wanted = False
+            graphed = None
             try:
-                self._graphed = GraphedCall(self.model, tokens, state, self.graph)
-            except Exception as error:  # a cell that synchronises with the CPU, an old driver
-                get_logger().warning(f"warning: scoring without a CUDA graph ({one_line(error)})")
+                graphed = GraphedCall(self.model, tokens, state, self.graph, path="scoring graph")
+                self._graphed, self.check = graphed, graphed.check
+            except Exception as error:  # a cell that synchronises with the CPU, an old driver, a replay that differs
+                self.check = failed_check("scoring graph", error, None if graphed is None else graphed.check)
+                get_logger().warning(f"warning: scoring without a CUDA graph ({self.check.failure})")
         if self._graphed is not None and tokens.shape == self._graphed.static_tokens.shape:
             return self._graphed(tokens, state)
         return self.model(tokens, state)

@@ -10,6 +10,7 @@ import time
 from charlm.checkpoint import Checkpoint
 from charlm.inference.scoring import Score, score_split
 from charlm.runtime.precision import autocast
+from charlm.training import reporting
 
 
 class Scorer:
@@ -17,6 +18,7 @@ class Scorer:
 
     def __init__(self, trainer):
         self.trainer = trainer
+        self.scoring_graph_reported = False  # the first scoring graph's check, recorded once a session
 
     def __call__(self, split: str) -> Score:
         trainer, config = self.trainer, self.trainer.config
@@ -25,6 +27,9 @@ class Scorer:
             score = score_split(trainer.model, trainer.corpus, split, batch_size=config.eval_batch_size, bptt=config.bptt,
                                 device=trainer.device, rows=trainer.world.share(config.eval_batch_size))
         score.nats = trainer.world.sum([score.nats])[0]  # each process scored its share of the streams
+        if score.fast_path is not None and not self.scoring_graph_reported:
+            reporting.report_scoring_graph(trainer.run, trainer.provenance, score.fast_path)
+            self.scoring_graph_reported = True
         trainer.progress.add_wall(split, time.monotonic() - started)
         return score
 

@@ -47,19 +47,44 @@ class EpochBar:
         self.bar.close()
 
 
-def report_fast_path(run, forward) -> None:
+def check_fields(check) -> dict:
+    """A first-use check (``charlm.runtime.fast_path_check.FastPathCheck``) as record fields."""
+    fields = check.fields()
+    return {"checked": fields["checked"], "max_difference": fields["max_difference"],
+            "tolerance": fields["tolerance"], "check_seconds": fields["seconds"]}
+
+
+def report_fast_path(run, forward, provenance: dict) -> None:
     """After the first step under ``--compile`` or ``--cuda-graph``: how long compiling or
-    capturing took, or that it was not used (a log line and a record)."""
+    capturing took and what the check against eager found, or that it was not used (a log line,
+    a record and the run's provenance)."""
     if isinstance(forward, GraphedWindow):
         if forward.active and forward.capture_seconds:
-            run.log(f"CUDA graphs of the training window captured in {forward.capture_seconds:.1f} s")
-        run.record("cuda_graph", active=forward.active, seconds=round(forward.capture_seconds, 3), failure=forward.failure)
+            run.log(f"CUDA graphs of the training window captured in {forward.capture_seconds:.1f} s; "
+                    f"{forward.check.summary()}")
+        run.record("cuda_graph", active=forward.active, seconds=round(forward.capture_seconds, 3), failure=forward.failure,
+                   **check_fields(forward.check))
+        note_in_provenance(run, provenance, forward.check)
     if isinstance(forward, CompiledForward):
         if forward.active:
             run.log(f"torch.compile ({forward.backend_name}): the first step, compilation included, took "
-                    f"{forward.compile_seconds:.1f} s")
+                    f"{forward.compile_seconds:.1f} s; {forward.check.summary()}")
         run.record("compile", active=forward.active, seconds=round(forward.compile_seconds, 3),
-                   backend=forward.backend_name, failure=forward.failure)
+                   backend=forward.backend_name, failure=forward.failure, **check_fields(forward.check))
+        note_in_provenance(run, provenance, forward.check)
+
+
+def report_scoring_graph(run, provenance: dict, check) -> None:
+    """The first scoring graph of a session: a ``fast_path`` record and the run's provenance."""
+    run.record("fast_path", path=check.path, active=check.active, failure=check.failure, **check_fields(check))
+    note_in_provenance(run, provenance, check)
+
+
+def note_in_provenance(run, provenance: dict, check) -> None:
+    """``fast_paths`` in the run's provenance (provenance.json, and the checkpoints saved from now
+    on): each fast path's first-use check in this session."""
+    provenance.setdefault("fast_paths", {})[check.path] = check.fields()
+    run.write_provenance(provenance)
 
 
 def epoch_record(progress, valid, test, lr: float, chars_per_token: float, partial: bool, improved: bool) -> dict:

@@ -187,7 +187,7 @@ class Trainer:
                     self._diverged(error.value)
                 self.state = result.state
                 if not self._fast_path_reported and getattr(self.step.forward, "settled", True):
-                    reporting.report_fast_path(run, self.step.forward)  # once compiled or captured, or not
+                    reporting.report_fast_path(run, self.step.forward, self.provenance)  # once compiled or captured, or not
                     self._fast_path_reported = True
                 progress.window = window.index + 1
                 progress.step += 1

@@ -161,7 +161,7 @@ def test_sampling_through_the_graph_path_draws_the_same_text(monkeypatch):
     model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8)).eval()
     config = SampleConfig(length=40, seed=3)
     eager = list(generate(model, [1, 2, 3], config))
-    monkeypatch.setattr(charlm.inference.sampling, "graphed_step", lambda m, s: GraphedStep(m, s, graph=ReplayByCalling()))
+    monkeypatch.setattr(charlm.inference.sampling, "graphed_step", lambda m, s, enabled=True: GraphedStep(m, s, graph=ReplayByCalling()))
     assert list(generate(model, [1, 2, 3], config)) == eager
 
 
@@ -172,7 +172,7 @@ def test_the_step_is_made_once_per_sample_and_only_when_a_symbol_follows(monkeyp
     model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8)).eval()
     made = []
 
-    def counting(sampling_model, state):
+    def counting(sampling_model, state, enabled=True):
         made.append(state[0][0].shape)
         return sampling_model.step
 
@@ -193,7 +193,7 @@ def test_graphed_step_is_only_for_cuda_and_falls_back_with_a_warning(monkeypatch
     class FakeCudaTensor:
         device = torch.device("cuda")
 
-    def capture_fails(model, state):
+    def capture_fails(model, state, graph=None):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     class Recorder:

@@ -27,8 +27,12 @@ WRITTEN = {  # one record of every event, with the fields charlm's writers give 
     "end": dict(run_dir="runs/x", epochs=1, partial_epoch=False, best_epoch=1, best_valid_bpc=3.6, test_bpc_at_best=None,
                 parameters=6204, hidden_size=16, wall_seconds={"train": 1.5, "valid": 0.2, "test": 0.1}),
     "compile": dict(active=False, seconds=0.5, backend="inductor", failure="RuntimeError: no compiler"),
-    "cuda_graph": dict(active=True, seconds=0.2, failure=None),
-    "eval": dict(checkpoint="runs/x/best.pt", split="test", mode="static", **SCORE, chars_per_s=90000.0),
+    "cuda_graph": dict(active=True, seconds=0.2, failure=None, checked=True, max_difference=3e-7, tolerance=1e-4,
+                       check_seconds=0.05),
+    "fast_path": dict(path="scoring graph", active=False, failure="FastPathMismatch: it differs from eager by 0.3",
+                      checked=True, max_difference=0.3, tolerance=1e-4, check_seconds=0.01),
+    "eval": dict(checkpoint="runs/x/best.pt", split="test", mode="static", **SCORE, chars_per_s=90000.0,
+                 fast_path={"path": "scoring graph", "active": True, "checked": True}),
 }
 
 

@@ -104,8 +104,8 @@ def test_a_failed_capture_falls_back_in_one_line_and_trains_the_same(tiny_corpus
                  "--run-dir", str(tmp_path / "graphed"), "--cuda-graph")
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "--cuda-graph" in line]
-    assert warnings == ["warning: --cuda-graph: capturing the training window failed (RuntimeError: CUDA error: "
-                        "operation not permitted when stream is capturing); training continues without it (the same "
+    assert warnings == ["warning: --cuda-graph: the training window's graphs are not used (RuntimeError: CUDA error: "
+                        "operation not permitted when stream is capturing); training continues without them (the same "
                         "results at eager speed)"]
     assert_same_weights(weights(tmp_path / "eager"), weights(tmp_path / "graphed"))
     (record,) = records(tmp_path / "graphed", "cuda_graph")
@@ -167,8 +167,9 @@ def scoring_through(monkeypatch, graph_factory):
 
     built = []
 
-    def forward(model, device, windows):
-        built.append(charlm.runtime.cuda_graphs.ScoringForward(model, device, windows, graph=graph_factory()))
+    def forward(model, device, windows, enabled=True):
+        built.append(charlm.runtime.cuda_graphs.ScoringForward(model, device, windows, graph=graph_factory(),
+                                                               enabled=enabled))
         return built[-1]
 
     monkeypatch.setattr(charlm.inference.scoring, "ScoringForward", forward)
