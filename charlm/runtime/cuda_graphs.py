@@ -249,9 +249,10 @@ class GraphedStep(GraphedCall):
         super().__init__(model.step, tokens, state, graph, path="sampling graph")
 
 
-def failed_check(path: str, error: BaseException, check: FastPathCheck | None = None) -> FastPathCheck:
-    """The outcome of a fast path that raised or failed its check (``check``: what it had found)."""
-    outcome = check if check is not None else FastPathCheck(path)
+def failed_check(path: str, error: BaseException) -> FastPathCheck:
+    """The outcome of a fast path that raised, or failed its check (a :class:`FastPathMismatch`
+    carries the comparison)."""
+    outcome = getattr(error, "check", None) or FastPathCheck(path)
     outcome.active, outcome.failure = False, one_line(error)
     return outcome
 
@@ -429,12 +430,11 @@ class ScoringForward:
     def __call__(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
         if self._graphed is None and self.wanted:
             self.wanted = False
-            graphed = None
             try:
-                graphed = GraphedCall(self.model, tokens, state, self.graph, path="scoring graph")
-                self._graphed, self.check = graphed, graphed.check
+                self._graphed = GraphedCall(self.model, tokens, state, self.graph, path="scoring graph")
+                self.check = self._graphed.check
             except Exception as error:  # a cell that synchronises with the CPU, an old driver, a replay that differs
-                self.check = failed_check("scoring graph", error, None if graphed is None else graphed.check)
+                self.check = failed_check("scoring graph", error)
                 get_logger().warning(f"warning: scoring without a CUDA graph ({self.check.failure})")
         if self._graphed is not None and tokens.shape == self._graphed.static_tokens.shape:
             return self._graphed(tokens, state)

@@ -43,4 +43,8 @@ def resolve_device(name: str = "auto") -> torch.device:
     device = torch.device(name)
     if device.index is not None and device.index >= torch.cuda.device_count():
         raise CharlmError(f"device {name!r} is not available: only {torch.cuda.device_count()} CUDA device(s)")
+    if device.index is not None:
+        # What runs on "the current device" (a CUDA graph's capture stream, a library's workspace)
+        # must be on this one, not on cuda:0.
+        torch.cuda.set_device(device)
     return device

@@ -32,7 +32,11 @@ TF32_TOLERANCE = 5e-3  # float32 products on TensorFloat-32 units (a 10-bit mant
 
 
 class FastPathMismatch(RuntimeError):
-    """The fast path's result is not the eager result."""
+    """The fast path's result is not the eager result (``check``: the comparison)."""
+
+    def __init__(self, message: str, check: "FastPathCheck | None" = None):
+        super().__init__(message)
+        self.check = check
 
 
 def graphs_disabled() -> bool:
@@ -131,7 +135,7 @@ class FastPathCheck:
             detail = "its outputs are not the eager outputs (NaN left by a replay that ran nothing, or another shape)"
         else:
             detail = f"it differs from eager by {self.max_difference:.3g} (tolerance {self.tolerance:g})"
-        return FastPathMismatch(detail)
+        return FastPathMismatch(detail, self)
 
 
 def random_state(device: torch.device):
