@@ -110,7 +110,8 @@ class TrainConfig:
     precision: str = setting("fp32", "Arithmetic of the forward pass: fp32, bf16 (CPU or GPU) or fp16 (GPU, with a gradient scaler); the loss is always float32.",
                              choices=("fp32", "bf16", "fp16"))
     compile: bool = setting(False, "Run the training forward pass through torch.compile (the first step compiles; falls back to eager where it cannot).")
-    cuda_graph: bool = setting(False, "CUDA only: capture the forward and backward of a training window as CUDA graphs once and replay them (falls back to eager where capture fails).")
+    cuda_graph: bool = setting(False, "CUDA only: capture the forward and backward of a training window as CUDA graphs once and replay them (checked against eager on first use; falls back to eager where capture or the check fails).")
+    tf32: bool = setting(False, "CUDA only: let float32 matrix products and cuDNN run on TensorFloat-32 units (a 10-bit mantissa; faster on Ampere and later). Off by default, so fp32 is float32 in charlm's own loops and in cuDNN alike.")
     train_fraction: float = setting(1.0, "Train on this leading fraction of the training split (0.2, 0.4, ...).", min=0, max=1, min_open=True)
     eval_batch_size: int = setting(16, "Streams used to score validation/test.", min=1)
     eval_every: int = setting(0, "Also score validation every K steps (0: epoch ends only).", min=0)
@@ -170,7 +171,7 @@ def save_interval(text: str) -> tuple[str, float] | None:
 
 
 # Settings that may differ between a run and its resumption; the rest define the run.
-RESUMABLE_SETTINGS = ("epochs", "max_minutes", "device", "precision", "compile", "cuda_graph", "patience", "eval_every", "log_every", "save_every",
+RESUMABLE_SETTINGS = ("epochs", "max_minutes", "device", "precision", "compile", "cuda_graph", "tf32", "patience", "eval_every", "log_every", "save_every",
                       "test_every_epoch", "tensorboard", "data_dir")
 
 
@@ -307,6 +308,7 @@ class BenchmarkConfig:
                              choices=("fp32", "bf16", "fp16"))
     compile: bool = setting(False, "Train every cell through torch.compile, as train --compile, and report its compile time (the fused baseline stays eager).")
     cuda_graph: bool = setting(False, "CUDA only: train every cell through captured CUDA graphs, as train --cuda-graph (the fused baseline stays eager).")
+    tf32: bool = setting(False, "CUDA only: TensorFloat-32 for float32 products, as train --tf32, for every contender and the fused baseline alike.")
     json: bool = setting(False, "Print the results as JSON (every round's figures) instead of a table.")
     seed: int = setting(0, "Random seed of the synthetic data and weights.", cli=False)
 

@@ -213,6 +213,25 @@ class InferenceStep:
         return self.cell.step(x, state)
 
 
+def library_rnn(kernel, inputs: Tensor, hidden, weights: list[Tensor], training: bool):
+    """One layer of PyTorch's fused RNN ``kernel`` (``torch.lstm``, ``torch.gru``, ``torch.rnn_tanh``;
+    cuDNN on a GPU) over a time-major window, in the precision the run asked for.
+
+    CUDA's autocast casts a cuDNN RNN's inputs and weights to float16 whatever type autocast was
+    given, so ``--precision bf16`` would run these layers in fp16 without a gradient scaler. Under
+    a bfloat16 autocast the inputs, the state and the weights are cast to bfloat16 here and the
+    kernel runs with autocast off: bf16 means bf16 for every cell (cuDNN runs bf16 RNNs from
+    cuDNN 9.13; before that PyTorch's own kernel does).
+    """
+    device_type = inputs.device.type
+    if not (torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16):
+        return kernel(inputs, hidden, weights, True, 1, 0.0, training, False, False)
+    low = torch.bfloat16
+    hidden = tuple(h.to(low) for h in hidden) if isinstance(hidden, (tuple, list)) else hidden.to(low)
+    with torch.autocast(device_type, enabled=False):
+        return kernel(inputs.to(low), hidden, [weight.to(low) for weight in weights], True, 1, 0.0, training, False, False)
+
+
 def glorot_uniform_(weight: Tensor, blocks: int = 1) -> Tensor:
     """Glorot/Xavier uniform, applied to each of ``blocks`` equal row blocks (one per gate)."""
     with torch.no_grad():

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
+from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_, library_rnn
 
 ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu}
 IN_PLACE = {"tanh": torch.tanh_, "sigmoid": torch.sigmoid_, "relu": torch.relu_}
@@ -68,7 +68,7 @@ class Elman(RecurrentCell):
         fused = FUSED_KERNELS.get(self.config.activation)
         if fused is not None and not self.prefers_python_loop(inputs, lookup):
             weights = [self.weight_input, self.weight_hidden, self.bias, torch.zeros_like(self.bias)]
-            outputs, h_n = fused(inputs, h.unsqueeze(0), weights, True, 1, 0.0, self.training, False, False)
+            outputs, h_n = library_rnn(fused, inputs, h.unsqueeze(0), weights, self.training)
             return outputs, (h_n.squeeze(0),)
         pre_input = self.input_product(inputs, self.weight_input, self.bias, lookup)
         outputs = []

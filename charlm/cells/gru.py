@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
+from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_, library_rnn
 
 
 @dataclasses.dataclass
@@ -99,7 +99,7 @@ class GRU(RecurrentCell):
         n = self.hidden_size
         hidden_bias = torch.cat([self.bias.new_zeros(2 * n), self.bias_hidden_candidate])
         weights = [self.weight_input, self.weight_hidden, self.bias, hidden_bias]
-        outputs, h_n = torch.gru(inputs, h.unsqueeze(0), weights, True, 1, 0.0, self.training, False, False)
+        outputs, h_n = library_rnn(torch.gru, inputs, h.unsqueeze(0), weights, self.training)
         return outputs, (h_n.squeeze(0),)
 
 

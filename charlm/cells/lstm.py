@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
+from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_, library_rnn
 
 
 @dataclasses.dataclass
@@ -93,9 +93,7 @@ class LSTM(RecurrentCell):
         h, c = state
         no_second_bias = torch.zeros_like(self.bias)
         weights = [self.weight_input, self.weight_hidden, self.bias, no_second_bias]
-        outputs, h_n, c_n = torch.lstm(
-            inputs, (h.unsqueeze(0), c.unsqueeze(0)), weights, True, 1, 0.0, self.training, False, False
-        )
+        outputs, h_n, c_n = library_rnn(torch.lstm, inputs, (h.unsqueeze(0), c.unsqueeze(0)), weights, self.training)
         return outputs, (h_n.squeeze(0), c_n.squeeze(0))
 
 

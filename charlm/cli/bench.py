@@ -18,14 +18,15 @@ def bench(given: dict = None):
     """Measure training, evaluation and sampling throughput (characters per second)."""
     import torch
 
-    from charlm.tools.benchmark import benchmark_cells, machine_load
+    from charlm.tools.benchmark import benchmark_cells, disturbances, machine_load
     from charlm.cells import CELLS
     from charlm.config import validate
     from charlm.runtime.distributed import launched_by_torchrun
     from charlm.runtime.devices import resolve_device
     from charlm.model import parse_budget
     from charlm.errors import ConfigError
-    from charlm.runtime.precision import check_precision
+    from charlm.logs import get_logger
+    from charlm.runtime.precision import check_precision, set_tf32, tf32_in_use
     from charlm.training.setup import check_cuda_graph
 
     config = BenchmarkConfig(**given)
@@ -36,6 +37,7 @@ def bench(given: dict = None):
     parse_budget(config.params)
     config = dataclasses.replace(config, device=str(resolve_device(config.device)))
     check_precision(config.precision, torch.device(config.device))
+    set_tf32(config.tf32)
     check_cuda_graph(config.cuda_graph, torch.device(config.device))
     if config.cuda_graph and config.compile:
         raise ConfigError(BenchmarkConfig, "cuda_graph", "and --compile are exclusive: give one, not both")
@@ -45,11 +47,14 @@ def bench(given: dict = None):
     load_before = machine_load()
     results = benchmark_cells(names, config, progress=None if config.json else _progress)
     machine = {"device": config.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
-               "load_before": load_before, "load_after": machine_load()}
+               "load_before": load_before, "load_after": machine_load(), "tf32": tf32_in_use()}
     baseline = results[0]
+    disturbed = disturbances(results, load_before)
+    if disturbed:
+        get_logger().warning(f"warning: these figures may not be trustworthy: {'; '.join(disturbed)}")
     if config.json:
-        report = {"settings": dataclasses.asdict(config), "machine": machine,
-                  "results": [result.to_dict(baseline) for result in results]}
+        report = {"settings": dataclasses.asdict(config), "machine": machine, "trustworthy": not disturbed,
+                  "disturbances": disturbed, "results": [result.to_dict(baseline) for result in results]}
         print(json.dumps(report, indent=2))
         return
     rows = []

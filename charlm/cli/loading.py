@@ -21,7 +21,11 @@ NO_CUDA_GRAPH = typer.Option(False, "--no-cuda-graph", help="On a GPU, do not re
 
 
 def load_model(reference: Path, device: str, cell: Optional[str], trust_code: bool, no_cuda_graph: bool = False):
+    """The checkpoint through ``charlm.load``, with float32 products in float32 (no TensorFloat-32:
+    the arithmetic training uses by default)."""
     from charlm.api import load
+    from charlm.runtime.precision import set_tf32
 
+    set_tf32(False)
     return load(reference, device=device, cells=[cell] if cell else [], trust_code=trust_code,
                 cuda_graphs=not no_cuda_graph)

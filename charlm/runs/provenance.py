@@ -56,6 +56,7 @@ def collect(device: torch.device, corpus=None) -> dict:
         "device": str(device),
         "device_name": device_name(device),
         "threads": torch.get_num_threads(),
+        "tf32": {"matmul": bool(torch.backends.cuda.matmul.allow_tf32), "cudnn": bool(torch.backends.cudnn.allow_tf32)},
         "host": platform.node(),
         "pid": os.getpid(),
         "corpus": None if corpus is None else corpus.name,

@@ -36,6 +36,45 @@ def autocast(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=dtype)
 
 
+def set_tf32(enabled: bool) -> None:
+    """``--tf32``: float32 matrix products and cuDNN on TensorFloat-32 units, or (the default) not.
+    torch's own defaults differ between the two (cuDNN on, matmul off), which would make ``fp32``
+    lstm (cuDNN) and charlm's own loops (matmul) run different arithmetic."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+def tf32_in_use() -> dict:
+    """What provenance records: whether matmul and cuDNN may use TensorFloat-32."""
+    return {"matmul": bool(torch.backends.cuda.matmul.allow_tf32), "cudnn": bool(torch.backends.cudnn.allow_tf32)}
+
+
+def layer_output_dtypes(model, precision: str, device: torch.device, batch_size: int = 2, steps: int = 3) -> list:
+    """The type of each layer's depth output in a training forward pass under ``precision``."""
+    seen = []
+    hooks = [layer.register_forward_hook(lambda module, inputs, output: seen.append(output[0].dtype))
+             for layer in model.layers]
+    was_training = model.training
+    try:
+        model.train()
+        tokens = torch.zeros(batch_size, steps, dtype=torch.long, device=device)
+        with torch.enable_grad(), autocast(precision, device):  # the training path (without gradients, some
+            model(tokens, model.initial_state(batch_size, device=device))  # cells evaluate through their step)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was_training)
+    return seen
+
+
+def wrong_layer_dtypes(dtypes, precision: str) -> list[str]:
+    """The types in ``dtypes`` (torch dtypes or their names) that ``precision`` must never give: a
+    layer runs in float32 or in the type asked for, never in the other half type."""
+    allowed = {"float32"} | ({str(PRECISIONS[precision]).removeprefix("torch.")} if PRECISIONS[precision] else set())
+    names = [str(dtype).removeprefix("torch.") for dtype in dtypes]
+    return sorted({name for name in names if name not in allowed})
+
+
 def without_autocast_cache(device: torch.device):
     """The autocast in force on ``device`` with its cache of cast weights off (a CUDA graph must
     cast the weights itself: a cached copy would be stale at the next replay)."""

@@ -9,6 +9,15 @@ with the fastest recurrent layer PyTorch has on this machine.
 A shared machine makes single timings worthless, so the contenders are interleaved: each round
 times the baseline and then every cell, and a cell's ratio is the median over rounds of its rate
 divided by the baseline's rate *in the same round*. Every figure comes with its spread over rounds.
+Cells with many small kernels a step suffer most from other work on the machine (an rhn fell from
+0.9× to 0.44× beside one small training, while the fused LSTM held), so :func:`disturbances` says
+when the figures cannot be trusted: the machine was busy before the run, or a ratio varied across
+rounds by more than ``SPREAD_LIMIT``.
+
+Evaluation is timed the way ``charlm eval`` runs: on a GPU through a CUDA graph of the window,
+checked against the eager forward first (``--no-cuda-graph``'s eager figure with
+``CHARLM_NO_CUDA_GRAPHS=1``). Sampling is timed from its second symbol on, after the step's graph
+is captured.
 
 Cells do different amounts of arithmetic per character at the same parameter count (a tied or
 high-order cell reuses weights), so a second ratio divides by the matrix-product FLOPs of the
@@ -30,12 +39,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from charlm.runtime.compiling import CompiledForward
 from charlm.config import BenchmarkConfig, SampleConfig
-from charlm.runtime.cuda_graphs import GraphedWindow
+from charlm.runtime.cuda_graphs import GraphedCall, GraphedWindow, failed_check
+from charlm.runtime.fast_path_check import graphs_disabled
 from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
-from charlm.runtime.precision import autocast, float32_state, grad_scaler
+from charlm.runtime.precision import autocast, float32_state, grad_scaler, layer_output_dtypes, wrong_layer_dtypes
 from charlm.inference.sampling import generate
 
 BASELINE_NAME = "torch.nn.LSTM (fused)"
+SPREAD_LIMIT = 0.2  # a ratio whose half-range over rounds exceeds this fraction of its median is disturbed
 
 
 @dataclass
@@ -71,6 +82,8 @@ class Throughput:
     eval_ratio: Spread = field(default_factory=Spread)
     compile_seconds: float | None = None  # with --compile: the warm-up step, compilation included
     capture_seconds: float | None = None  # with --cuda-graph: the warm-up step, graph capture included
+    eval_path: str = "eager"  # "cuda graph" where evaluation replays a checked graph, as `charlm eval` does
+    layer_dtypes: list[str] = field(default_factory=list)  # each layer's output type in a training forward
 
     def to_dict(self, baseline: "Throughput") -> dict:
         flop_scale = self.flops_per_char / baseline.flops_per_char
@@ -82,7 +95,10 @@ class Throughput:
             "train_ratio_flop_normalised": self.train_ratio.median * flop_scale,
             "eval_ratio_flop_normalised": self.eval_ratio.median * flop_scale,
             "eval_over_train": self.eval.median / self.train.median,
+            "eval_path": self.eval_path,
         }
+        if self.layer_dtypes:
+            values["layer_dtypes"] = self.layer_dtypes
         if self.sample.runs:
             values["sample_chars_per_second"] = self.sample.to_dict()
         if self.compile_seconds is not None:
@@ -180,10 +196,21 @@ class _Contender:
             self.result.compile_seconds = time.perf_counter() - started
         if graphed:
             self.result.capture_seconds = time.perf_counter() - started
+        self.eval_forward = self.model
         with torch.inference_mode(), autocast(config.precision, device):
             self.model.eval()
             self.model(self.inputs, self.state)
+            if device.type == "cuda" and not graphs_disabled() and isinstance(model, LanguageModel):
+                self._graph_evaluation()
         _synchronize(device)
+
+    def _graph_evaluation(self) -> None:
+        """Evaluate through a CUDA graph of the window, checked against eager, as ``charlm eval`` does."""
+        try:
+            self.eval_forward = GraphedCall(self.model, self.inputs, self.state, path="scoring graph")
+            self.result.eval_path = "cuda graph"
+        except Exception as error:  # the same fallback as scoring's
+            self.result.eval_path = f"eager ({failed_check('scoring graph', error).failure})"
 
     def _train_step(self):
         self.model.train()
@@ -216,15 +243,22 @@ class _Contender:
             _synchronize(self.device)
             start = time.perf_counter()
             for _ in range(self.config.steps):
-                _, state = self.model(self.inputs, state)
+                _, state = self.eval_forward(self.inputs, state)
             _synchronize(self.device)
         return self.config.steps * self.inputs.numel() / (time.perf_counter() - start)
 
     def time_sampling(self) -> float:
+        """Symbols a second, from the second symbol on: the first is drawn from the prime's forward
+        pass, and the step (on a GPU, its graph) is made before the second; neither is sampling speed."""
         self.model.eval()
         sample_config = SampleConfig(length=self.config.sample_length, seed=self.config.seed)
+        symbols = generate(self.model, [0], sample_config)
+        for _ in zip(range(2), symbols):
+            pass
+        _synchronize(self.device)
         start = time.perf_counter()
-        drawn = sum(1 for _ in generate(self.model, [0], sample_config))
+        drawn = sum(1 for _ in symbols)
+        _synchronize(self.device)
         return drawn / (time.perf_counter() - start)
 
 
@@ -250,6 +284,8 @@ def benchmark_cells(cells: list[str], config: BenchmarkConfig, progress=None) ->
         flops = training_flops_per_char(model)
         contenders.append(_Contender(cell, model.to(device), config, device, flops, compiled=config.compile,
                                      graphed=config.cuda_graph))
+        dtypes = layer_output_dtypes(model, config.precision, device)
+        contenders[-1].result.layer_dtypes = [str(dtype).removeprefix("torch.") for dtype in dtypes]
     baseline = contenders[0].result
     for round_index in range(config.repeat):
         if progress:
@@ -263,6 +299,23 @@ def benchmark_cells(cells: list[str], config: BenchmarkConfig, progress=None) ->
             result.train_ratio.runs.append(result.train.runs[-1] / baseline.train.runs[-1])
             result.eval_ratio.runs.append(result.eval.runs[-1] / baseline.eval.runs[-1])
     return [contender.result for contender in contenders]
+
+
+def disturbances(results: list[Throughput], load_before: float | None, cores: int | None = None) -> list[str]:
+    """Why the figures of a benchmark cannot be trusted, one phrase a reason (none: they can): the
+    machine busy before the run, a ratio that varied across rounds, a layer in the wrong precision."""
+    reasons = []
+    cores = cores or os.cpu_count() or 1
+    if load_before is not None and load_before > max(0.5, 0.25 * cores):
+        reasons.append(f"the machine was busy before the run (load {load_before:.2f} on {cores} cores)")
+    for result in results:
+        for what, ratio in (("training", result.train_ratio), ("evaluation", result.eval_ratio)):
+            if len(ratio.runs) > 1 and ratio.relative_spread > SPREAD_LIMIT:
+                reasons.append(f"{result.name}'s {what} ratio varied ±{ratio.relative_spread:.0%} across rounds")
+        wrong = wrong_layer_dtypes(result.layer_dtypes, result.precision)
+        if wrong:
+            reasons.append(f"{result.name} ran layers in {', '.join(wrong)} under {result.precision}")
+    return reasons
 
 
 def machine_load() -> float | None:

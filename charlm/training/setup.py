@@ -24,7 +24,7 @@ from charlm.runtime.cuda_graphs import graphed_window
 from charlm.runtime.devices import resolve_device
 from charlm.runtime.distributed import World, device_for_rank, world_from_environment
 from charlm.runtime.memory import check_budget_fits, check_fits, estimate_training_memory
-from charlm.runtime.precision import check_precision
+from charlm.runtime.precision import check_precision, set_tf32
 
 
 def cell_class_for(config: TrainConfig, resumed_run=None, checkpoint=None, cells=(), trust_code: bool = False):
@@ -49,6 +49,7 @@ def placement(config: TrainConfig) -> tuple[torch.device, World]:
     precision and ``--cuda-graph`` checked against that device."""
     device = resolve_device(config.device)
     check_precision(config.precision, device)
+    set_tf32(config.tf32)
     check_cuda_graph(config.cuda_graph, device)
     world = world_from_environment(device)
     check_streams_per_process(config, world)
