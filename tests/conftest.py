@@ -119,3 +119,23 @@ def double_precision():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(previous)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` need a CUDA device; without one they are skipped, saying so."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device (the cuda tests run where torch sees a GPU)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def cell_device() -> torch.device:
+    """Where the float64 reference checks of the cells run: the CPU, or ``CHARLM_TEST_DEVICE`` (for
+    example ``CHARLM_TEST_DEVICE=cuda pytest tests/cells`` checks every cell's fast path on a GPU)."""
+    name = os.environ.get("CHARLM_TEST_DEVICE", "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        pytest.skip(f"CHARLM_TEST_DEVICE={name}, but torch sees no CUDA device")
+    return torch.device(name)

@@ -50,14 +50,15 @@ FOLDED_CASES = [(case, None) for case in CASES] + [(case, 0) for case in CASES i
 
 @pytest.mark.parametrize("case, embed_size", FOLDED_CASES,
                          ids=[f"{case.id}-{'one-hot' if size == 0 else 'embedding'}" for case, size in FOLDED_CASES])
-def test_folded_embedding_agrees_with_reference_step(case, embed_size, double_precision):
+def test_folded_embedding_agrees_with_reference_step(case, embed_size, double_precision, cell_device):
     """The bottom layer's input product taken over the embedding table and gathered (the model's
     window path) is the reference step run on the embedded symbols, in value and gradient."""
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig(case.cell, vocab_size=4, hidden_size=6, layers=2, embed_size=embed_size,
                                       cell_options=case.options))
     randomise(model)
-    tokens = torch.randint(4, (3, 7))  # 21 positions > 4 symbols: the folded path is taken
+    model.to(cell_device)
+    tokens = torch.randint(4, (3, 7)).to(cell_device)  # 21 positions > 4 symbols: the folded path is taken
     state = [tuple(0.5 * torch.randn_like(t) for t in layer_state) for layer_state in model.initial_state(3)]
     assert model.fold_embedding and 21 > model.config.vocab_size
 
@@ -85,12 +86,13 @@ def test_folded_embedding_agrees_with_reference_step(case, embed_size, double_pr
         torch.testing.assert_close(a, b)
 
 
-def test_forward_agrees_with_reference_step_and_gradients(case, double_precision):
+def test_forward_agrees_with_reference_step_and_gradients(case, double_precision, cell_device):
     torch.manual_seed(0)
     cell, d = make_cell(case)
     randomise(cell)
-    inputs = torch.randn(7, 3, d, requires_grad=True)
-    state = random_state(cell, 3)
+    inputs = torch.randn(7, 3, d).to(cell_device).requires_grad_()
+    state = tuple(tensor.to(cell_device) for tensor in random_state(cell, 3))
+    cell.to(cell_device)
 
     fast, fast_state = cell(inputs, state)
     reference, ref_state = [], state
@@ -109,12 +111,13 @@ def test_forward_agrees_with_reference_step_and_gradients(case, double_precision
         torch.testing.assert_close(a, b)
 
 
-def test_inference_path_agrees_with_training_path(case, double_precision):
+def test_inference_path_agrees_with_training_path(case, double_precision, cell_device):
     """Cells may run a different loop when nothing needs a gradient (evaluation, sampling)."""
     torch.manual_seed(0)
     cell, d = make_cell(case)
     randomise(cell)
-    inputs, state = torch.randn(6, 3, d), random_state(cell, 3)
+    inputs, state = torch.randn(6, 3, d).to(cell_device), tuple(tensor.to(cell_device) for tensor in random_state(cell, 3))
+    cell.to(cell_device)
     trained, trained_state = cell(inputs, state)
     with torch.inference_mode():
         inferred, inferred_state = cell(inputs, state)
