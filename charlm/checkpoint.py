@@ -39,7 +39,7 @@ class TrainingState:
 
     optimizer: dict
     scheduler: dict | None  # ExponentialLR's state; None in format 1
-    rng: dict  # {"torch": ByteTensor, "cuda": [ByteTensor per device]}
+    rng: dict  # {"torch": ByteTensor, "ranks": [{"torch", "device"} per process]} (before 0.3: "cuda": [per device])
     progress: dict  # charlm.training.resume.Progress as a dict
     hidden: list | None  # carried state per layer, [B, n] tensors on the CPU
 

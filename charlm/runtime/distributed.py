@@ -73,6 +73,14 @@ class World:
         shares = [self.share(count, rank) for rank in range(self.size)]
         return torch.cat([piece[: share.stop - share.start] for piece, share in zip(pieces, shares)])
 
+    def gather_objects(self, value) -> list:
+        """Every rank's ``value`` (any picklable object), in rank order, on every rank."""
+        if not self.distributed:
+            return [value]
+        gathered = [None] * self.size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
     def broadcast(self, value):
         """Rank 0's ``value`` (any picklable object), on every rank."""
         if not self.distributed:

@@ -115,20 +115,49 @@ def restore(checkpoint: Checkpoint, config: TrainConfig, model, optimizer, sched
             group["lr"] = lr
         scheduler.load_state_dict({"last_epoch": progress.epoch, "_step_count": progress.epoch + 1,
                                    "_last_lr": [lr] * len(optimizer.param_groups)})
-    torch.set_rng_state(saved.rng["torch"])
-    if saved.rng.get("cuda") and torch.cuda.is_available() and len(saved.rng["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(saved.rng["cuda"])
+    restore_random_streams(saved.rng, world, device)
     if saved.hidden is None:
         return progress, None
     rows = world.share(config.batch_size)  # every stream's state was saved: this process carries its share
     return progress, [tuple(t[rows].to(device) for t in layer) for layer in saved.hidden]
 
 
+def random_streams(world: World, device: torch.device) -> dict:
+    """The generators' states to save: the CPU's and, on a GPU, the training device's, of every
+    process (``ranks``, in rank order: each draws its own dropout masks)."""
+    mine = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        mine["device"] = torch.cuda.get_rng_state(device)
+    ranks = world.gather_objects(mine)
+    return {"torch": ranks[0]["torch"], "ranks": ranks}
+
+
+def restore_random_streams(rng: dict, world: World, device: torch.device) -> None:
+    """Put back this process's own generator states. A checkpoint from a world of another size (or
+    from before ``ranks`` were saved) restores rank 0's CPU stream, and a GPU's where the number of
+    devices is unchanged."""
+    ranks = rng.get("ranks")
+    if ranks is not None and len(ranks) == world.size:
+        mine = ranks[world.rank]
+        torch.set_rng_state(mine["torch"])
+        if mine.get("device") is not None and device.type == "cuda":
+            torch.cuda.set_rng_state(mine["device"], device)
+        return
+    torch.set_rng_state(rng["torch"])
+    if rng.get("cuda") and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def seed_this_process(seed: int, world: World) -> None:
+    """After the weights are made (alike on every process): a random stream of its own for every
+    process but the first, so that the processes draw different dropout masks."""
+    if world.rank > 0:
+        torch.manual_seed(seed + 7919 * world.rank)
+
+
 def training_checkpoint(trainer, scores: dict | None = None) -> Checkpoint:
     """The run as it stands, as a checkpoint (weights shared with the live model)."""
-    rng = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
+    rng = random_streams(trainer.world, trainer.device)
     state = None
     if trainer.state is not None:  # every stream's state, gathered from the processes that carry them
         gather = trainer.world.gather_rows

@@ -37,7 +37,7 @@ from charlm.training.control import (Interrupted, LossNotFinite, OutOfTime, Proc
                                      StorageError, TimeBudget, TrainingDiverged, TrainingInterrupted, owning)
 from charlm.training.evaluation import Scorer
 from charlm.training.resume import (Progress, check_resumable, last_good_checkpoint, restore, resumed_config,
-                                    training_checkpoint)
+                                    seed_this_process, training_checkpoint)
 from charlm.training.setup import (cell_class_for, check_model_fits, forward_pass, load_initial_weights,
                                    model_config_for, optimizer_and_schedule, placement, training_streams)
 from charlm.training.step import TrainingStep, gradients_for
@@ -73,6 +73,7 @@ class Trainer:
             self.model_config = checkpoint.model_config
         check_model_fits(self.model_config, config, self.device, cell_class)
         self.model = LanguageModel(self.model_config, cell_class).to(self.device)
+        seed_this_process(config.seed, self.world)
         forward = forward_pass(self.model, config, self.device, self.world)
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, config)
         self.step = TrainingStep(self.model, forward, self.optimizer, gradients_for(scaler), self.world,

@@ -263,7 +263,7 @@ def test_sigmoid_elman_passes_the_generic_checks():
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        generic.test_forward_agrees_with_reference_step_and_gradients(SIGMOID_RNN, None)
+        generic.test_forward_agrees_with_reference_step_and_gradients(SIGMOID_RNN, None, torch.device("cpu"))
         generic.test_carried_state_equals_one_long_run(SIGMOID_RNN, None)
         generic.test_save_load_gives_identical_outputs(SIGMOID_RNN, None)
     finally:

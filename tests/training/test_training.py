@@ -307,3 +307,45 @@ def test_a_step_whose_gradients_overflowed_stays_out_of_the_epochs_gradient_norm
     finite = [step["grad_norm"]["layer0"] for step in steps if math.isfinite(step["grad_norm"]["layer0"])]
     assert len(finite) == len(steps) - 1
     assert epoch["grad_norm"]["layer0"] == pytest.approx(sum(finite) / len(finite), rel=1e-12)
+
+
+def test_each_process_draws_its_own_masks_and_gets_its_own_stream_back():
+    """Defect 6: under torchrun every process saved rank 0's generator and drew rank 0's dropout
+    masks. Now each process is seeded apart after the weights are made, each one's state is saved,
+    and each gets its own back."""
+    import dataclasses as dc
+
+    from charlm.runtime.distributed import World
+    from charlm.training.resume import random_streams, restore_random_streams, seed_this_process
+
+    @dc.dataclass(frozen=True)
+    class TwoProcesses(World):
+        others: tuple = ()
+
+        def gather_objects(self, value):
+            return [value, *self.others] if self.rank == 0 else [*self.others, value]
+
+    draws = []
+    for rank in (0, 1):
+        torch.manual_seed(5)
+        seed_this_process(5, World(rank, 2))
+        draws.append(torch.rand(4))
+    assert not torch.equal(draws[0], draws[1])
+    torch.manual_seed(5)
+    seed_this_process(5, World(0, 1))
+    assert torch.equal(torch.rand(4), draws[0])  # one process: the stream of a single-process run
+
+    torch.manual_seed(11)
+    rank1_state = {"torch": torch.get_rng_state()}
+    torch.manual_seed(3)
+    saved = random_streams(TwoProcesses(0, 2, others=(rank1_state,)), torch.device("cpu"))
+    assert len(saved["ranks"]) == 2
+    restore_random_streams(saved, World(1, 2), torch.device("cpu"))
+    torch.manual_seed(11)
+    expected = torch.rand(3)
+    restore_random_streams(saved, World(1, 2), torch.device("cpu"))
+    assert torch.equal(torch.rand(3), expected)
+    restore_random_streams(saved, World(0, 3), torch.device("cpu"))  # another world size: rank 0's stream
+    first = torch.rand(3)
+    torch.manual_seed(3)
+    assert torch.equal(first, torch.rand(3))
