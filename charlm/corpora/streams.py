@@ -67,8 +67,15 @@ class TokenStreams:
         return self.num_windows
 
     def windows(self, start: int = 0, device=None):
+        """The windows from ``start`` on, on ``device``. To a GPU they go through pinned memory without
+        waiting for the copy (the kernels that read them are queued behind it)."""
+        to_gpu = device is not None and torch.device(device).type == "cuda"
         for index in range(start, self.num_windows):
             columns = slice(index * self.bptt, (index + 1) * self.bptt)
             inputs = torch.from_numpy(self._inputs[:, columns].astype(np.int64))
             targets = torch.from_numpy(self._targets[:, columns].astype(np.int64))
-            yield Window(index, inputs.to(device), targets.to(device))
+            if to_gpu:
+                yield Window(index, inputs.pin_memory().to(device, non_blocking=True),
+                             targets.pin_memory().to(device, non_blocking=True))
+            else:
+                yield Window(index, inputs.to(device), targets.to(device))

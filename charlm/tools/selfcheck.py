@@ -28,7 +28,7 @@ import torch
 from charlm.cells import CELLS
 from charlm.model import LanguageModel, ModelConfig
 from charlm.runtime.fast_path_check import TOLERANCES, largest_difference, probe_loss, tolerance_for
-from charlm.runtime.precision import PRECISIONS, autocast, layer_output_dtypes, set_tf32, tf32_in_use, wrong_layer_dtypes
+from charlm.runtime.precision import PRECISIONS, layer_output_dtypes, set_tf32, tf32_in_use, wrong_layer_dtypes
 
 NO_CUDA = "skipped: no CUDA device"
 VOCAB, HIDDEN, LAYERS, BATCH, STEPS = 7, 6, 2, 3, 5  # small enough for a minute on a GPU for every cell
@@ -269,24 +269,25 @@ def compiled_against_eager(cell: str, device: torch.device, windows: int = 3) ->
 
 # --- synchronisations (a GPU) ---------------------------------------------------------------------------------
 def synchronisations(device: torch.device) -> CheckRow:
-    """How many times one training step (forward, loss, backward, gradient norms, clipping, Adam)
-    waits for the GPU, counted by torch's synchronisation debug mode."""
-    from torch import nn
+    """How many times one training step (charlm's own ``TrainingStep``: the window's copy to the
+    device, forward, loss, backward, gradient norms, clipping, Adam) waits for the GPU, counted by
+    torch's synchronisation debug mode. It should be one: the loss and the norms read back together."""
+    import numpy as np
+
+    from charlm.corpora.streams import TokenStreams
+    from charlm.runtime.distributed import World
+    from charlm.training.control import StopRequest, TimeBudget
+    from charlm.training.step import PlainGradients, TrainingStep
 
     model = small_model("lstm", device).train()
     optimizer = torch.optim.Adam(model.parameters())
-    tokens = torch.randint(VOCAB, (BATCH, STEPS + 1), device=device)
+    training = TrainingStep(model, model, optimizer, PlainGradients(), World(), batch_size=BATCH, clip=5.0,
+                            precision="fp32", device=device)
+    streams = TokenStreams(np.random.default_rng(0).integers(VOCAB, size=BATCH * STEPS * 4), BATCH, STEPS)
+    windows = streams.windows(device=device)
 
     def step():
-        with autocast("fp32", device):
-            logits, _ = model(tokens[:, :-1], model.initial_state(BATCH, device=device))
-        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        norms = [torch.linalg.vector_norm(p.grad) for p in model.parameters() if p.grad is not None]
-        nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-        optimizer.step()
-        return loss.item(), [norm.item() for norm in norms]  # what the trainer reads back every step
+        return training(next(windows), model.initial_state(BATCH, device=device), StopRequest(), TimeBudget(None))
 
     step()  # warm-up
     torch.cuda.synchronize(device)
@@ -299,4 +300,4 @@ def synchronisations(device: torch.device) -> CheckRow:
         finally:
             torch.cuda.set_sync_debug_mode(previous)
     count = sum("synchroniz" in str(warning.message) for warning in caught)
-    return CheckRow("", "info", f"{count} a step")
+    return CheckRow("", "info", f"{count} a step (1 expected: the loss and the gradient norms read back together)")

@@ -86,12 +86,15 @@ class TrainingStep:
         tokens = self.batch_size * window.targets.shape[1]  # every process's streams
         mean = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), window.targets.reshape(-1))
         loss = mean * (self.world.size * share_tokens / tokens)
-        value = self.world.sum([mean.item() * share_tokens])[0] / tokens  # summed over the processes
-        if not math.isfinite(value):  # every process sees the same sum, so they stop together
-            raise LossNotFinite(value)
         self.optimizer.zero_grad(set_to_none=True)
         self.gradients.backward(loss, self.optimizer)
-        grad_norms = self._grad_norms()
+        norms = self._grad_norms()
+        # One read-back a step (on a GPU, the one wait for it): the loss and every layer's norm together.
+        fetched = torch.stack([mean.detach().float(), *norms.values()]).tolist()
+        value = self.world.sum([fetched[0] * share_tokens])[0] / tokens  # summed over the processes
+        if not math.isfinite(value):  # every process sees the same sum, so they stop together, before a step
+            raise LossNotFinite(value)
+        grad_norms = dict(zip(norms, fetched[1:]))
         if self.clip > 0:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.gradients.step(self.optimizer)
@@ -99,12 +102,13 @@ class TrainingStep:
         stop_votes, time_votes = self.world.sum([stop.requested, budget.is_up()])
         return StepResult(value, tokens, grad_norms, float32_state(detach_state(new_state)), stop_votes > 0, time_votes > 0)
 
-    def _grad_norms(self) -> dict[str, float]:
+    def _grad_norms(self) -> dict[str, torch.Tensor]:
+        """Each layer group's gradient norm, on the device (read back with the loss)."""
         norms = {}
         for name, params in self.layer_groups.items():
             grads = [p.grad for p in params if p.grad is not None]
             if grads:
-                norms[name] = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+                norms[name] = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).float()
         return norms
 
 

@@ -297,7 +297,7 @@ def test_a_step_whose_gradients_overflowed_stays_out_of_the_epochs_gradient_norm
     def overflow_on_the_third(self):
         calls.append(1)
         norms = original(self)
-        return {name: math.inf for name in norms} if len(calls) == 3 else norms
+        return {name: torch.full_like(norm, math.inf) for name, norm in norms.items()} if len(calls) == 3 else norms
 
     monkeypatch.setattr(TrainingStep, "_grad_norms", overflow_on_the_third)
     run = tmp_path / "run"
@@ -349,3 +349,29 @@ def test_each_process_draws_its_own_masks_and_gets_its_own_stream_back():
     first = torch.rand(3)
     torch.manual_seed(3)
     assert torch.equal(first, torch.rand(3))
+
+
+def test_a_step_reads_back_from_the_device_once(monkeypatch):
+    """Defect 8: the loss and every layer's gradient norm come back in one read (on a GPU, the one
+    wait a step makes), not one ``.item()`` for the loss and one per layer group."""
+    import numpy as np
+
+    from charlm.corpora.streams import TokenStreams
+    from charlm.model import LanguageModel, ModelConfig
+    from charlm.runtime.distributed import World
+    from charlm.training.control import StopRequest, TimeBudget
+    from charlm.training.step import PlainGradients
+
+    model = LanguageModel(ModelConfig("lstm", vocab_size=9, hidden_size=8, layers=2))
+    step = TrainingStep(model, model, torch.optim.Adam(model.parameters()), PlainGradients(), World(), batch_size=3,
+                        clip=5.0, precision="fp32", device=torch.device("cpu"))
+    window = next(TokenStreams(np.random.default_rng(0).integers(9, size=100), 3, 6).windows())
+    reads = []
+    for name in ("item", "tolist"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, _name=name, _original=original: (
+            reads.append((_name, self)), _original(self))[1])
+    result = step(window, model.initial_state(3), StopRequest(), TimeBudget(None))
+    adam_steps = [state["step"] for state in step.optimizer.state.values()]  # kept on the CPU by Adam, even on a GPU
+    assert [name for name, tensor in reads if not any(tensor is kept for kept in adam_steps)] == ["tolist"]
+    assert set(result.grad_norms) == set(model.layer_groups()) and math.isfinite(result.loss)
