@@ -5,6 +5,12 @@ for one window, the activations autograd keeps for the backward pass. The parame
 exact; the activation part is ``batch × bptt × layers × hidden × 4 bytes`` times the cell's own
 ``activation_factor`` (each cell class declares it, see ``charlm.cells.base.RecurrentCell``), plus
 the embedding and the softmax layer's inputs, logits and their gradients.
+
+On a GPU two more parts are counted. ``--cuda-graph`` keeps one window's activations in the graphs'
+private memory pool for the whole run, beside the eager windows' (an epoch's last, shorter one,
+evaluation), so the activation part counts twice. cuBLAS and cuDNN take workspaces of their own:
+an allowance of ``WORKSPACE_BYTES`` plus a tenth of the activations (an allowance, not a
+measurement: no GPU was available to measure it).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from charlm.errors import CharlmError
 
 BYTES_PER_PARAMETER = 16  # float32 weight, gradient, Adam first and second moment
 GIB = 1024**3
+WORKSPACE_BYTES = 256 * 1024**2  # cuBLAS and cuDNN workspaces on a GPU, allowed for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,18 +33,25 @@ class MemoryEstimate:
     parameters: int
     state_bytes: int  # weights, gradients and optimizer moments
     activation_bytes: int  # one window's forward and backward
+    graph_bytes: int = 0  # --cuda-graph: the captured window's activations, held by the graphs' pool
+    workspace_bytes: int = 0  # a GPU: cuBLAS and cuDNN workspaces (an allowance)
 
     @property
     def total_bytes(self) -> int:
-        return self.state_bytes + self.activation_bytes
+        return self.state_bytes + self.activation_bytes + self.graph_bytes + self.workspace_bytes
 
 
 def estimate_training_memory(parameters: int, activation_factor: int, hidden_size: int, layers: int, vocab_size: int,
-                             embed_size: int, batch_size: int, bptt: int) -> MemoryEstimate:
+                             embed_size: int, batch_size: int, bptt: int, device_type: str = "cpu",
+                             cuda_graph: bool = False) -> MemoryEstimate:
     positions = batch_size * bptt
     recurrent = positions * layers * hidden_size * 4 * activation_factor
     ends = positions * (embed_size + 4 * vocab_size) * 4  # embedding rows; logits, softmax and their gradients
-    return MemoryEstimate(parameters, parameters * BYTES_PER_PARAMETER, recurrent + ends)
+    activations = recurrent + ends
+    on_gpu = device_type == "cuda"
+    return MemoryEstimate(parameters, parameters * BYTES_PER_PARAMETER, activations,
+                          graph_bytes=activations if cuda_graph else 0,
+                          workspace_bytes=WORKSPACE_BYTES + activations // 10 if on_gpu else 0)
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -57,10 +71,15 @@ def check_fits(estimate: MemoryEstimate, device: torch.device, available: int | 
     available = available_memory(device) if available is None else available
     if available is None or estimate.total_bytes <= available:
         return
+    extra = ""
+    if estimate.graph_bytes:
+        extra += f", {_gib(estimate.graph_bytes)} held by the CUDA graphs"
+    if estimate.workspace_bytes:
+        extra += f", {_gib(estimate.workspace_bytes)} for cuBLAS and cuDNN workspaces"
     raise CharlmError(
         f"a model of {estimate.parameters:,} parameters needs about {_gib(estimate.total_bytes)} to train "
         f"({_gib(estimate.state_bytes)} for weights, gradients and Adam state, {_gib(estimate.activation_bytes)} "
-        f"for one window's activations) but {device} has {_gib(available)} free: use a smaller --hidden or "
+        f"for one window's activations{extra}) but {device} has {_gib(available)} free: use a smaller --hidden or "
         "--params, or a smaller --batch-size or --bptt")
 
 

@@ -89,7 +89,8 @@ def check_model_fits(model_config: ModelConfig, config: TrainConfig, device: tor
     activation_factor = (cell_class or CELLS.get(model_config.cell)).activation_factor
     estimate = estimate_training_memory(count_parameters(shape), activation_factor, model_config.hidden_size,
                                         model_config.layers, model_config.vocab_size, embed_size,
-                                        max(config.batch_size, config.eval_batch_size), config.bptt)
+                                        max(config.batch_size, config.eval_batch_size), config.bptt,
+                                        device_type=device.type, cuda_graph=config.cuda_graph)
     check_fits(estimate, device)
 
 
