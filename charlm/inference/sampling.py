@@ -69,6 +69,19 @@ def draw(probabilities: Tensor, generator: torch.Generator) -> Tensor:
     return torch.argmax(probabilities / race, dim=-1, keepdim=True)
 
 
+def sampling_step(model: LanguageModel, state: list, cuda_graph: bool = True):
+    """What ``generate`` calls for each symbol after the first: the model's sampling step (on a GPU,
+    a checked CUDA graph of it), made once per model and kept until its weights change, so that a
+    run of samples captures once, not once a sample."""
+    version = (state[0][0].device, cuda_graph, model.training, tuple(p._version for p in model.parameters()))
+    kept = model.__dict__.get("_sampling_step")
+    if kept is not None and kept[0] == version:
+        return kept[1]
+    step = graphed_step(model.for_sampling(), state, enabled=cuda_graph)
+    model.__dict__["_sampling_step"] = (version, step)  # a plain attribute: not a weight, not in state_dict
+    return step
+
+
 @torch.inference_mode()
 def generate(model: LanguageModel, prime_ids: list[int], config: SampleConfig, banned_ids=(),
              cuda_graph: bool = True) -> Iterator[int]:
@@ -87,7 +100,7 @@ def generate(model: LanguageModel, prime_ids: list[int], config: SampleConfig, b
         generator.seed()
     state = model.initial_state(1, device=device)
     logits, state = model(torch.tensor([prime_ids], device=device), state)
-    step = None  # the model's step, or on a GPU that step replayed from a CUDA graph: made when first needed
+    step = None  # the model's step, or on a GPU that step replayed from a CUDA graph: fetched when first needed
     banned = torch.tensor(list(banned_ids), dtype=torch.long, device=device)
     last = logits[0, -1]
     for drawn in range(config.length):
@@ -105,7 +118,7 @@ def generate(model: LanguageModel, prime_ids: list[int], config: SampleConfig, b
         if drawn + 1 == config.length:
             break  # nothing is drawn after the last symbol: no step for it
         if step is None:
-            step = graphed_step(model.for_sampling(), state, enabled=cuda_graph)
+            step = sampling_step(model, state, cuda_graph)
         logits, state = step(token, state)
         last = logits[0]
 

@@ -165,7 +165,9 @@ def test_sampling_through_the_graph_path_draws_the_same_text(monkeypatch):
     assert list(generate(model, [1, 2, 3], config)) == eager
 
 
-def test_the_step_is_made_once_per_sample_and_only_when_a_symbol_follows(monkeypatch):
+def test_the_step_is_made_once_per_model_and_weights_and_only_when_a_symbol_follows(monkeypatch):
+    """No step (on a GPU: no capture) for a sample of 0 or 1 symbols; then one, kept for every later
+    sample until the weights change; the text drawn is the same either way."""
     import charlm.inference.sampling
 
     torch.manual_seed(0)
@@ -177,10 +179,17 @@ def test_the_step_is_made_once_per_sample_and_only_when_a_symbol_follows(monkeyp
         return sampling_model.step
 
     monkeypatch.setattr(charlm.inference.sampling, "graphed_step", counting)
-    for length, captures in ((0, 0), (1, 0), (2, 1), (30, 1)):
-        made.clear()
+    for length, made_so_far in ((0, 0), (1, 0), (2, 1), (30, 1), (30, 1)):
         assert len(list(generate(model, [1, 2, 3], SampleConfig(length=length, seed=3)))) == length
-        assert len(made) == captures, length
+        assert len(made) == made_so_far, length
+    before = list(generate(model, [1, 2, 3], SampleConfig(length=20, seed=3)))
+    with torch.no_grad():
+        model.head.weight.mul_(4.0)  # new weights: a new step
+    after = list(generate(model, [1, 2, 3], SampleConfig(length=20, seed=3)))
+    assert len(made) == 2
+    fresh = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8)).eval()
+    fresh.load_state_dict(model.state_dict())
+    assert list(generate(fresh, [1, 2, 3], SampleConfig(length=20, seed=3))) == after != before
 
 
 def test_graphed_step_is_only_for_cuda_and_falls_back_with_a_warning(monkeypatch):
