@@ -18,6 +18,7 @@ class CellCase:
     options: dict = field(default_factory=dict)
     params: Callable[[int, int], int] | None = None
     input_size: Callable[[int], int] | None = None
+    overfit_steps: int = 120  # Adam steps the tiny model gets to learn the sentence
 
     @property
     def id(self) -> str:
@@ -66,6 +67,7 @@ SMALL_SYMMETRIC = {"ho_form": "symmetric", "ho_kernels": 3, "ho_rank": 2}
 CASES = [
     CellCase("lstm", {}, lambda d, n: 4 * (d * n + n * n + n)),
     CellCase("lstm", {"peephole": True}, lambda d, n: 4 * (d * n + n * n + n) + 3 * n),
+    CellCase("lstm", {"peephole": "full"}, lambda d, n: 4 * (d * n + n * n + n) + 3 * n * n, overfit_steps=200),
     CellCase("gru", {}, lambda d, n: 3 * (d * n + n * n + n)),
     CellCase("gru", {"reset_after": True}, lambda d, n: 3 * (d * n + n * n + n) + n),
     CellCase("rnn", {}, lambda d, n: d * n + n * n + n),

@@ -46,7 +46,7 @@ class HighOrderConfig:
 
 @dataclasses.dataclass
 class HighOrderLSTMConfig(HighOrderConfig):
-    peephole: ClassVar[bool] = False  # the base LSTM's option, fixed off (not an option here)
+    peephole: ClassVar[str] = "none"  # the base LSTM's option, fixed off (not an option here)
 
 
 @dataclasses.dataclass

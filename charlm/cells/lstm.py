@@ -10,9 +10,31 @@ from torch import Tensor, nn
 from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_, library_rnn
 
 
+PEEPHOLE_FORMS = ("none", "diagonal", "full")
+
+
+def peephole_form(value) -> str:
+    """``none``, ``diagonal`` or ``full``; true/false (charlm before 0.3, and a bool on the command
+    line) mean diagonal/none."""
+    word = str(value).strip().lower()
+    if value is True or word in ("true", "yes", "on", "1"):
+        return "diagonal"
+    if value is False or value is None or word in ("false", "no", "off", "0"):
+        return "none"
+    if word in PEEPHOLE_FORMS:
+        return word
+    raise ValueError(f"peephole must be none, diagonal or full, not {value!r}")
+
+
 @dataclasses.dataclass
 class LSTMConfig:
-    peephole: bool = False  # i and f also see p ⊙ c_{t-1}, o sees p ⊙ c_t
+    # i and f also see the previous memory c_{t-1}, o the new one c_t, through a weight per unit
+    # (diagonal: p ⊙ c, 3n, Gers et al. 2002) or a full matrix (P c, 3n², as Graves 2013 is counted
+    # in the Delta-RNN paper's Table 2)
+    peephole: str = "none"
+
+    def __post_init__(self):
+        self.peephole = peephole_form(self.peephole)
 
 
 class LSTM(RecurrentCell):
@@ -23,16 +45,17 @@ class LSTM(RecurrentCell):
         c_t     = f ⊙ c_{t−1} + i ⊙ g
         h_t     = o ⊙ tanh(c_t)
 
-    With ``peephole``: i, f add p_i ⊙ c_{t−1}, p_f ⊙ c_{t−1}; o adds p_o ⊙ c_t.
+    With ``peephole=diagonal``: i, f add p_i ⊙ c_{t−1}, p_f ⊙ c_{t−1}; o adds p_o ⊙ c_t.
+    With ``peephole=full``: i, f add P_i c_{t−1}, P_f c_{t−1}; o adds P_o c_t (P_* ∈ R^{n×n}).
     Gate rows are stored in PyTorch's order (i, f, g, o) so that, without peepholes, the fused
     library kernel computes exactly this function with these weights. Forget bias starts at +1.
     """
 
     name = "lstm"
     activation_factor = 15
-    description = "Long short-term memory (forget bias +1; option: peepholes)"
+    description = "Long short-term memory (forget bias +1; option: peepholes, diagonal or full)"
     paper = "Hochreiter & Schmidhuber 1997; Gers et al. 2000"
-    formula = "4(dn + n² + n) (+3n with peepholes)"
+    formula = "4(dn + n² + n) (+3n diagonal peepholes, +3n² full)"
     Config = LSTMConfig
     folds_embedding = True
 
@@ -42,8 +65,10 @@ class LSTM(RecurrentCell):
         self.weight_input = nn.Parameter(torch.empty(4 * n, input_size))
         self.weight_hidden = nn.Parameter(torch.empty(4 * n, n))
         self.bias = nn.Parameter(torch.empty(4 * n))
-        if self.config.peephole:
+        if self.config.peephole == "diagonal":
             self.peephole = nn.Parameter(torch.zeros(3, n))
+        elif self.config.peephole == "full":
+            self.peephole = nn.Parameter(torch.zeros(3, n, n))
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -53,7 +78,7 @@ class LSTM(RecurrentCell):
         with torch.no_grad():
             self.bias.zero_()
             self.bias[n : 2 * n].fill_(1.0)
-            if self.config.peephole:
+            if self.config.peephole != "none":
                 self.peephole.zero_()
 
     def initial_state(self, batch_size, device=None, dtype=None) -> State:
@@ -66,20 +91,26 @@ class LSTM(RecurrentCell):
 
     def _gates_to_output(self, pre: Tensor, c: Tensor) -> tuple[Tensor, State]:
         i, f, g, o = pre.chunk(4, dim=-1)
-        if self.config.peephole:
-            i = i + self.peephole[0] * c
-            f = f + self.peephole[1] * c
+        if self.config.peephole != "none":
+            i = i + self._peep(0, c)
+            f = f + self._peep(1, c)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        if self.config.peephole:
-            o = o + self.peephole[2] * c
+        if self.config.peephole != "none":
+            o = o + self._peep(2, c)
         h = torch.sigmoid(o) * torch.tanh(c)
         return h, (h, c)
+
+    def _peep(self, gate: int, c: Tensor) -> Tensor:
+        """What gate ``gate`` (0 i, 1 f, 2 o) sees of the memory: p ⊙ c, or P c."""
+        if self.config.peephole == "full":
+            return c @ self.peephole[gate].T
+        return self.peephole[gate] * c
 
     def inference_step(self) -> "LSTMInference":
         return LSTMInference(self)
 
     def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
-        if not self.config.peephole and not self.prefers_python_loop(inputs, lookup):
+        if self.config.peephole == "none" and not self.prefers_python_loop(inputs, lookup):
             return self._fused_forward(inputs, state)
         pre_input = self.input_product(inputs, self.weight_input, self.bias, lookup)
         h, c = state
@@ -114,7 +145,8 @@ class LSTMInference(InferenceStep):
     def __init__(self, cell: LSTM):
         super().__init__(cell)
         self.weight_input, self.weight_hidden, self.bias = cell.weight_input.T, cell.weight_hidden.T, cell.bias
-        self.peephole = cell.peephole if cell.config.peephole else None
+        self.peephole = cell.peephole if cell.config.peephole != "none" else None
+        self.full = cell.config.peephole == "full"
 
     def project(self, x: Tensor) -> Tensor:
         return torch.addmm(self.bias, x, self.weight_input)
@@ -135,6 +167,10 @@ class LSTMInference(InferenceStep):
     def _advance_with_peepholes(self, pre: Tensor, c: Tensor) -> tuple[Tensor, State]:
         i, f, g, o = pre.unflatten(-1, (4, c.shape[-1])).unbind(-2)
         p_i, p_f, p_o = self.peephole
+        if self.full:
+            c = torch.sigmoid(torch.addmm(f, c, p_f.T)) * c + torch.sigmoid(torch.addmm(i, c, p_i.T)) * torch.tanh(g)
+            h = torch.sigmoid(torch.addmm(o, c, p_o.T)) * torch.tanh(c)
+            return h, (h, c)
         c = torch.sigmoid(torch.addcmul(f, p_f, c)) * c + torch.sigmoid(torch.addcmul(i, p_i, c)) * torch.tanh(g)
         h = torch.sigmoid(torch.addcmul(o, p_o, c)) * torch.tanh(c)
         return h, (h, c)

@@ -147,7 +147,7 @@ def test_carried_state_equals_one_long_run(case, double_precision):
 
 
 def test_tiny_model_overfits_a_short_string(case):
-    loss = loss_after_overfitting(case, steps=120)
+    loss = loss_after_overfitting(case, steps=case.overfit_steps)
     assert loss < 0.15, f"{case.id} reached only {loss:.3f} nats"
 
 

@@ -320,3 +320,21 @@ def test_bad_option_values_are_user_errors(cell, pair):
         parse_cell_options(CELLS.get(cell), parse_key_values([pair]))
     with pytest.raises(CharlmError):
         LanguageModel(ModelConfig(cell, vocab_size=5, hidden_size=4, cell_options=parse_key_values([pair])))
+
+
+@pytest.mark.parametrize("peephole, expected", [("full", 1_274_804), ("diagonal", 1_245_104), ("none", 1_244_804)])
+def test_the_delta_rnn_papers_lstm_count_needs_full_peepholes(peephole, expected):
+    """Table 2 of the Delta-RNN paper: an LSTM of 100 units on 2404 PTB subwords (one-hot inputs)
+    has 1,274,804 parameters; only full n × n peephole matrices give that count."""
+    model = LanguageModel(ModelConfig("lstm", vocab_size=2404, hidden_size=100, embed_size=0,
+                                      cell_options={"peephole": peephole}))
+    assert count_parameters(model) == expected
+
+
+def test_peephole_forms_read_from_strings_and_old_booleans():
+    from charlm.cells.lstm import LSTMConfig
+
+    assert [LSTMConfig(value).peephole for value in (True, False, "yes", "off", "FULL", "diagonal")] == [
+        "diagonal", "none", "diagonal", "none", "full", "diagonal"]
+    with pytest.raises(CharlmError, match="peephole must be none, diagonal or full, not 'maybe'"):
+        parse_cell_options(CELLS.get("lstm"), {"peephole": "maybe"})
