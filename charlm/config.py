@@ -101,7 +101,12 @@ class TrainConfig:
     batch_size: int = setting(250, "Parallel streams per step.", min=1)
     bptt: int = setting(50, "Truncated backpropagation window (steps).", min=1)
     lr: float = setting(1e-3, "Adam learning rate.", min=0, min_open=True)
-    lr_decay: float = setting(0.9, "Learning rate factor applied after every epoch.", min=0, min_open=True)
+    lr_decay: float = setting(0.9, "Learning rate factor applied after every epoch (--schedule epoch-decay).", min=0, min_open=True)
+    schedule: str = setting("epoch-decay", "Learning-rate schedule: epoch-decay (× --lr-decay every epoch; the LRU paper), plateau-halving (× --plateau-factor after an epoch whose validation loss did not improve, down to --min-lr; the Delta-RNN paper), constant, or warmup-cosine (linear warmup over --warmup-steps, then a cosine down to --min-lr).",
+                            choices=("epoch-decay", "plateau-halving", "constant", "warmup-cosine"))
+    min_lr: float = setting(0.0, "Lower bound of plateau-halving; the final rate of warmup-cosine.", min=0)
+    plateau_factor: float = setting(0.5, "plateau-halving: the rate's factor after an epoch without improvement.", min=0, max=1, min_open=True, max_open=True)
+    warmup_steps: int = setting(0, "warmup-cosine: steps of linear warmup.", min=0)
     epochs: int = setting(20, "Maximum number of epochs (with --resume: the new total).", min=1)
     patience: int = setting(3, "Stop after this many epochs without a better validation bpc.", min=1)
     clip: float = setting(5.0, "Gradient-norm clipping threshold, 0 for none.", min=0)
@@ -135,6 +140,8 @@ class TrainConfig:
         save_interval(self.save_every)
         if self.cuda_graph and self.compile:
             raise ConfigError(TrainConfig, "cuda_graph", "and --compile are exclusive: give one, not both")
+        if self.min_lr >= self.lr and self.schedule in ("plateau-halving", "warmup-cosine"):
+            raise ConfigError(TrainConfig, "min_lr", f"must be below --lr ({self.lr:g}) for {self.schedule}, not {self.min_lr:g}")
 
     @property
     def save_interval(self) -> tuple[str, float] | None:

@@ -25,6 +25,7 @@ from charlm.runtime.devices import resolve_device
 from charlm.runtime.distributed import World, device_for_rank, world_from_environment
 from charlm.runtime.memory import check_budget_fits, check_fits, estimate_training_memory
 from charlm.runtime.precision import check_precision, set_tf32
+from charlm.training.schedules import Schedule
 
 
 def cell_class_for(config: TrainConfig, resumed_run=None, checkpoint=None, cells=(), trust_code: bool = False):
@@ -111,10 +112,12 @@ def forward_pass(model: LanguageModel, config: TrainConfig, device: torch.device
     return forward
 
 
-def optimizer_and_schedule(model: LanguageModel, config: TrainConfig):
-    """Adam, its learning rate multiplied by ``lr_decay`` after every epoch."""
+def optimizer_and_schedule(model: LanguageModel, config: TrainConfig, steps_per_epoch: int = 1):
+    """Adam, and its learning rate's schedule (``charlm.training.schedules``)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, betas=(0.9, 0.999))
-    return optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=config.lr_decay)
+    return optimizer, Schedule(optimizer, config.schedule, lr=config.lr, lr_decay=config.lr_decay, min_lr=config.min_lr,
+                               plateau_factor=config.plateau_factor, warmup_steps=config.warmup_steps,
+                               total_steps=config.epochs * steps_per_epoch)
 
 
 def training_streams(corpus, config: TrainConfig, world: World) -> TokenStreams:

@@ -75,11 +75,11 @@ class Trainer:
         self.model = LanguageModel(self.model_config, cell_class).to(self.device)
         seed_this_process(config.seed, self.world)
         forward = forward_pass(self.model, config, self.device, self.world)
-        self.optimizer, self.scheduler = optimizer_and_schedule(self.model, config)
+        self.train_streams = training_streams(self.corpus, config, self.world)
+        self.optimizer, self.scheduler = optimizer_and_schedule(self.model, config, len(self.train_streams))
         self.step = TrainingStep(self.model, forward, self.optimizer, gradients_for(scaler), self.world,
                                  batch_size=config.batch_size, clip=config.clip, precision=config.precision,
                                  device=self.device)
-        self.train_streams = training_streams(self.corpus, config, self.world)
         self.train_chars_per_token = characters_per_token(self.corpus, "train")
         self.progress = Progress()
         self.scorer = Scorer(self)
@@ -207,6 +207,7 @@ class Trainer:
                     bar.show_step(bpc, speed)
                     run.record("step", epoch=progress.epoch + 1, step=progress.step, loss=result.loss, bpc=bpc, lr=self.lr,
                                grad_norm=result.grad_norms)
+                self.scheduler.after_step()  # the step record above has the rate the step trained with
                 if config.eval_every and progress.step % config.eval_every == 0:
                     valid = self.scorer("valid")
                     self.model.train()
@@ -248,7 +249,7 @@ class Trainer:
             progress.train_nats, progress.train_tokens, progress.train_seconds = 0.0, 0, 0.0
             progress.grad_norm_sums, progress.overflowed_steps = {}, 0
             self.state = None
-            self.scheduler.step()
+            self.scheduler.after_epoch(valid.loss)
         stop_early = progress.epochs_without_improvement >= config.patience
         if stop_early:
             progress.finished = True

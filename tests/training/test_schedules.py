@@ -1,0 +1,107 @@
+"""Learning-rate schedules by name: each against a hand trace, through the trainer, and resumed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from charlm.training.schedules import Schedule, warmup_cosine_factor
+from charlm.training.trainer import Trainer
+from helpers import assert_one_line_error, cli, records, tiny_config
+
+
+def optimizer(lr=1e-3):
+    return torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+
+
+def rate(opt):
+    return opt.param_groups[0]["lr"]
+
+
+def test_plateau_halving_against_a_hand_trace():
+    """Halve after an epoch no better than the best before it, never below min_lr."""
+    opt = optimizer()
+    schedule = Schedule(opt, "plateau-halving", lr=1e-3, min_lr=2e-4)
+    rates = []
+    for valid_loss in (3.0, 2.9, 2.95, 2.8, 2.85, 2.9, 2.9, 2.7):
+        schedule.after_step()  # steps do not move it
+        schedule.after_epoch(valid_loss)
+        rates.append(rate(opt))
+    assert rates == pytest.approx([1e-3, 1e-3, 5e-4, 5e-4, 2.5e-4, 2e-4, 2e-4, 2e-4])
+
+
+def test_warmup_then_cosine():
+    opt = optimizer(1.0)
+    schedule = Schedule(opt, "warmup-cosine", lr=1.0, min_lr=0.1, warmup_steps=4, total_steps=14)
+    seen = [rate(opt)]
+    for _ in range(14):
+        schedule.after_step()
+        seen.append(rate(opt))
+    assert seen[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])  # the step about to run: 1/4, 2/4, ...
+    assert seen[4] == pytest.approx(1.0) and seen[9] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
+    assert seen[14] == pytest.approx(0.1) and all(a >= b for a, b in zip(seen[4:], seen[5:]))
+    assert warmup_cosine_factor(100, 4, 14, 0.1) == pytest.approx(0.1)  # past the end: the floor
+    schedule.after_epoch(1.0)  # epochs do not move it
+    assert rate(opt) == pytest.approx(0.1)
+
+
+def test_constant_and_epoch_decay():
+    opt = optimizer()
+    constant = Schedule(opt, "constant", lr=1e-3)
+    for _ in range(3):
+        constant.after_step()
+        constant.after_epoch(1.0)
+    assert rate(opt) == 1e-3
+    opt = optimizer()
+    decay = Schedule(opt, "epoch-decay", lr=1e-3, lr_decay=0.5)
+    decay.after_step()
+    decay.after_epoch(1.0)
+    decay.after_epoch(1.0)
+    assert rate(opt) == pytest.approx(2.5e-4)
+    assert set(decay.state_dict()) >= {"last_epoch", "gamma"}  # ExponentialLR's own state, as before
+
+
+def test_a_schedule_resumes_where_it_was():
+    opt = optimizer()
+    schedule = Schedule(opt, "plateau-halving", lr=1e-3, min_lr=1e-5)
+    for loss in (3.0, 3.1):
+        schedule.after_epoch(loss)
+    saved = schedule.state_dict()
+    again_opt = optimizer()
+    again_opt.param_groups[0]["lr"] = rate(opt)
+    again = Schedule(again_opt, "plateau-halving", lr=1e-3, min_lr=1e-5)
+    again.load_state_dict(saved)
+    for loss in (3.05,):  # still no better than 3.0: halve again
+        schedule.after_epoch(loss)
+        again.after_epoch(loss)
+    assert rate(again_opt) == rate(opt) == pytest.approx(2.5e-4)
+
+
+def test_the_trainer_follows_the_schedule_it_was_given(tiny_corpus, tmp_path):
+    config = tiny_config(tiny_corpus, tmp_path / "run", epochs=3, schedule="plateau-halving", lr=4e-3, min_lr=1e-3,
+                         train_fraction=0.3, patience=5)
+    Trainer(config).fit()
+    epochs = records(tmp_path / "run", "epoch")
+    best, expected = math.inf, 4e-3
+    for epoch in epochs:  # each epoch's record has the rate it trained with
+        assert epoch["lr"] == pytest.approx(expected)
+        if epoch["valid_loss"] >= best:
+            expected = max(expected * 0.5, 1e-3)
+        best = min(best, epoch["valid_loss"])
+    run = tmp_path / "cosine"
+    Trainer(tiny_config(tiny_corpus, run, epochs=1, schedule="warmup-cosine", warmup_steps=3, log_every=1,
+                        train_fraction=0.3)).fit()
+    steps = records(run, "step")
+    assert [step["lr"] for step in steps[:4]] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3])
+    assert steps[-1]["lr"] < 1e-3 / 2  # the cosine's second half by the last step
+
+
+def test_schedule_errors_are_one_line(tiny_corpus):
+    common = ("--corpus", "tiny", "--data-dir", str(tiny_corpus), "--epochs", "1", "--hidden", "8")
+    assert_one_line_error(cli("train", *common, "--schedule", "sometimes"),
+                          "--schedule must be one of epoch-decay, plateau-halving, constant, warmup-cosine, not 'sometimes'")
+    assert_one_line_error(cli("train", *common, "--schedule", "plateau-halving", "--min-lr", "0.01"),
+                          "--min-lr must be below --lr (0.001) for plateau-halving, not 0.01")
+    assert_one_line_error(cli("train", *common, "--plateau-factor", "1"), "--plateau-factor")
