@@ -123,6 +123,7 @@ class TrainConfig:
     log_every: int = setting(50, "Write a step record to metrics.jsonl every K steps.", min=1)
     save_every: str = setting("5m", "Also save last.pt inside an epoch, every N steps (500) or every N minutes (5m); 0: at epoch ends only.")
     max_minutes: float | None = setting(None, "Stop training after this many minutes (the run is evaluated and resumable).", min=0, min_open=True, show_default="no limit")
+    max_tokens: int | None = setting(None, "Stop training once the run has trained on this many tokens (every stream of every process, over all its sessions); the run is evaluated and resumable with a larger budget. The same data for every cell of a comparison.", min=1, show_default="no limit")
     data_dir: str | None = setting(None, "Root of prepared corpora.", show_default="$CHARLM_DATA or ./data")
     run_dir: str | None = setting(None, "Where to write checkpoints and metrics.", show_default="runs/CORPUS-CELL-TIME")
     init_from: str | None = setting(None, "Start from this checkpoint's weights (fine-tuning).", show_default="none")
@@ -178,7 +179,7 @@ def save_interval(text: str) -> tuple[str, float] | None:
 
 
 # Settings that may differ between a run and its resumption; the rest define the run.
-RESUMABLE_SETTINGS = ("epochs", "max_minutes", "device", "precision", "compile", "cuda_graph", "tf32", "patience", "eval_every", "log_every", "save_every",
+RESUMABLE_SETTINGS = ("epochs", "max_minutes", "max_tokens", "device", "precision", "compile", "cuda_graph", "tf32", "patience", "eval_every", "log_every", "save_every",
                       "test_every_epoch", "tensorboard", "data_dir")
 
 

@@ -81,7 +81,7 @@ ValidRecord = _record_class("ValidRecord", "valid", [("epoch", int), ("step", in
 EpochRecord = _record_class("EpochRecord", "epoch", [
     ("epoch", int), ("partial", bool), ("lr", float), ("train_loss", float), ("train_bits", float),
     ("train_bpc", float), *_score_fields("valid_"), *_score_fields("test_"), ("grad_norm", dict),
-    ("chars_per_second", float), ("train_seconds", float), ("step", int), ("best", bool)],
+    ("chars_per_second", float), ("train_seconds", float), ("step", int), ("best", bool), ("tokens_seen", int)],
     ("epoch", "valid_bpc"), "The end of an epoch (``partial``: cut short by the time budget): its training and "
     "validation scores (and test, with ``test_every_epoch``), whether it is the best so far.")
 CheckpointRecord = _record_class("CheckpointRecord", "checkpoint", [("epoch", int), ("window", int), ("step", int)],
@@ -94,7 +94,8 @@ TestRecord = _record_class("TestRecord", "test", [("epoch", int), *_score_fields
                            "The test score of the best-validation weights (those of ``epoch``).")
 EndRecord = _record_class("EndRecord", "end", [
     ("run_dir", str), ("epochs", int), ("partial_epoch", bool), ("best_epoch", int), ("best_valid_bpc", float),
-    ("test_bpc_at_best", float), ("parameters", int), ("hidden_size", int), ("wall_seconds", dict)],
+    ("test_bpc_at_best", float), ("parameters", int), ("hidden_size", int), ("wall_seconds", dict),
+    ("tokens_seen", int), ("stopped_by", str)],
     ("epochs", "best_epoch"), "The training ended (its epochs, early stopping or time budget): the run's summary.")
 _CHECK_FIELDS = [("checked", bool), ("max_difference", float), ("tolerance", float), ("check_seconds", float)]
 CompileRecord = _record_class("CompileRecord", "compile", [

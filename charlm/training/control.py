@@ -50,6 +50,10 @@ class OutOfTime(StopTraining):
     """``max_minutes`` used up: evaluate the partial epoch, save and stop, resumable."""
 
 
+class OutOfTokens(StopTraining):
+    """``max_tokens`` seen: evaluate the partial epoch, save and stop, resumable with a larger budget."""
+
+
 class LossNotFinite(Exception):
     """The loss of a step (summed over every process) is inf or nan; nothing was updated."""
 

@@ -105,6 +105,7 @@ def epoch_record(progress, valid, test, lr: float, chars_per_token: float, parti
         "train_seconds": progress.train_seconds,
         "step": progress.step,
         "best": improved,
+        "tokens_seen": progress.tokens_seen,
     }
 
 
@@ -139,4 +140,6 @@ def summary(progress, run, model, model_config) -> dict:
         "parameters": count_parameters(model),
         "hidden_size": model_config.hidden_size,
         "wall_seconds": wall_seconds(progress),
+        "tokens_seen": progress.tokens_seen,
+        "stopped_by": progress.stopped_by,
     }

@@ -41,6 +41,8 @@ class Progress:
     train_seconds: float = 0.0
     grad_norm_sums: dict = dataclasses.field(default_factory=dict)
     overflowed_steps: int = 0  # this epoch's steps whose gradients were not finite (fp16: skipped by the scaler)
+    tokens_seen: int = 0  # training tokens of the whole run, every session (counted from charlm 0.3 on)
+    stopped_by: str | None = None  # why training last stopped: epochs, patience, tokens, time
     finished: bool = False
 
     def add_wall(self, part: str, seconds: float) -> None:

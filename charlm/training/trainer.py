@@ -26,6 +26,7 @@ import torch
 from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
 from charlm.corpora import load_corpus
+from charlm.errors import CharlmError
 from charlm.inference.scoring import LN2, characters_per_token
 from charlm.model import LanguageModel, count_parameters
 from charlm.runs import provenance
@@ -33,7 +34,7 @@ from charlm.runs.directory import FollowerRun, Run, default_run_dir
 from charlm.runtime.distributed import environment_rank
 from charlm.runtime.precision import grad_scaler
 from charlm.training import reporting
-from charlm.training.control import (Interrupted, LossNotFinite, OutOfTime, ProcessLost, SaveSchedule, StopRequest,
+from charlm.training.control import (Interrupted, LossNotFinite, OutOfTime, OutOfTokens, ProcessLost, SaveSchedule, StopRequest,
                                      StorageError, TimeBudget, TrainingDiverged, TrainingInterrupted, owning)
 from charlm.training.evaluation import Scorer
 from charlm.training.resume import (Progress, check_resumable, last_good_checkpoint, restore, resumed_config,
@@ -134,6 +135,10 @@ class Trainer:
     def fit(self) -> dict:
         """Train until ``epochs``, early stopping or ``max_minutes``; returns the summary."""
         config, progress, run = self.config, self.progress, self.run
+        if config.max_tokens is not None and progress.tokens_seen >= config.max_tokens:
+            run.release()
+            raise CharlmError(f"the run has already trained on {progress.tokens_seen:,} tokens, its --max-tokens budget of "
+                              f"{config.max_tokens:,}: give a larger --max-tokens to go on")
         with owning(run, self.world):
             if progress.finished and (progress.epoch >= config.epochs or progress.epochs_without_improvement >= config.patience):
                 return self._complete()
@@ -148,7 +153,8 @@ class Trainer:
                     f"{parameters:,} parameters) on {config.corpus} [{self.device}] → {run.path}")
             run.record("start", parameters=parameters, hidden_size=self.model_config.hidden_size, device=str(self.device),
                        resumed_at={"epoch": progress.epoch, "window": progress.window})
-            budget, out_of_time = TimeBudget(config.max_minutes), False
+            budget, out_of_budget = TimeBudget(config.max_minutes), None
+            progress.stopped_by = "epochs"
             with StopRequest() as stop:
                 while progress.epoch < config.epochs:
                     try:
@@ -156,17 +162,27 @@ class Trainer:
                     except Interrupted:
                         self._stop_interrupted()
                     except OutOfTime:
-                        out_of_time = True
-                    if self._end_epoch(partial=out_of_time) or out_of_time:
+                        out_of_budget = "time"
+                    except OutOfTokens:
+                        out_of_budget = "tokens"
+                    if self._end_epoch(partial=out_of_budget is not None):
+                        progress.stopped_by = "patience"
                         break
+                    if out_of_budget:
+                        progress.stopped_by = out_of_budget
+                        break
+            out_of_time = out_of_budget is not None
             progress.finished = not out_of_time
             self.scorer.test_best(self.run)
             run.save_last(self.checkpoint())
             summary = self.summary()
             run.record("end", **summary)
-            if out_of_time:
+            if out_of_budget == "time":
                 run.log(f"time budget of {config.max_minutes:g} min used up: the run is resumable with "
                         f"`charlm train --resume {run.path}`")
+            elif out_of_budget == "tokens":
+                run.log(f"token budget of {config.max_tokens:,} used up ({progress.tokens_seen:,} tokens): the run is "
+                        f"resumable with `charlm train --resume {run.path} --max-tokens N` (a larger N)")
             return summary
 
     def _train_epoch(self, stop: StopRequest, budget: TimeBudget) -> None:
@@ -194,6 +210,7 @@ class Trainer:
                 progress.step += 1
                 progress.train_nats += result.loss * result.tokens
                 progress.train_tokens += result.tokens
+                progress.tokens_seen += result.tokens
                 progress.train_seconds = seconds_before + time.monotonic() - epoch_clock
                 if all(math.isfinite(norm) for norm in result.grad_norms.values()):
                     for name, norm in result.grad_norms.items():
@@ -221,6 +238,8 @@ class Trainer:
                 bar.status_line(progress.window, bpc, speed)
                 if result.out_of_time:
                     raise OutOfTime
+                if config.max_tokens is not None and progress.tokens_seen >= config.max_tokens:
+                    raise OutOfTokens
         finally:
             bar.close()
 

@@ -247,3 +247,24 @@ def test_test_loss_scored_once_at_the_end_is_read_from_its_record(tiny_corpus, t
     cli("report", run, "--out", tmp_path / "report", check_code=0)
     summary = {row["setting"]: row["value"] for row in read_csv(tmp_path / "report" / "summary.csv")}
     assert float(summary["test loss (nats) at best"]) == tested["test_loss"]
+
+
+def test_a_comparison_of_runs_that_saw_different_data_is_marked(report, sweep):
+    """Issue 22: the interrupted small gru trained one epoch, the small lstm two; the tiny runs all saw
+    the same tokens. The report marks the first row, says why each run stopped, and says whether the
+    tiny row's ordering is larger than its seed spread."""
+    out, _ = report
+    table = (out / "table1.md").read_text()
+    assert "| small † |" in table and "| tiny |" in table
+    tokens = {run: records(sweep / run, "epoch")[-1]["tokens_seen"] for run in ("small-lstm", "small-gru")}
+    assert tokens["small-lstm"] == 2 * tokens["small-gru"]
+    assert (f"† small: the runs saw different amounts of training data ({tokens['small-gru']:,}, "
+            f"{tokens['small-lstm']:,} tokens)") in table
+    assert re.search(r"- tiny: (lstm leads gru|gru leads lstm) by \d\.\d{4} nats, (larger than|within) their seed "
+                     r"spread \(±\d\.\d{4}, ±\d\.\d{4}\)", table)
+    index = (out / "index.md").read_text()
+    assert "| tokens | stopped by |" in index
+    rows = {line.split(" | ")[0].strip("| "): line for line in index.splitlines() if line.startswith("| ")}
+    assert rows["tiny-lstm-f1-s1"].rstrip(" |").endswith("epochs")
+    assert rows["small-gru"].rstrip(" |").endswith("interrupted")
+    assert rows["small-lstm-diverged"].rstrip(" |").endswith("diverged")

@@ -56,6 +56,8 @@ class RunRecord:
     test_bpc: float | None
     steps: tuple[StepRecord, ...]  # step records with per-layer gradient norms
     evaluations: tuple[EvalRecord, ...]  # dynamic "eval" records
+    tokens_seen: int | None = None  # training tokens of the whole run (None: written before it was counted)
+    stopped_by: str | None = None  # epochs, patience, tokens, time, diverged, interrupted; None while it runs
 
     @property
     def completed_epochs(self) -> int:
@@ -144,7 +146,24 @@ def read_run(run: Run, name: str) -> RunRecord:
         test_bpc=history.test_bpc_at_best,
         steps=tuple(step for step in history.steps if step.grad_norm),
         evaluations=tuple(evaluation for evaluation in history.evaluations if evaluation.mode == "dynamic"),
+        tokens_seen=_tokens_seen(history),
+        stopped_by=_stopped_by(history, run.status(history)),
     )
+
+
+def _tokens_seen(history) -> int | None:
+    counted = [record.tokens_seen for record in history.of("epoch", "end") if record.tokens_seen is not None]
+    return counted[-1] if counted else None
+
+
+def _stopped_by(history, status: str) -> str | None:
+    """Why the run's training last stopped: its ``end`` record says, or its status (diverged, interrupted)."""
+    if status in ("diverged", "interrupted"):
+        return status
+    ends = history.of("end")
+    if ends and ends[-1].stopped_by:
+        return ends[-1].stopped_by
+    return None
 
 
 def budget_label(params, parameters) -> tuple[str, float]:
@@ -198,6 +217,28 @@ def table1_sections(groups: list[Group]) -> list[tuple[str, list[str], list[tupl
             rows.append((label, [by_cell.get(cell) for cell in cells]))
         sections.append((budget, cells, rows))
     return sections
+
+
+def unequal_data(row: list[Group | None]) -> list[int] | None:
+    """The different token counts the runs of a row trained on, when they differ (the comparison then
+    mixes the amount of data with the modelling); None when they agree or were not counted."""
+    seen = sorted({run.tokens_seen for group in row if group is not None for run in group.runs
+                   if run.tokens_seen is not None})
+    return seen if len(seen) > 1 else None
+
+
+def ordering_note(row: list[Group | None], cells: list[str]) -> str | None:
+    """Whether the best cell's lead over the second is larger than the two groups' seed spread
+    (mean ± standard deviation, several seeds each); None where that cannot be told."""
+    scored = sorted(((group.loss.mean, cell, group) for cell, group in zip(cells, row)
+                     if group is not None and group.loss is not None), key=lambda item: item[0])
+    if len(scored) < 2 or scored[0][2].loss.std is None or scored[1][2].loss.std is None:
+        return None
+    (first_mean, first, first_group), (second_mean, second, second_group) = scored[:2]
+    lead, spread = second_mean - first_mean, first_group.loss.std + second_group.loss.std
+    verdict = "larger than" if lead > spread else "within"
+    return (f"{first} leads {second} by {lead:.4f} nats, {verdict} their seed spread "
+            f"(±{first_group.loss.std:.4f}, ±{second_group.loss.std:.4f})")
 
 
 def best_of(row: list[Group | None]) -> Group | None:

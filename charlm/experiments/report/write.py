@@ -16,7 +16,7 @@ from charlm.errors import CharlmError
 from charlm.experiments.report import figures
 from charlm.experiments.report.compare import (Group, RunRecord, Stat, best_of, data_needed, dynamic_columns,
                                                dynamic_rows, efficiency_families, group_runs, protocol_name,
-                                               read_runs, reference_loss, table1_sections)
+                                               ordering_note, read_runs, reference_loss, table1_sections, unequal_data)
 from charlm.files import atomic_write_text
 
 DEFAULT_REFERENCE = "gru"
@@ -93,13 +93,24 @@ class ReportWriter:
                                   "where several share corpus, budget, layers and cell; the best cell of each row in "
                                   "bold. Full-data runs only.\n"]
         for budget, cells, rows in sections:
-            markdown_rows, terminal_rows = [], []
+            markdown_rows, terminal_rows, remarks = [], [], []
             for label, row in rows:
+                seen = unequal_data(row)
+                if seen is not None:
+                    label += " †"
+                    remarks.append(f"† {label[:-2]}: the runs saw different amounts of training data "
+                                   f"({', '.join(f'{count:,}' for count in seen)} tokens); the comparison mixes data "
+                                   "with modelling (give every run the same --epochs, --train-fraction or --max-tokens)")
+                    self.notes.append(f"{budget}, {label[:-2]}: the runs compared saw different amounts of training data")
+                ordering = ordering_note(row, cells)
+                if ordering is not None:
+                    remarks.append(f"{label.rstrip(' †')}: {ordering}")
                 best = [group is not None and group is best_of(row) for group in row]
                 markdown_rows.append([label, *[loss_text(group, bold=bold) for group, bold in zip(row, best)]])
                 terminal_rows.append([label, *[loss_text(group, units=False) + " *" * bold for group, bold in zip(row, best)]])
                 csv_rows += [_table1_csv_row(budget, group, bold) for group, bold in zip(row, best) if group is not None]
-            markdown.append(f"## {budget} parameters\n\n" + _markdown(["corpus", *cells], markdown_rows))
+            markdown.append(f"## {budget} parameters\n\n" + _markdown(["corpus", *cells], markdown_rows)
+                            + "".join(f"\n- {remark}" for remark in remarks) + ("\n" if remarks else ""))
             self.tables.append((f"Table 1, {budget} parameters: test loss at the best validation epoch (nats · bpc; * best)",
                                 ["corpus", *cells], terminal_rows))
         self.table("table1.csv", ["budget", "corpus", "layers", "cell", "runs", "test_loss", "test_loss_std",
@@ -263,7 +274,8 @@ def _layers_text(layers) -> str:
 def _settings(record: RunRecord) -> dict:
     return {"run": record.name, "corpus": record.corpus, "cell": record.cell, "layers": record.layers,
             "hidden": record.hidden, "parameters": record.parameters, "budget": record.budget,
-            "fraction": record.fraction, "seed": record.seed, "status": record.status, "epochs": record.completed_epochs}
+            "fraction": record.fraction, "seed": record.seed, "status": record.status, "epochs": record.completed_epochs,
+            "tokens": record.tokens_seen, "stopped by": record.stopped_by}
 
 
 def _table1_csv_row(budget: str, group: Group, best: bool) -> list:

@@ -1,4 +1,4 @@
-"""Learning-rate schedules by name: each against a hand trace, through the trainer, and resumed."""
+"""Learning-rate schedules by name, and the token budget: each against a hand trace, through the trainer, resumed."""
 
 from __future__ import annotations
 
@@ -105,3 +105,30 @@ def test_schedule_errors_are_one_line(tiny_corpus):
     assert_one_line_error(cli("train", *common, "--schedule", "plateau-halving", "--min-lr", "0.01"),
                           "--min-lr must be below --lr (0.001) for plateau-halving, not 0.01")
     assert_one_line_error(cli("train", *common, "--plateau-factor", "1"), "--plateau-factor")
+
+
+def test_a_token_budget_stops_at_the_same_point_resumed_or_not(tiny_corpus, tmp_path):
+    """--max-tokens counts every stream's tokens over the run's sessions: a run stopped at 2,048
+    tokens and resumed to 6,144 ends with the weights of a run given 6,144 at once."""
+    from helpers import assert_same_weights, weights
+
+    settings = dict(epochs=3, batch_size=8, bptt=16, train_fraction=0.5)  # 128 tokens a step
+    Trainer(tiny_config(tiny_corpus, tmp_path / "once", max_tokens=6144, **settings)).fit()
+    Trainer(tiny_config(tiny_corpus, tmp_path / "twice", max_tokens=2048, **settings)).fit()
+    (first,) = records(tmp_path / "twice", "end")
+    assert first["tokens_seen"] == 2048 and first["stopped_by"] == "tokens"
+    Trainer.resume(tmp_path / "twice", max_tokens=6144).fit()
+    assert_same_weights(weights(tmp_path / "once"), weights(tmp_path / "twice"))
+    ends = [records(run, "end")[-1] for run in (tmp_path / "once", tmp_path / "twice")]
+    assert [end["tokens_seen"] for end in ends] == [6144, 6144] and {end["stopped_by"] for end in ends} == {"tokens"}
+    result = cli("train", "--resume", str(tmp_path / "twice"), "--max-tokens", "6144")
+    assert_one_line_error(result, "the run has already trained on 6,144 tokens, its --max-tokens budget of 6,144: "
+                                  "give a larger --max-tokens to go on")
+
+
+def test_the_end_record_says_why_training_stopped(tiny_corpus, tmp_path):
+    Trainer(tiny_config(tiny_corpus, tmp_path / "run", epochs=1, train_fraction=0.2)).fit()
+    (end,) = records(tmp_path / "run", "end")
+    assert end["stopped_by"] == "epochs" and end["tokens_seen"] > 0
+    epochs = records(tmp_path / "run", "epoch")
+    assert epochs[-1]["tokens_seen"] == end["tokens_seen"]
