@@ -94,7 +94,7 @@ class TrainConfig:
     cell: str = setting("lstm", "Recurrent cell (see `charlm cells`), or module:Class for your own.")
     layers: int = setting(1, "Number of stacked recurrent layers.", min=1)
     hidden: int | None = setting(None, "Hidden size n.", min=1, show_default=f"{DEFAULT_HIDDEN} when neither --hidden nor --params is given")
-    params: str | None = setting(None, "Parameter budget such as 1M or 2.5e6: chooses the hidden size whose total count is closest.", show_default="none")
+    params: str | None = setting(None, "Parameter budget such as 1M or 2.5e6, or the size of a reference model such as lstm@100 (an LSTM of 100 units on this corpus; with options: lstm[peephole=full]@100): chooses the hidden size whose total count is closest.", show_default="none")
     embed_size: int | None = setting(None, "Embedding width; 0 feeds one-hot symbols.", min=0, show_default="what the cell needs, else n")
     dropout: float = setting(0.0, "Dropout between layers and on the softmax input.", min=0, max=1, max_open=True)
     cell_options: dict = setting({}, "Options of the cell (--cell-opt key=value).", cli=False)

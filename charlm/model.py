@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import torch
 import torch.nn.functional as F
@@ -211,6 +212,30 @@ def parse_budget(text: str) -> int:
     if value < 1:
         raise CharlmError(f"parameter budget {text!r} must be positive")
     return int(round(value))
+
+
+REFERENCE_BUDGET = re.compile(r"^(?P<cell>[\w.:-]+?)(\[(?P<options>[^\]]*)\])?@(?P<hidden>-?\d+)$")
+
+
+def budget_of(text: str, config: ModelConfig) -> int:
+    """A parameter budget given as a count (``"1M"``) or as the size of a reference model:
+    ``"lstm@100"`` is the parameter count of an LSTM of 100 hidden units with ``config``'s vocabulary,
+    layers and embedding (how the Delta-RNN paper's Table 2 sizes its models), and
+    ``"lstm[peephole=full]@100"`` the same with cell options."""
+    match = REFERENCE_BUDGET.match(text.strip())
+    if match is None:
+        return parse_budget(text)
+    hidden_size = int(match["hidden"])
+    if hidden_size < 1:
+        raise CharlmError(f"parameter budget {text!r}: the reference model needs at least one hidden unit")
+    from charlm.cells import parse_key_values
+
+    cell_class = CELLS.get(match["cell"])
+    options = parse_key_values([pair for pair in (match["options"] or "").split(",") if pair.strip()])
+    parse_cell_options(cell_class, options)  # refuses an unknown or malformed option now
+    reference = dataclasses.replace(config, cell=match["cell"], hidden_size=hidden_size, cell_options=options)
+    with torch.device("meta"):
+        return count_parameters(LanguageModel(reference, cell_class))
 
 
 def size_for_budget(config: ModelConfig, budget: int, max_hidden_size: int = 16384, cell_class=None) -> tuple[int, int]:

@@ -260,3 +260,38 @@ def test_unavailable_and_unknown_devices(trained_run, tmp_path, monkeypatch):
         charlm.load(trained_run, device="cuda")
     assert list(tmp_path.iterdir()) == []
     assert math.isfinite(charlm.load(trained_run, device="cpu").score("The cat.").bpc)
+
+
+def test_a_budget_named_after_a_reference_model_sizes_every_cell_to_it():
+    """Issue 22: ``--params lstm@100`` is the count of an LSTM of 100 units on the same vocabulary (the
+    Delta-RNN paper's Table 2 sizing); every cell gets the hidden size whose count is closest."""
+    from charlm.cells import CELLS
+    from charlm.model import LanguageModel, ModelConfig, budget_of, count_parameters
+    from charlm.training.setup import model_config_for
+
+    base = ModelConfig("rnn", vocab_size=2404, hidden_size=1, embed_size=0)
+    assert budget_of("lstm[peephole=full]@100", base) == 1_274_804
+    assert budget_of("lstm@100", base) == 1_244_804
+    budget = budget_of("lstm@50", dataclasses.replace(base, vocab_size=60))
+    for name in ("rnn", "gru", "delta-rnn", "mgu", "scrn", "mi-rnn", "lstm"):
+        config = TrainConfig(corpus="x", cell=name, params="lstm@50", embed_size=0)
+        model_config = model_config_for(config, 60, CELLS.get(name))
+
+        def count(hidden):
+            return count_parameters(LanguageModel(dataclasses.replace(model_config, hidden_size=hidden)))
+
+        chosen = abs(count(model_config.hidden_size) - budget)
+        assert chosen <= abs(count(model_config.hidden_size - 1) - budget), name
+        assert chosen <= abs(count(model_config.hidden_size + 1) - budget), name
+
+
+@pytest.mark.parametrize("params, message", [
+    ("lstm@0", "parameter budget 'lstm@0': the reference model needs at least one hidden unit"),
+    ("nope@100", "unknown cell 'nope'"),
+    ("lstm[nope=1]@100", "cell 'lstm' has no option 'nope'"),
+])
+def test_a_bad_reference_budget_is_one_line(params, message, tiny_corpus):
+    from helpers import assert_one_line_error, cli
+
+    assert_one_line_error(cli("train", "--corpus", "tiny", "--data-dir", str(tiny_corpus), "--params", params,
+                              "--epochs", "1"), message)

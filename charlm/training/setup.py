@@ -18,7 +18,7 @@ from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
 from charlm.corpora.streams import TokenStreams
 from charlm.errors import CharlmError, ConfigError
-from charlm.model import LanguageModel, ModelConfig, count_parameters, parse_budget, size_for_budget
+from charlm.model import LanguageModel, ModelConfig, budget_of, count_parameters, size_for_budget
 from charlm.runtime.compiling import CompiledForward
 from charlm.runtime.cuda_graphs import graphed_window
 from charlm.runtime.devices import resolve_device
@@ -74,7 +74,7 @@ def model_config_for(config: TrainConfig, vocab_size: int, cell_class=None, devi
                                layers=config.layers, embed_size=config.embed_size, dropout=config.dropout,
                                cell_options=dict(config.cell_options))
     if config.params is not None:
-        budget = parse_budget(config.params)
+        budget = budget_of(config.params, model_config)
         if device is not None:
             check_budget_fits(budget, device)
         hidden_size, _ = size_for_budget(model_config, budget, cell_class=cell_class)
