@@ -107,7 +107,7 @@ class Model:
     @property
     def unit(self) -> str:
         """"char", "byte" or "subword", from the tokenizer."""
-        return {"char": "char", "byte": "byte"}.get(self.checkpoint.tokenizer.get("kind"), "subword")
+        return {"char": "char", "byte": "byte", "word": "word"}.get(self.checkpoint.tokenizer.get("kind"), "subword")
 
     # --- sampling ------------------------------------------------------------------------------
     def stream(self, prime: str | None = None, length: int = _SAMPLE.length, temperature: float = _SAMPLE.temperature,
@@ -133,7 +133,10 @@ class Model:
     def _prime(self, prime: str | None) -> tuple[list[int], str]:
         """Token ids and text of the prime; None means a line break (or the first symbol)."""
         if prime is None:
-            ids = self.tokenizer.encode(DEFAULT_PRIME) if DEFAULT_PRIME in self.tokenizer.vocab else [0]
+            if getattr(self.tokenizer, "eos_id", None) is not None:  # words: the start of a sentence
+                ids = [self.tokenizer.eos_id]
+            else:
+                ids = self.tokenizer.encode(DEFAULT_PRIME) if DEFAULT_PRIME in self.tokenizer.vocab else [0]
             return ids, self.tokenizer.decode(ids)
         return encode_prime(self.tokenizer, prime), prime
 
@@ -156,7 +159,11 @@ class Model:
             except OutOfVocabulary:
                 unk_id = self.tokenizer.vocab.index(self.tokenizer.unk)
                 return [unk_id if c in outside else self.tokenizer.encode(c)[0] for c in text], 0
-        kept = "".join(c for c in text if c not in set(outside))
+        if self.unit == "word":  # skip whole words
+            kept = "\n".join(" ".join(word for word in line.split() if word not in set(outside))
+                              for line in text.split("\n"))
+        else:
+            kept = "".join(c for c in text if c not in set(outside))
         return self.tokenizer.encode(kept), len(text) - len(kept)
 
     def score(self, text: str, *, per_char: bool = False, unknown: str = _SCORE.unknown,

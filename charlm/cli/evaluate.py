@@ -65,8 +65,8 @@ def _evaluate_static(model, split, batch_size, bptt, data_dir):
     stdout.print(f"checkpoint      {model.checkpoint.path}")
     stdout.print(f"split           {corpus.name} {split} ({score.tokens:,} {corpus.unit} tokens scored)")
     stdout.print(f"bpc             {score.bpc:.4f} ({unit})")
-    if corpus.unit == "subword":
-        stdout.print(f"nll per token   {score.loss:.4f} nats")
+    if corpus.unit in ("subword", "word"):
+        stdout.print(f"nll per token   {score.loss:.4f} nats (per {corpus.unit})")
     stdout.print(f"perplexity      {score.perplexity:.4f} (per {corpus.unit} token)")
     _print_fast_path(model)
 
@@ -84,7 +84,7 @@ def _evaluate_dynamic(model, split, options, adapt_on, search_prefix, save_adapt
         check_adapted_path(save_adapted, model.checkpoint.path)
     corpus = model.corpus(data_dir)
     report = model.evaluate(split, dynamic=options, data_dir=data_dir, adapt_on=adapt_on, search_prefix=search_prefix,
-                            progress=_ProgressBars("bits/token" if corpus.unit == "subword" else "bpc"))
+                            progress=_ProgressBars("bits/token" if corpus.unit in ("subword", "word") else "bpc"))
     _print_dynamic(report, model.checkpoint.path, corpus)
     _print_fast_path(model)
     if save_adapted is not None:

@@ -23,7 +23,7 @@ from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS, check_fractions
 from charlm.corpora.store import (FORMAT_VERSION, PreparedCorpus, data_root, open_prepared, read_meta,
                                   remove_abandoned_staging, write_prepared)
 from charlm.corpora.subword import SUBWORD_KINDS, train_subword_tokenizer
-from charlm.corpora.tokenizer import UNK, ByteTokenizer, CharTokenizer, Tokenizer
+from charlm.corpora.tokenizer import UNK, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer
 from charlm.logs import info as log_info
 from charlm.errors import CharlmError, OutOfVocabulary
 
@@ -112,7 +112,7 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
     origin, verified = gathered.origin, gathered.verified
     splits = recipe.parse(gathered.files, options.fractions)
     del gathered
-    if options.unit == "subword":
+    if options.unit in ("subword", "word"):
         splits = {which: as_text(part) for which, part in splits.items()}
     say(f"{options.name}: building the {options.unit} vocabulary from the training split")
     tokenizer = build_tokenizer(recipe, options, splits["train"])
@@ -156,6 +156,7 @@ def build_tokenizer(recipe: Recipe, options: PrepareOptions, train) -> Tokenizer
     builders = {
         "char": lambda: CharTokenizer.build(as_text(train), unk=unk, space_symbol=recipe.space_symbol),
         "byte": lambda: ByteTokenizer.build(train, unk=unk),
+        "word": lambda: WordTokenizer.build(as_text(train), unk=unk),
         "subword": lambda: train_subword_tokenizer(train, options.subword_kind, options.vocab_size,
                                                    allow_unknown=unk is not None),
     }

@@ -27,7 +27,7 @@ class Recipe:
 
     name: str
     description: str
-    unit: str  # "char", "byte" or "subword": what one token is
+    unit: str  # "char", "byte", "word" or "subword": what one token is
     inputs: RemoteInputs | LocalTextFiles | PythonDocumentation
     parse: Callable[[dict[str, bytes], tuple | None], dict]
     fractions: tuple[float, float, float] | None = None  # contiguous split of one text; None: given files
@@ -201,6 +201,15 @@ PTB_CONTIGUOUS = replace(
     fractions=DEFAULT_FRACTIONS,
 )
 
+PTB_WORD = Recipe(
+    name="ptb-word",
+    description="Penn Treebank, words (Mikolov's 10,000-word files: <unk> for rare words, <eos> ends each sentence)",
+    unit="word",
+    inputs=_ptb_inputs(tuple(f"ptb.{s}.txt" for s in SPLITS)),
+    parse=parse_ptb_words,
+    vocab_size=10_000,
+)
+
 PTB_SUBWORD = Recipe(
     name="ptb-subword",
     description="Penn Treebank, subwords of the word-level files",
@@ -312,5 +321,5 @@ PYDOC = Recipe(
 )
 
 RECIPES: Mapping[str, Recipe] = MappingProxyType(
-    {recipe.name: recipe for recipe in (PTB, PTB_CONTIGUOUS, PTB_SUBWORD, WP, TEXT8, ENWIK8, IMDB_SUBWORD, TEXT, PYDOC)}
+    {recipe.name: recipe for recipe in (PTB, PTB_CONTIGUOUS, PTB_WORD, PTB_SUBWORD, WP, TEXT8, ENWIK8, IMDB_SUBWORD, TEXT, PYDOC)}
 )

@@ -1,4 +1,4 @@
-"""Tokenizers: text to token ids and back, for character, byte and subword corpora.
+"""Tokenizers: text to token ids and back, for character, byte, word and subword corpora.
 
 A tokenizer is rebuilt from ``to_state()``, which holds only plain containers (the subword model
 travels as a uint8 tensor), so a checkpoint loaded with ``torch.load(..., weights_only=True)``
@@ -288,4 +288,65 @@ class SubwordTokenizer(Tokenizer):
         return cls(model, state.get("unk"))
 
 
-TOKENIZER_KINDS = {kind.kind: kind for kind in (CharTokenizer, ByteTokenizer, SubwordTokenizer)}
+EOS = "<eos>"  # a word corpus's end of sentence: a line break in the text
+
+
+class WordTokenizer(Tokenizer):
+    """Words separated by whitespace; every line break is the end-of-sentence token ``<eos>``.
+
+    The vocabulary is the training split's words and ``<eos>`` (Mikolov's PTB files have already
+    mapped rare words to ``<unk>``, which is then the entry unknown words map to when asked).
+    Decoding joins the words of a line with single spaces.
+    """
+
+    kind = "word"
+
+    def __init__(self, vocab, unk=None):
+        super().__init__(vocab, unk)
+        self.index = {word: i for i, word in enumerate(self.vocab)}
+        self.eos_id = self.index[EOS]
+
+    @classmethod
+    def build(cls, text: str, unk=None):
+        words = {EOS}
+        for line in text.splitlines():
+            words.update(line.split())
+        return cls(sorted(words), UNK if UNK in words else unk)
+
+    def words(self, text: str):
+        """The words of ``text`` in order, ``<eos>`` for every line break."""
+        for line in text.splitlines(keepends=True):
+            yield from line.split()
+            if line.endswith(("\n", "\r")):
+                yield EOS
+
+    def unknown_words(self, text: str) -> list[str]:
+        return sorted({word for word in self.words(text) if word not in self.index})
+
+    def encode_array(self, text: str) -> np.ndarray:
+        unk_id = self.index.get(self.unk) if self.unk is not None else None
+        ids = []
+        for word in self.words(text):
+            found = self.index.get(word, unk_id)
+            if found is None:
+                raise OutOfVocabulary(self.unknown_words(text))
+            ids.append(found)
+        return np.asarray(ids, dtype=id_dtype(self.vocab_size))
+
+    def decode(self, ids) -> str:
+        pieces, line_start = [], True
+        for i in _ids_list(ids):
+            if i == self.eos_id:
+                pieces.append("\n")
+                line_start = True
+            else:
+                pieces.append(("" if line_start else " ") + self.vocab[i])
+                line_start = False
+        return "".join(pieces)
+
+    @classmethod
+    def from_own_state(cls, state):
+        return cls(state["vocab"], state.get("unk"))
+
+
+TOKENIZER_KINDS = {kind.kind: kind for kind in (CharTokenizer, ByteTokenizer, WordTokenizer, SubwordTokenizer)}

@@ -22,6 +22,8 @@ def outside_vocabulary(tokenizer: Tokenizer, text: str) -> list[str]:
         return error.symbols
     if tokenizer.unk is None:
         return []
+    if hasattr(tokenizer, "unknown_words"):  # a word vocabulary: whole words, not characters
+        return tokenizer.unknown_words(text)
     unk_id = tokenizer.vocab.index(tokenizer.unk)
     return sorted(c for c in set(text) if unk_id in tokenizer.encode(c))
 

@@ -54,8 +54,9 @@ class Score:
 
 
 def characters_per_token(corpus, split: str) -> float:
-    """1 for character and byte corpora; the split's characters per subword token otherwise."""
-    if corpus.unit != "subword":
+    """1 for character and byte corpora; the split's characters per token for word and subword
+    corpora (spaces and line breaks counted: the characters of the text the tokens stand for)."""
+    if corpus.unit in ("char", "byte"):
         return 1.0
     return corpus.characters(split) / corpus.tokens(split)
 
