@@ -42,10 +42,12 @@ def sweep(
     points = select(loaded.points(), only or [], parse_shard(shard))
     if dry_run:
         rows = [runner.describe(point) for point in points]
+        paper = loaded.paper_parameters if loaded.profile == "paper" else {}
         print_table(f"{len(rows)} run(s) of {loaded.name} ({loaded.profile}) in {target}",
-                    ["run", "corpus", "cell", "layers", "budget", "hidden", "parameters", "state"],
+                    ["run", "corpus", "cell", "layers", "budget", "hidden", "parameters", "paper's count", "state"],
                     [[row["run"], row["corpus"], row["cell"], str(row["layers"]), row["params"] or "-",
-                      _or_unknown(row["hidden"]), _or_unknown(row["parameters"], "{:,}"), row["state"]] for row in rows])
+                      _or_unknown(row["hidden"]), _or_unknown(row["parameters"], "{:,}"),
+                      f"{paper[row['cell']]:,}" if row["cell"] in paper else "-", row["state"]] for row in rows])
         if any(row["vocabulary_assumed"] for row in rows):
             stdout.print("(sizes of corpora not prepared yet use their documented vocabulary sizes)")
         return

@@ -50,7 +50,7 @@ from charlm.config import TrainConfig, from_dict
 from charlm.errors import CharlmError
 from charlm.files import read_text
 
-PLAN_KEYS = {"name", "description", "base", "axes", "eval", "profiles", "paper"}
+PLAN_KEYS = {"name", "description", "base", "axes", "eval", "profiles", "paper", "paper_parameters"}
 EVAL_KEYS = {"split", "dynamic", "adapt_on", "batch_size"}
 SWEEP_OWNED = {"run_dir", "init_from"}  # settings a sweep chooses itself, per point
 CELL_OPTION = "cell_options."
@@ -89,6 +89,7 @@ class Plan:
     axes: dict  # axis name → list of values, in the plan's order
     evals: tuple[EvalStep, ...]
     source: str  # where the plan was read from
+    paper_parameters: dict = dataclasses.field(default_factory=dict)  # cell → the count its paper gives
 
     def points(self) -> list[Point]:
         """Every point of the grid, in a fixed order (the axes' product)."""
@@ -146,6 +147,7 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
             raw["eval"] = overrides["eval"]
     plan = Plan(name=raw.get("name", Path(source).stem), description=raw.get("description", ""),
                 profile=profile or "paper", base=base, axes=axes, evals=_eval_steps(raw.get("eval", []), source),
+                paper_parameters=_paper_parameters(raw.get("paper_parameters", {}), source),
                 source=source)
     _check(plan)
     return plan
@@ -208,6 +210,13 @@ def _check(plan: Plan) -> None:
             CELLS.get(config.cell)
         if config.corpus not in RECIPES and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", config.corpus):
             raise CharlmError(f"plan {plan.source}: {config.corpus!r} is not a corpus name")
+
+
+def _paper_parameters(table, source: str) -> dict:
+    """``[paper_parameters]``: cell name → the parameter count the paper gives for its model."""
+    if not isinstance(table, dict) or not all(isinstance(count, int) and count > 0 for count in table.values()):
+        raise CharlmError(f"plan {source}: paper_parameters must be a table of cell names and positive counts")
+    return dict(table)
 
 
 def _is_paired(values) -> bool:

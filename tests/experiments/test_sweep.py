@@ -220,3 +220,24 @@ def test_a_point_that_cannot_run_is_reported_and_the_sweep_goes_on(tiny_corpus, 
     assert "[1/2] corpus-absent: not run: corpus 'absent' is not prepared" in result.stderr
     assert "1 failed, 1 finished" in result.stdout
     assert Run(tmp_path / "sweep" / "corpus-tiny").status() == "finished"
+
+
+def test_the_delta_rnn_plans_follow_the_paper_and_the_dry_run_shows_its_counts(tmp_path):
+    """Issue 22: the Delta-RNN plans carry the paper's protocol (section 4.2), an LSTM with full
+    peepholes, and the small profiles give every run the same data; a dry run shows the paper's
+    parameter count next to charlm's where the plan gives one."""
+    for name in ("delta-rnn-ptb", "delta-rnn-ptb-word"):
+        plan = load_plan(name)
+        settings = plan.points()[0].settings
+        assert (settings["batch_size"], settings["epochs"], settings["clip"], settings["schedule"],
+                settings["patience"]) == (64, 100, 5.0, "plateau-halving", 10)
+        lstm = [p.settings for p in plan.points() if p.settings["cell"] == "lstm"]
+        assert lstm and all(s["cell_options"] == {"peephole": "full"} for s in lstm)
+        small = load_plan(name, "small")
+        assert all("max_minutes" not in p.settings and p.settings["patience"] >= p.settings["epochs"]
+                   for p in small.points())
+        assert len({p.settings["seed"] for p in small.points()}) >= 2
+    for name in shipped_plans():
+        assert all("max_minutes" not in p.settings for p in load_plan(name, "small").points()), name
+    result = cli("sweep", "grid-lstm-enwik8", "--dir", tmp_path / "sweep", "--dry-run", check_code=0)
+    assert "paper's count" in result.stdout and "16,800,000" in result.stdout and "16,828,205" in result.stdout
