@@ -159,7 +159,7 @@ class Model:
             except OutOfVocabulary:
                 unk_id = self.tokenizer.vocab.index(self.tokenizer.unk)
                 return [unk_id if c in outside else self.tokenizer.encode(c)[0] for c in text], 0
-        if self.unit == "word":  # skip whole words
+        if hasattr(self.tokenizer, "unknown_words"):  # a vocabulary of words or word pieces: skip whole words
             kept = "\n".join(" ".join(word for word in line.split() if word not in set(outside))
                               for line in text.split("\n"))
         else:

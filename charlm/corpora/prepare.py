@@ -59,11 +59,13 @@ class PrepareOptions:
         if recipe.unit == "subword":
             kind = subword or recipe.subword_kind
         elif subword is not None:
-            name, unit, kind = f"{name}-{subword}{vocab_size}", "subword", subword
+            suffix = subword if subword == "vowel-linked" else f"{subword}{vocab_size}"
+            name, unit, kind = f"{name}-{suffix}", "subword", subword
         if not CORPUS_NAME.fullmatch(name):
             raise CharlmError(f"corpus name {name!r} must be letters, digits, '.', '_' or '-' (not starting with one)")
         fractions = check_fractions(split) if split is not None else recipe.fractions
-        return cls(recipe.name, name, unit, kind, vocab_size if kind else None, fractions, unknown)
+        return cls(recipe.name, name, unit, kind, vocab_size if kind and kind != "vowel-linked" else None, fractions,
+                   unknown)
 
     def request(self) -> dict:
         """The options as stored in meta.json (JSON types, so a stored copy compares equal)."""
@@ -147,6 +149,8 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
 def describe(recipe: Recipe, options: PrepareOptions) -> str:
     if options.unit == recipe.unit:
         return recipe.description
+    if options.subword_kind == "vowel-linked":
+        return f"{recipe.description}; as vowel-linked subwords (the Delta-RNN paper's scheme)"
     return f"{recipe.description}; as {options.subword_kind} subwords, {options.vocab_size} pieces"
 
 

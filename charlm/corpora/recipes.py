@@ -212,10 +212,12 @@ PTB_WORD = Recipe(
 
 PTB_SUBWORD = Recipe(
     name="ptb-subword",
-    description="Penn Treebank, subwords of the word-level files",
+    description="Penn Treebank, subwords of the word-level files (the Delta-RNN paper's vowel-linked pieces)",
     unit="subword",
     inputs=_ptb_inputs(tuple(f"ptb.{s}.txt" for s in SPLITS)),
     parse=parse_ptb_words,
+    subword_kind="vowel-linked",
+    vocab_size=2_393,
 )
 
 WP = Recipe(

@@ -1,4 +1,5 @@
-"""Training a sentencepiece subword model (BPE or unigram) on a corpus's training split.
+"""Training a subword model on a corpus's training split: sentencepiece (BPE or unigram), or the
+Delta-RNN paper's vowel-linked pieces (``charlm.corpora.vowel_subwords``).
 
 The model is lossless on the text it is trained for: no normalisation, no dummy prefix, spaces kept
 as they are, every training character covered. Lines are its sentences; the newline is the model's
@@ -10,10 +11,11 @@ import os
 
 import sentencepiece
 
-from charlm.corpora.tokenizer import SUBWORD_SEGMENT, SubwordTokenizer, line_segments
+from charlm.corpora.tokenizer import SUBWORD_SEGMENT, SubwordTokenizer, VowelSubwordTokenizer, line_segments
 from charlm.errors import CharlmError
 
-SUBWORD_KINDS = ("bpe", "unigram")
+SENTENCEPIECE_KINDS = ("bpe", "unigram")
+SUBWORD_KINDS = (*SENTENCEPIECE_KINDS, "vowel-linked")
 UNK_PIECE = "\u2047"  # sentencepiece's own rendering of an unknown piece
 MAX_TRAINING_CHARACTERS = 20_000_000  # larger training splits are sampled evenly, line by line
 
@@ -27,12 +29,15 @@ def training_sentences(text: str, budget: int = MAX_TRAINING_CHARACTERS) -> list
     return sentences[:: max(1, round(keep_every))]
 
 
-def train_subword_tokenizer(text: str, kind: str, vocab_size: int, allow_unknown: bool = False) -> SubwordTokenizer:
-    """Train a ``kind`` ("bpe" or "unigram") model of ``vocab_size`` pieces on ``text``.
+def train_subword_tokenizer(text: str, kind: str, vocab_size: int | None, allow_unknown: bool = False):
+    """Train a ``kind`` ("bpe" or "unigram") model of ``vocab_size`` pieces on ``text``, or build the
+    vowel-linked pieces of its words (``vocab_size`` unused: their count is the rules' own).
 
     With ``allow_unknown``, characters the model lacks encode to its unknown piece; without, they are
     an error.
     """
+    if kind == "vowel-linked":
+        return VowelSubwordTokenizer.build(text)
     if kind not in SUBWORD_KINDS:
         raise CharlmError(f"unknown subword kind {kind!r}: choose one of {', '.join(SUBWORD_KINDS)}")
     if vocab_size < 3:

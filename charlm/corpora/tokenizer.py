@@ -8,9 +8,13 @@ Corpus-sized texts (100 million characters) are encoded in numpy, a chunk at a t
 lookup table: never as a Python list of characters.
 """
 
+from string import ascii_lowercase
+
 import numpy as np
 import sentencepiece
 
+from charlm.corpora.vowel_subwords import (DEFAULT_MIN_COUNT, END_OF_SENTENCE, END_OF_WORD, LETTERS, piece_counts,
+                                           sentence_words, vowel_pieces)
 from charlm.errors import OutOfVocabulary
 
 UNK = "<unk>"
@@ -349,4 +353,80 @@ class WordTokenizer(Tokenizer):
         return cls(state["vocab"], state.get("unk"))
 
 
-TOKENIZER_KINDS = {kind.kind: kind for kind in (CharTokenizer, ByteTokenizer, WordTokenizer, SubwordTokenizer)}
+class VowelSubwordTokenizer(Tokenizer):
+    """The Delta-RNN paper's subwords (``charlm.corpora.vowel_subwords``): the pieces of each word
+    seen at least ``min_count`` times in the training split, the 26 letters for the others, and
+    ``</w>`` after every word; a line ends with the word ``<eos>``."""
+
+    kind = "vowel-linked"
+
+    def __init__(self, vocab, unk=None):
+        super().__init__(vocab, unk)
+        self.index = {symbol: i for i, symbol in enumerate(self.vocab)}
+        self.end_id = self.index[END_OF_WORD]
+
+    @classmethod
+    def build(cls, text: str, min_count: int = DEFAULT_MIN_COUNT):
+        counts = piece_counts(text)
+        kept = sorted(piece for piece, count in counts.items() if count >= min_count and piece not in LETTERS)
+        vocab = [*kept, *LETTERS, END_OF_WORD]
+        return cls(vocab, UNK if UNK in kept else None)
+
+    def word_ids(self, word: str) -> list[int] | None:
+        """The ids of one word, ``</w>`` last; None where it cannot be written (and there is no ``<unk>``)."""
+        ids = []
+        for piece in vowel_pieces(word):
+            if piece in self.index:
+                ids.append(self.index[piece])
+            elif all(c in ascii_lowercase for c in piece):
+                ids.extend(self.index[c] for c in piece)
+            elif self.unk is not None:
+                ids.append(self.index[self.unk])
+            else:
+                return None
+        return [*ids, self.end_id]
+
+    def unknown_words(self, text: str) -> list[str]:
+        """The words of ``text`` that map to ``<unk>`` or cannot be written at all."""
+        unk_id = self.index.get(self.unk) if self.unk is not None else None
+        return sorted({word for word in sentence_words(text)
+                       if (ids := self.word_ids(word)) is None or (unk_id is not None and unk_id in ids
+                                                                   and word != self.unk)})
+
+    def encode_array(self, text: str) -> np.ndarray:
+        ids, unknown = [], set()
+        for word in sentence_words(text):
+            found = self.word_ids(word)
+            if found is None:
+                unknown.add(word)
+            else:
+                ids.extend(found)
+        if unknown:
+            raise OutOfVocabulary(sorted(unknown))
+        return np.asarray(ids, dtype=id_dtype(self.vocab_size))
+
+    def decode(self, ids) -> str:
+        text, word, line_start = [], [], True
+        for i in _ids_list(ids):
+            if i != self.end_id:
+                word.append(self.vocab[i])
+                continue
+            written = "".join(word)
+            word = []
+            if written == END_OF_SENTENCE:
+                text.append("\n")
+                line_start = True
+            else:
+                text.append(("" if line_start else " ") + written)
+                line_start = False
+        if word:  # a word not yet ended (a sample cut short)
+            text.append(("" if line_start else " ") + "".join(word))
+        return "".join(text)
+
+    @classmethod
+    def from_own_state(cls, state):
+        return cls(state["vocab"], state.get("unk"))
+
+
+TOKENIZER_KINDS = {kind.kind: kind for kind in (CharTokenizer, ByteTokenizer, WordTokenizer, SubwordTokenizer,
+                                                VowelSubwordTokenizer)}

@@ -123,8 +123,8 @@ def test_modified_local_copy_needs_no_verify(shared_corpora, tmp_path):
 
 
 def test_ptb_subword_on_the_word_files(shared_corpora, tmp_path):
-    corpus = prepare_corpus("ptb-subword", source=shared_corpora / "ptb", vocab_size=500,
-                            data_dir=tmp_path, progress=False)
+    corpus = prepare_corpus("ptb-subword", source=shared_corpora / "ptb", subword="bpe", vocab_size=500,
+                            data_dir=tmp_path, progress=False)  # sentencepiece, as a user may still ask
     assert corpus.unit == "subword" and corpus.vocab_size == 500
     # words joined by single spaces, one newline per sentence: as many characters as the char files have tokens
     assert [corpus.characters(s) for s in ("train", "valid", "test")] == [5_017_482, 393_042, 442_423]

@@ -1,0 +1,73 @@
+"""The Delta-RNN paper's subword scheme (issue 22): the rules on words split by hand, the vocabulary
+on the real PTB, and `ptb-subword` prepared with it."""
+
+from __future__ import annotations
+
+import pytest
+
+from charlm.corpora.tokenizer import Tokenizer, VowelSubwordTokenizer
+from charlm.corpora.vowel_subwords import END_OF_WORD, LETTERS, piece_counts, vowel_pieces
+from charlm.errors import OutOfVocabulary
+from helpers import cli
+
+# Derived by hand from the rules: split at vowels, link each vowel to the consonant after it, merge
+# single characters right unless the left piece is shorter (or there is no right piece).
+SPLITS = {
+    "banknote": ["ban", "kn", "ote"],     # b·an·kn·ot·e: b joins an; e, last, joins ot
+    "year": ["ye", "ar"],                 # y·e·ar: e has no consonant after it
+    "company": ["com", "pany"],           # c·om·p·an·y: p joins an (com is not shorter); y joins pan
+    "strength": ["str", "en", "gth"],     # consonant runs stay whole
+    "queue": ["qu", "eue"],               # q·u·e·u·e: one character at a time
+    "idea": ["id", "ea"],                 # id·e·a: e joins a (id is not shorter)
+    "shares": ["sh", "ar", "es"],
+    "a": ["a"],                           # a one-letter word stays one letter
+    "rhythm": ["rhythm"],                 # no vowel (y is not one)
+    "<unk>": ["<unk>"],                   # not all letters: one piece
+    "'s": ["'s"],
+}
+
+
+@pytest.mark.parametrize("word", SPLITS)
+def test_words_split_as_the_rules_say(word):
+    assert vowel_pieces(word) == SPLITS[word]
+    assert "".join(vowel_pieces(word)) == word
+
+
+def test_the_tokenizer_keeps_frequent_pieces_and_spells_the_rest():
+    text = "the banknote\nthe bank\n" * 15 + "a rhythm <unk>\n"
+    tokenizer = VowelSubwordTokenizer.build(text, min_count=15)
+    kept = tokenizer.vocab[: -len(LETTERS) - 1]
+    assert kept == sorted(["<eos>", "ban", "bank", "kn", "ote", "the"]) and tokenizer.vocab[-1] == END_OF_WORD
+    ids = tokenizer.encode("the rhythm\n")
+    assert [tokenizer.vocab[i] for i in ids] == ["the", END_OF_WORD, *"rhythm", END_OF_WORD, "<eos>", END_OF_WORD]
+    assert tokenizer.decode(ids) == "the rhythm\n"
+    with pytest.raises(OutOfVocabulary, match="'<unk>'"):  # rare, and not letters: no way to write it
+        tokenizer.encode("the <unk>\n")
+    rebuilt = Tokenizer.from_state(tokenizer.to_state())
+    assert isinstance(rebuilt, VowelSubwordTokenizer) and rebuilt.vocab == tokenizer.vocab
+
+
+def test_on_ptb_the_cutoff_closest_to_the_papers_vocabulary_is_15(shared_corpora):
+    train = (shared_corpora / "ptb" / "ptb.train.txt").read_text()
+    counts = piece_counts(train)
+
+    def subwords(cutoff):
+        return sum(1 for piece, count in counts.items() if count >= cutoff and piece not in LETTERS)
+
+    assert {cutoff: subwords(cutoff) for cutoff in (14, 15, 16)} == {14: 2417, 15: 2366, 16: 2305}
+    assert min(range(1, 60), key=lambda cutoff: abs(subwords(cutoff) - 2378)) == 15
+    tokenizer = VowelSubwordTokenizer.build(train)
+    assert tokenizer.vocab_size == 2366 + 26 + 1 == 2393  # the paper: 2378 + 26 + 1 = 2405
+    valid = (shared_corpora / "ptb" / "ptb.valid.txt").read_text()
+    normalised = "".join(" ".join(line.split()) + "\n" for line in valid.splitlines())
+    unknown = set(tokenizer.unknown_words(normalised))  # rare words with a non-letter ("neb."): <unk>
+    assert 0 < len(unknown) < 200  # of 6,022 distinct words
+    expected = "".join(" ".join("<unk>" if word in unknown else word for word in line.split()) + "\n"
+                       for line in normalised.splitlines())
+    assert tokenizer.decode(tokenizer.encode(normalised)) == expected
+
+
+def test_ptb_subword_is_prepared_with_the_papers_scheme(shared_corpora, tmp_path):
+    result = cli("prepare", "ptb-subword", "--data-dir", str(tmp_path), "--source", str(shared_corpora / "ptb"))
+    assert result.returncode == 0, result.stderr
+    assert "2,571,576 / 202,596 / 225,795 tokens" in result.stdout and "subword vocabulary 2,393" in result.stdout
