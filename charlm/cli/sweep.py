@@ -47,7 +47,7 @@ def sweep(
                     ["run", "corpus", "cell", "layers", "budget", "hidden", "parameters", "paper's count", "state"],
                     [[row["run"], row["corpus"], row["cell"], str(row["layers"]), row["params"] or "-",
                       _or_unknown(row["hidden"]), _or_unknown(row["parameters"], "{:,}"),
-                      f"{paper[row['cell']]:,}" if row["cell"] in paper else "-", row["state"]] for row in rows])
+                      _paper_count(paper, row), row["state"]] for row in rows])
         if any(row["vocabulary_assumed"] for row in rows):
             stdout.print("(sizes of corpora not prepared yet use their documented vocabulary sizes)")
         return
@@ -57,6 +57,12 @@ def sweep(
         counts[outcome.status] = counts.get(outcome.status, 0) + 1
     stdout.print(f"sweep {target}: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
                  + f"; report with `charlm report {target}`")
+
+
+def _paper_count(paper: dict, row: dict) -> str:
+    """The paper's count for a row: by ``corpus/cell``, else by ``cell``."""
+    count = paper.get(f"{row['corpus']}/{row['cell']}", paper.get(row["cell"]))
+    return "-" if count is None else f"{count:,}"
 
 
 def _or_unknown(value, form: str = "{}") -> str:

@@ -283,6 +283,7 @@ IMDB_SUBWORD = Recipe(
     name="imdb-subword",
     description="IMDB movie reviews, subwords",
     unit="subword",
+    vocab_size=2_000,  # sentencepiece's pieces at the default --vocab-size
     inputs=RemoteInputs(
         RemoteFile(
             url="https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",

@@ -213,7 +213,7 @@ def _check(plan: Plan) -> None:
 
 
 def _paper_parameters(table, source: str) -> dict:
-    """``[paper_parameters]``: cell name → the parameter count the paper gives for its model."""
+    """``[paper_parameters]``: a cell name (or ``corpus/cell``) → the parameter count the paper gives."""
     if not isinstance(table, dict) or not all(isinstance(count, int) and count > 0 for count in table.values()):
         raise CharlmError(f"plan {source}: paper_parameters must be a table of cell names and positive counts")
     return dict(table)

@@ -12,7 +12,7 @@ import pytest
 from charlm.checkpoint import Checkpoint
 from charlm.cells import CELLS
 from charlm.experiments.plan import load_plan, shipped_plans
-from charlm.model import parse_budget
+from charlm.model import ModelConfig, budget_of
 from charlm.runs.directory import Run
 from charlm.experiments.sweep import Sweep, select
 from helpers import assert_one_line_error, cli, records
@@ -149,7 +149,10 @@ def test_shipped_plans_pass_a_dry_run(name, profile, tmp_path):
         assert row["parameters"] is not None
         budget = point.settings.get("params")
         if budget:  # sized to the budget: within 1% of it at paper scale
-            assert abs(row["parameters"] - parse_budget(budget)) < 0.01 * parse_budget(budget) + 2_000, point.name
+            reference = ModelConfig(point.settings["cell"], vocab_size=row["vocabulary"], hidden_size=1,
+                                    layers=point.settings.get("layers", 1), embed_size=point.settings.get("embed_size"))
+            count = budget_of(budget, reference)
+            assert abs(row["parameters"] - count) < 0.01 * count + 2_000, point.name
     assert not (tmp_path / "sweep").exists() and not (tmp_path / "data").exists()
 
 
