@@ -135,7 +135,7 @@ class Trainer:
     def fit(self) -> dict:
         """Train until ``epochs``, early stopping or ``max_minutes``; returns the summary."""
         config, progress, run = self.config, self.progress, self.run
-        if config.max_tokens is not None and progress.tokens_seen >= config.max_tokens:
+        if self._tokens_used_up():
             run.release()
             raise CharlmError(f"the run has already trained on {progress.tokens_seen:,} tokens, its --max-tokens budget of "
                               f"{config.max_tokens:,}: give a larger --max-tokens to go on")
@@ -154,7 +154,7 @@ class Trainer:
             run.record("start", parameters=parameters, hidden_size=self.model_config.hidden_size, device=str(self.device),
                        resumed_at={"epoch": progress.epoch, "window": progress.window})
             budget, out_of_budget = TimeBudget(config.max_minutes), None
-            progress.stopped_by = "epochs"
+            progress.stopped_by = None
             with StopRequest() as stop:
                 while progress.epoch < config.epochs:
                     try:
@@ -168,9 +168,13 @@ class Trainer:
                     if self._end_epoch(partial=out_of_budget is not None):
                         progress.stopped_by = "patience"
                         break
+                    if out_of_budget is None and self._tokens_used_up():  # the budget ended with the epoch
+                        out_of_budget = "tokens"
                     if out_of_budget:
                         progress.stopped_by = out_of_budget
                         break
+                else:
+                    progress.stopped_by = "epochs"
             out_of_time = out_of_budget is not None
             progress.finished = not out_of_time
             self.scorer.test_best(self.run)
@@ -238,10 +242,13 @@ class Trainer:
                 bar.status_line(progress.window, bpc, speed)
                 if result.out_of_time:
                     raise OutOfTime
-                if config.max_tokens is not None and progress.tokens_seen >= config.max_tokens:
-                    raise OutOfTokens
+                if self._tokens_used_up() and progress.window < len(self.train_streams):
+                    raise OutOfTokens  # inside the epoch (at its end, the epoch ends as any other)
         finally:
             bar.close()
+
+    def _tokens_used_up(self) -> bool:
+        return self.config.max_tokens is not None and self.progress.tokens_seen >= self.config.max_tokens
 
     def _end_epoch(self, partial: bool) -> bool:
         """Evaluate, record, checkpoint. Returns True when early stopping ends training."""

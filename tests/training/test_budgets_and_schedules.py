@@ -132,3 +132,15 @@ def test_the_end_record_says_why_training_stopped(tiny_corpus, tmp_path):
     assert end["stopped_by"] == "epochs" and end["tokens_seen"] > 0
     epochs = records(tmp_path / "run", "epoch")
     assert epochs[-1]["tokens_seen"] == end["tokens_seen"]
+
+
+def test_a_token_budget_that_ends_with_an_epoch_ends_it_as_any_other(tiny_corpus, tmp_path):
+    settings = dict(epochs=3, batch_size=8, bptt=16, train_fraction=0.5)
+    probe = Trainer(tiny_config(tiny_corpus, tmp_path / "probe", **settings))
+    per_epoch = probe.train_streams.tokens_scored  # every stream, its whole length (the last window is shorter)
+    probe.run.release()
+    Trainer(tiny_config(tiny_corpus, tmp_path / "run", max_tokens=per_epoch, **settings)).fit()
+    epochs = records(tmp_path / "run", "epoch")
+    (end,) = records(tmp_path / "run", "end")
+    assert [epoch["partial"] for epoch in epochs] == [False] and end["stopped_by"] == "tokens"
+    assert end["tokens_seen"] == per_epoch and end["epochs"] == 1
