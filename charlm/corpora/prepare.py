@@ -64,8 +64,9 @@ class PrepareOptions:
         if not CORPUS_NAME.fullmatch(name):
             raise CharlmError(f"corpus name {name!r} must be letters, digits, '.', '_' or '-' (not starting with one)")
         fractions = check_fractions(split) if split is not None else recipe.fractions
-        return cls(recipe.name, name, unit, kind, vocab_size if kind and kind != "vowel-linked" else None, fractions,
-                   unknown)
+        if kind == "vowel-linked":
+            vocab_size = recipe.vowel_symbols  # the size its paper gives, or None: the cutoff 15
+        return cls(recipe.name, name, unit, kind, vocab_size if kind else None, fractions, unknown)
 
     def request(self) -> dict:
         """The options as stored in meta.json (JSON types, so a stored copy compares equal)."""
@@ -116,6 +117,8 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
     del gathered
     if options.unit in ("subword", "word"):
         splits = {which: as_text(part) for which, part in splits.items()}
+    if options.subword_kind == "vowel-linked" and recipe.word_text is not None:
+        splits = {which: recipe.word_text(part) for which, part in splits.items()}
     say(f"{options.name}: building the {options.unit} vocabulary from the training split")
     tokenizer = build_tokenizer(recipe, options, splits["train"])
     arrays = encode_splits(tokenizer, splits)
@@ -131,7 +134,7 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
         "splits": {which: {"tokens": len(arrays[which]), "characters": len(splits[which])} for which in SPLITS},
         "split_rule": recipe.split_rule(options.fractions),
         "unknown": options.unknown,
-        "subword": {"kind": options.subword_kind, "vocab_size": options.vocab_size} if options.subword_kind else None,
+        "subword": subword_meta(options, tokenizer),
         "sources": sources,
         "origin": origin,
         "verified": verified,
@@ -144,6 +147,16 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
     corpus = open_prepared(target)
     say(f"{options.name}: wrote {target}")
     return corpus
+
+
+def subword_meta(options: PrepareOptions, tokenizer: Tokenizer) -> dict | None:
+    """meta.json's ``subword``: the kind, the size asked for, and a vowel-linked vocabulary's cutoff."""
+    if not options.subword_kind:
+        return None
+    meta = {"kind": options.subword_kind, "vocab_size": options.vocab_size}
+    if options.subword_kind == "vowel-linked":
+        meta["min_count"] = tokenizer.min_count
+    return meta
 
 
 def describe(recipe: Recipe, options: PrepareOptions) -> str:

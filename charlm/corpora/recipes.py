@@ -13,6 +13,7 @@ from charlm.corpora.download import RemoteFile
 from charlm.corpora.inputs import LocalTextFiles, PythonDocumentation, RemoteInputs
 from charlm.corpora.sources import SizeLimits
 from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS, describe_fractions, split_contiguous
+from charlm.corpora.vowel_subwords import review_words
 from charlm.errors import CharlmError
 
 
@@ -36,6 +37,8 @@ class Recipe:
     subword_kind: str = "bpe"  # the default model of a subword recipe
     unknown: str = "error"  # default policy for valid/test symbols absent from training
     vocab_size: int | None = None  # what its default preparation gives (corpora.md); None: it depends on the text
+    vowel_symbols: int | None = None  # the vocabulary size its vowel-linked subwords aim at (the paper's)
+    word_text: Callable[[str], str] | None = None  # its raw text as words, before vowel-linked subwords
 
     def split_rule(self, fractions=None) -> str:
         """How the splits are made, in words, for meta.json and messages."""
@@ -217,6 +220,7 @@ PTB_SUBWORD = Recipe(
     inputs=_ptb_inputs(tuple(f"ptb.{s}.txt" for s in SPLITS)),
     parse=parse_ptb_words,
     subword_kind="vowel-linked",
+    vowel_symbols=2_405,  # the paper's Table 2; the closest cutoff (15) gives 2,393
     vocab_size=2_393,
 )
 
@@ -281,9 +285,12 @@ ENWIK8 = Recipe(
 
 IMDB_SUBWORD = Recipe(
     name="imdb-subword",
-    description="IMDB movie reviews, subwords",
+    description="IMDB movie reviews, subwords (the Delta-RNN paper's vowel-linked pieces)",
     unit="subword",
-    vocab_size=2_000,  # sentencepiece's pieces at the default --vocab-size
+    subword_kind="vowel-linked",
+    vowel_symbols=1_926,  # the paper's Table 2
+    word_text=review_words,
+    vocab_size=1_926,  # the paper's count: charlm's on the real archive is not measured (no copy here)
     inputs=RemoteInputs(
         RemoteFile(
             url="https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",

@@ -31,13 +31,14 @@ def training_sentences(text: str, budget: int = MAX_TRAINING_CHARACTERS) -> list
 
 def train_subword_tokenizer(text: str, kind: str, vocab_size: int | None, allow_unknown: bool = False):
     """Train a ``kind`` ("bpe" or "unigram") model of ``vocab_size`` pieces on ``text``, or build the
-    vowel-linked pieces of its words (``vocab_size`` unused: their count is the rules' own).
+    vowel-linked pieces of its words at the frequency cutoff whose vocabulary comes closest to
+    ``vocab_size`` (None: the cutoff 15).
 
     With ``allow_unknown``, characters the model lacks encode to its unknown piece; without, they are
     an error.
     """
     if kind == "vowel-linked":
-        return VowelSubwordTokenizer.build(text)
+        return VowelSubwordTokenizer.build(text, symbols=vocab_size)
     if kind not in SUBWORD_KINDS:
         raise CharlmError(f"unknown subword kind {kind!r}: choose one of {', '.join(SUBWORD_KINDS)}")
     if vocab_size < 3:

@@ -13,8 +13,8 @@ from string import ascii_lowercase
 import numpy as np
 import sentencepiece
 
-from charlm.corpora.vowel_subwords import (DEFAULT_MIN_COUNT, END_OF_SENTENCE, END_OF_WORD, LETTERS, piece_counts,
-                                           sentence_words, vowel_pieces)
+from charlm.corpora.vowel_subwords import (DEFAULT_MIN_COUNT, END_OF_SENTENCE, END_OF_WORD, LETTERS, cutoff_for,
+                                           kept_pieces, piece_counts, sentence_words, vowel_pieces)
 from charlm.errors import OutOfVocabulary
 
 UNK = "<unk>"
@@ -360,17 +360,25 @@ class VowelSubwordTokenizer(Tokenizer):
 
     kind = "vowel-linked"
 
-    def __init__(self, vocab, unk=None):
+    def __init__(self, vocab, unk=None, min_count=None):
         super().__init__(vocab, unk)
         self.index = {symbol: i for i, symbol in enumerate(self.vocab)}
         self.end_id = self.index[END_OF_WORD]
+        self.min_count = min_count  # the frequency cutoff it was built with (None: not recorded)
 
     @classmethod
-    def build(cls, text: str, min_count: int = DEFAULT_MIN_COUNT):
+    def build(cls, text: str, min_count: int = DEFAULT_MIN_COUNT, symbols: int | None = None):
+        """The vocabulary of ``text``'s pieces seen ``min_count`` times, or with ``symbols``, at the
+        cutoff whose vocabulary size comes closest to it."""
         counts = piece_counts(text)
-        kept = sorted(piece for piece, count in counts.items() if count >= min_count and piece not in LETTERS)
+        if symbols is not None:
+            min_count = cutoff_for(counts, symbols)
+        kept = kept_pieces(counts, min_count)
         vocab = [*kept, *LETTERS, END_OF_WORD]
-        return cls(vocab, UNK if UNK in kept else None)
+        return cls(vocab, UNK if UNK in kept else None, min_count)
+
+    def plain_state(self) -> dict:
+        return {**super().plain_state(), "min_count": self.min_count}
 
     def word_ids(self, word: str) -> list[int] | None:
         """The ids of one word, ``</w>`` last; None where it cannot be written (and there is no ``<unk>``)."""
@@ -425,7 +433,7 @@ class VowelSubwordTokenizer(Tokenizer):
 
     @classmethod
     def from_own_state(cls, state):
-        return cls(state["vocab"], state.get("unk"))
+        return cls(state["vocab"], state.get("unk"), state.get("min_count"))
 
 
 TOKENIZER_KINDS = {kind.kind: kind for kind in (CharTokenizer, ByteTokenizer, WordTokenizer, SubwordTokenizer,

@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from charlm.corpora.vowel_subwords import cutoff_for, piece_counts, review_words, vocabulary_size
 from charlm.corpora import RECIPES, DownloadPolicy, data_root, list_corpora, load_corpus, prepare_corpus
 from charlm.errors import CharlmError
 
@@ -133,25 +134,49 @@ def imdb_archive(reviews: dict[str, str]) -> bytes:
     return buffer.getvalue()
 
 
-def test_imdb_subword_from_a_served_archive(corpus_server, tmp_path):
+def imdb_reviews() -> dict[str, str]:
     words = "the movie was good bad great awful plot actor scene story ending music funny boring".split()
+
     def review(seed):
-        return " ".join(words[(seed * 7 + i * 3) % len(words)] for i in range(40)) + ".<br /><br />The end."
-    reviews = {f"aclImdb/{part}/{label}/{i}_{i % 10}.txt": review(i + len(label) + len(part))
-               for part, labels in (("train", ("pos", "neg", "unsup")), ("test", ("pos", "neg")))
-               for label in labels for i in range(30)}
+        return " ".join(words[(seed * 7 + i * 3) % len(words)] for i in range(40)) + ".<br /><br />The end :) 10/10"
+    return {f"aclImdb/{part}/{label}/{i}_{i % 10}.txt": review(i + len(label) + len(part))
+            for part, labels in (("train", ("pos", "neg", "unsup")), ("test", ("pos", "neg")))
+            for label in labels for i in range(30)}
+
+
+def imdb_lines(reviews, part):
+    """The reviews of ``part`` in the recipe's order, one per line, ``<br />`` as a space."""
+    return "".join(reviews[p].replace("<br />", " ") + "\n" for p in sorted(reviews) if f"/{part}/" in p)
+
+
+def test_imdb_subword_is_the_papers_scheme_on_words_and_special_tokens(corpus_server, tmp_path):
+    reviews = imdb_reviews()
     recipe = served_recipe(corpus_server, "imdb-subword", "aclImdb_v1.tar.gz", imdb_archive(reviews))
-    corpus = prepare_corpus(recipe, vocab_size=120, data_dir=tmp_path, download_policy=FAST, progress=False)
+    recipe = replace(recipe, vowel_symbols=40)  # the paper's 1,926 would keep every piece of this small archive
+    corpus = prepare_corpus(recipe, data_dir=tmp_path, download_policy=FAST, progress=False)
+    train_words = review_words(imdb_lines(reviews, "train"))
+    assert "<emoticon> <num> <sym> <num>\n" in train_words and "<br" not in train_words
+    counts = piece_counts(train_words)
+    cutoff = cutoff_for(counts, 40)
+    assert corpus.meta["subword"] == {"kind": "vowel-linked", "vocab_size": 40, "min_count": cutoff}
+    assert corpus.vocab_size == vocabulary_size(counts, cutoff)
+    assert all(abs(corpus.vocab_size - 40) <= abs(vocabulary_size(counts, c) - 40) for c in range(1, 200))
+    test = review_words(imdb_lines(reviews, "test"))
+    halves = test.splitlines(keepends=True)
+    assert corpus.tokenizer.decode(corpus.split("valid")) == "".join(halves[:30])
+    assert corpus.tokenizer.decode(corpus.split("test")) == "".join(halves[30:])
+
+
+def test_imdb_subword_with_sentencepiece_keeps_the_raw_text(corpus_server, tmp_path):
+    reviews = imdb_reviews()
+    recipe = served_recipe(corpus_server, "imdb-subword", "aclImdb_v1.tar.gz", imdb_archive(reviews))
+    corpus = prepare_corpus(recipe, subword="bpe", vocab_size=120, data_dir=tmp_path, download_policy=FAST,
+                            progress=False)
     assert corpus.name == "imdb-subword" and corpus.unit == "subword" and corpus.vocab_size == 120
-
-    def lines(paths):
-        return "".join(reviews[p].replace("<br />", " ") + "\n" for p in paths)
-
-    test_paths = sorted(p for p in reviews if p.startswith("aclImdb/test/"))
-    train_paths = sorted(p for p in reviews if p.startswith("aclImdb/train/"))
-    assert corpus.tokenizer.decode(corpus.split("valid")) == lines(test_paths[:30])
-    assert corpus.tokenizer.decode(corpus.split("test")) == lines(test_paths[30:])
-    assert corpus.characters("train") == len(lines(train_paths))
+    test = imdb_lines(reviews, "test").splitlines(keepends=True)
+    assert corpus.tokenizer.decode(corpus.split("valid")) == "".join(test[:30])
+    assert corpus.tokenizer.decode(corpus.split("test")) == "".join(test[30:])
+    assert corpus.characters("train") == len(imdb_lines(reviews, "train"))
     assert corpus.tokens("train") < corpus.characters("train") / 2
     assert corpus.meta["subword"] == {"kind": "bpe", "vocab_size": 120}
 
