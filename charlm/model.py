@@ -25,6 +25,7 @@ class ModelConfig:
     embed_size: int | None = None  # None: what the cell needs, else the hidden size; 0: one-hot input
     dropout: float = 0.0  # between layers and on the softmax input
     cell_options: dict = dataclasses.field(default_factory=dict)
+    tie_layers: bool = False  # every layer the same block (a tied stack); grid-lstm ties by its own option
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -80,7 +81,11 @@ class LanguageModel(nn.Module):
             self.embedding = nn.Embedding(config.vocab_size, embed_size)
             input_size = embed_size
         try:
-            self.layers = nn.ModuleList(cell_class.make_stack(input_size, config.hidden_size, config.layers, cell_config))
+            if config.tie_layers:
+                self.layers = nn.ModuleList(tied_stack(cell_class, input_size, config, cell_config))
+            else:
+                self.layers = nn.ModuleList(cell_class.make_stack(input_size, config.hidden_size, config.layers,
+                                                                  cell_config))
         except ValueError as error:
             raise CharlmError(f"cannot build cell {config.cell!r}: {error}") from None
         self.dropout = nn.Dropout(config.dropout)
@@ -186,6 +191,18 @@ class InferenceModel:
             output, layer_state = layer.advance(projected, output, layer_state)
             new_state.append(layer_state)
         return torch.addmm(self.head_bias, output, self.head_weight), new_state
+
+
+def tied_stack(cell_class, input_size: int, config: ModelConfig, cell_config) -> list:
+    """One block repeated ``config.layers`` times: each layer reads the one below with the same weights,
+    so the block's output must be as wide as its input."""
+    if hasattr(cell_config, "tied"):
+        raise CharlmError(f"cell {config.cell!r} ties its layers itself: use --cell-opt tied=true (or false)")
+    block = cell_class(input_size, config.hidden_size, cell_config)
+    if config.layers > 1 and block.output_size != input_size:
+        raise CharlmError(f"cell {config.cell!r} cannot tie its layers: its output width {block.output_size} differs "
+                          f"from its input width {input_size}")
+    return [block] * config.layers
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -42,9 +42,10 @@ def _root(
 
 
 def _register_commands():
-    from charlm.cli import bench, cells, check, demo, evaluate, export, prepare, report, runs, sample, score, sweep, train
+    from charlm.cli import (bench, cells, check, demo, evaluate, export, prepare, report, runs, sample, score, sweep, task,
+                            train)
 
-    for module in (prepare, cells, train, evaluate, score, sample, runs, report, export, demo, bench, check, sweep):
+    for module in (prepare, cells, train, task, evaluate, score, sample, runs, report, export, demo, bench, check, sweep):
         module.register(app)
 
 

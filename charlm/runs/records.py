@@ -119,9 +119,20 @@ EvalRecord = _record_class("EvalRecord", "eval", [
     "(static_* and dynamic_* scores, the method's hyperparameters, ``adapt_on`` for protocol #2); ``fast_path``: "
     "the scoring graph's first-use check, where one was tried (a GPU).")
 
+TaskEvalRecord = _record_class("TaskEvalRecord", "task_eval", [
+    ("samples", int), ("steps", int), ("train_loss", float), ("loss", float), ("accuracy", float),
+    ("sequence_accuracy", float), ("seconds", float)], ("samples", "accuracy"),
+    "`charlm task`: the held-out score after ``samples`` training samples (loss per target, per-symbol and "
+    "per-sequence accuracy).")
+TaskEndRecord = _record_class("TaskEndRecord", "task_end", [
+    ("samples", int), ("stopped_by", str), ("reached", dict), ("accuracy", float), ("sequence_accuracy", float),
+    ("parameters", int), ("seconds", float), ("run_dir", str)], ("samples", "stopped_by"),
+    "`charlm task` ended (``stopped_by`` solved or samples); ``reached``: the samples at which the held-out "
+    "accuracy first exceeded 0.5, 0.8, 0.99 and reached 1.0.")
+
 RECORDS: dict[str, type[Record]] = {cls.event: cls for cls in (
     StartRecord, StepRecord, ValidRecord, EpochRecord, CheckpointRecord, InterruptedRecord, DivergedRecord,
-    TestRecord, EndRecord, CompileRecord, CudaGraphRecord, FastPathRecord, EvalRecord)}
+    TestRecord, EndRecord, CompileRecord, CudaGraphRecord, FastPathRecord, EvalRecord, TaskEvalRecord, TaskEndRecord)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,7 +278,7 @@ class RunHistory:
         if not starts:
             return "created"
         after = {record.event for record in self.records[starts[-1]:]}
-        if "end" in after:
+        if "end" in after or "task_end" in after:
             return "finished"
         if "diverged" in after:
             return "diverged"
@@ -276,7 +287,7 @@ class RunHistory:
     @property
     def ended(self) -> bool:
         """The last record is an ``end``: nothing was left undone."""
-        return bool(self.records) and self.records[-1].event == "end"
+        return bool(self.records) and self.records[-1].event in ("end", "task_end")
 
     @property
     def train_seconds(self) -> float:

@@ -1,0 +1,126 @@
+"""The networks the algorithmic tasks are run with.
+
+Sequence tasks (memorization, addition) use charlm's ``LanguageModel``: any registered cell stacked
+``layers`` deep, reading one token per step and predicting the target at every step. The 2-D Grid
+LSTM has depth as its second dimension (its ``tied`` option); any other cell is tied across layers
+by repeating one block (``ModelConfig.tie_layers``), the paper's tied Stacked LSTM.
+
+Parity reads all k bits at once, so its networks are feed-forward along depth only:
+
+- ``DepthLSTM``, the 1-D Grid LSTM: the bits are projected into the first hidden vector and memory,
+  h₀ = W_h x, m₀ = W_m x, then one LSTM transform applied ``layers`` times along depth with tied
+  weights, g^u, g^f, g^o = σ(W^· h + b^·), g^c = tanh(W^c h + b^c), m′ = g^f ⊙ m + g^u ⊙ g^c,
+  h′ = tanh(g^o ⊙ m′) (the paper's output), and a softmax over even / odd on the last h;
+- ``FeedForward``, the baselines: ``layers`` fully connected layers with ReLU or tanh (untied), then
+  the softmax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+
+from charlm.cells import CELLS
+from charlm.cells.base import glorot_uniform_
+from charlm.errors import CharlmError
+from charlm.model import LanguageModel, ModelConfig
+
+PARITY_NETWORKS = ("grid-lstm", "relu", "tanh")
+
+
+class DepthLSTM(nn.Module):
+    """The 1-D Grid LSTM: an LSTM transform along depth, the same weights at every layer."""
+
+    def __init__(self, bits: int, hidden_size: int, layers: int):
+        super().__init__()
+        n = hidden_size
+        self.layers = layers
+        self.input = nn.Linear(bits, 2 * n)   # rows: h₀, then m₀
+        self.gates = nn.Linear(n, 4 * n)      # rows: u, f, o, c
+        self.head = nn.Linear(n, 2)
+        glorot_uniform_(self.input.weight, blocks=2)
+        glorot_uniform_(self.gates.weight, blocks=4)
+        glorot_uniform_(self.head.weight)
+        with torch.no_grad():
+            for bias in (self.input.bias, self.gates.bias, self.head.bias):
+                bias.zero_()
+            self.gates.bias[n:2 * n].fill_(1.0)  # forget gate starts open, as the cells do
+
+    def forward(self, bits: Tensor) -> Tensor:
+        h, m = self.input(bits).chunk(2, dim=-1)
+        for _ in range(self.layers):
+            u, f, o, c = self.gates(h).chunk(4, dim=-1)
+            m = torch.sigmoid(f) * m + torch.sigmoid(u) * torch.tanh(c)  # memory along depth
+            h = torch.tanh(torch.sigmoid(o) * m)                          # the paper's output
+        return self.head(h).unsqueeze(1)  # [B, 1, 2]: one "position", the parity
+
+
+class FeedForward(nn.Module):
+    """``layers`` fully connected layers with ``activation`` (relu or tanh), then a softmax layer."""
+
+    def __init__(self, bits: int, hidden_size: int, layers: int, activation: str):
+        super().__init__()
+        widths = [bits] + [hidden_size] * layers
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+        self.activation = {"relu": torch.relu, "tanh": torch.tanh}[activation]
+        self.head = nn.Linear(hidden_size, 2)
+        for layer in (*self.hidden, self.head):
+            glorot_uniform_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, bits: Tensor) -> Tensor:
+        for layer in self.hidden:
+            bits = self.activation(layer(bits))
+        return self.head(bits).unsqueeze(1)
+
+
+class SequenceTaskModel(nn.Module):
+    """A ``LanguageModel`` read as a sequence-task network: whole sequences from a zero state."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.language_model = LanguageModel(config)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        state = self.language_model.initial_state(tokens.shape[0], device=tokens.device)
+        logits, _ = self.language_model(tokens, state)
+        return logits
+
+
+def model_config(task, cell: str, hidden_size: int, layers: int, tied: bool | None, cell_options: dict) -> ModelConfig:
+    """The ``ModelConfig`` of a sequence-task network; ``tied`` None: the cell's default (untied, but
+    grid-lstm's own default, tied)."""
+    cell_class = CELLS.get(cell)  # an unknown cell: one line naming the known ones
+    options = dict(cell_options)
+    tie_layers = False
+    if tied is not None:
+        if any(field.name == "tied" for field in dataclasses.fields(cell_class.Config)):
+            options["tied"] = tied
+        else:
+            tie_layers = tied
+    return ModelConfig(cell=cell, vocab_size=len(task.vocab), hidden_size=hidden_size, layers=layers,
+                       cell_options=options, tie_layers=tie_layers)
+
+
+def build_task_model(task, cell: str, hidden_size: int, layers: int, tied: bool | None = None,
+                     cell_options: dict | None = None) -> nn.Module:
+    """The network for ``task``: a stack of ``cell`` for the sequence tasks; for parity ``cell`` is
+    grid-lstm (the 1-D Grid LSTM, tied), relu or tanh (feed-forward, untied)."""
+    if hidden_size < 1 or layers < 1:
+        raise CharlmError(f"hidden size and layers must be at least 1, not {hidden_size} and {layers}")
+    if task.sequence:
+        return SequenceTaskModel(model_config(task, cell, hidden_size, layers, tied, cell_options or {}))
+    if cell not in PARITY_NETWORKS:
+        raise CharlmError(f"parity is run with {', '.join(PARITY_NETWORKS)} (the 1-D Grid LSTM and the feed-forward "
+                          f"baselines), not {cell!r}")
+    if cell_options:
+        raise CharlmError("parity's networks take no --cell-opt")
+    if cell == "grid-lstm":
+        if tied is False:
+            raise CharlmError("the 1-D Grid LSTM of parity is tied across depth: drop --untied")
+        return DepthLSTM(task.bits, hidden_size, layers)
+    if tied:
+        raise CharlmError(f"the {cell} feed-forward baseline cannot tie its layers: its first layer reads the bits")
+    return FeedForward(task.bits, hidden_size, layers, cell)

@@ -1,0 +1,285 @@
+"""Training a network on an algorithmic task until it solves it or runs out of samples.
+
+Every batch is drawn fresh from the training stream (a ``torch.Generator`` seeded by ``seed``, its
+state saved with the weights, so a resumed run draws exactly the samples it would have drawn). Every
+``eval_every`` samples the network is scored on ``eval_samples`` held-out samples (drawn once from a
+second stream, seed + 1,000,003, never trained on for the sequence tasks); the first sample count at
+which the held-out per-symbol accuracy exceeds 50%, 80% and 99%, and reaches 100% (the paper's
+criterion: training stops there), is recorded.
+
+A run directory like any other: ``config.json``, ``provenance.json``, ``metrics.jsonl`` (``start``,
+``task_eval`` and ``task_end`` records), ``train.log`` and ``last.pt`` (weights-only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from charlm.config import from_dict
+from charlm.errors import CharlmError
+from charlm.files import atomic_write
+from charlm.model import count_parameters
+from charlm.runs import provenance as provenance_of
+from charlm.runs.directory import Run
+from charlm.runtime.devices import resolve_device
+from charlm.tasks.data import PAPER_SETTINGS, make_task
+from charlm.tasks.models import build_task_model
+from charlm.training.control import StopRequest, TrainingDiverged, TrainingInterrupted
+
+THRESHOLDS = (0.5, 0.8, 0.99, 1.0)  # held-out per-symbol accuracy: exceeded (or, for 1.0, reached)
+OPTIMIZERS = ("adam", "adagrad", "sgd")
+EVAL_STREAM = 1_000_003  # the held-out samples' seed is the run's seed plus this
+CHECKPOINT_FORMAT = "charlm-task-1"
+
+
+@dataclasses.dataclass
+class TaskConfig:
+    """One task run; fields left None take the paper's value for the task (``PAPER_SETTINGS``)."""
+
+    task: str
+    cell: str = "grid-lstm"
+    layers: int = 1
+    tied: bool | None = None  # None: the cell's default (grid-lstm tied, every other cell untied)
+    cell_options: dict = dataclasses.field(default_factory=dict)
+    length: int | None = None   # memorization: symbols to remember (20)
+    symbols: int | None = None  # memorization: vocabulary (64)
+    digits: int | None = None   # addition: digits per number (15)
+    bits: int | None = None     # parity: bits per string (50)
+    hidden_size: int | None = None
+    batch_size: int | None = None
+    optimizer: str | None = None
+    lr: float | None = None
+    clip: float | None = None   # the paper clips nothing
+    max_samples: int | None = None
+    eval_every: int = 10_000
+    eval_samples: int = 100
+    seed: int = 1
+    device: str = "auto"
+
+    def resolved(self) -> "TaskConfig":
+        """A copy with the paper's values filled in and every value checked (one line on a bad one)."""
+        paper = PAPER_SETTINGS.get(self.task)
+        if paper is None:
+            raise CharlmError(f"unknown task {self.task!r}: choose one of {', '.join(PAPER_SETTINGS)}")
+        config = dataclasses.replace(self, **{key: value for key, value in paper.items() if getattr(self, key) is None})
+        if config.optimizer not in OPTIMIZERS:
+            raise CharlmError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, not {config.optimizer!r}")
+        for name in ("layers", "hidden_size", "batch_size", "max_samples", "eval_every", "eval_samples"):
+            value = getattr(config, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CharlmError(f"--{name.replace('_', '-')} must be a positive integer, not {value!r}")
+        if not (isinstance(config.lr, (int, float)) and math.isfinite(config.lr) and config.lr > 0):
+            raise CharlmError(f"--lr must be a positive number, not {config.lr!r}")
+        if config.clip is not None and not config.clip > 0:
+            raise CharlmError(f"--clip must be positive, not {config.clip!r}")
+        config.make_task()
+        return config
+
+    def make_task(self):
+        try:
+            return make_task(self.task, length=self.length, symbols=self.symbols, digits=self.digits, bits=self.bits)
+        except ValueError as error:
+            raise CharlmError(str(error)) from None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TaskConfig":
+        return from_dict(cls, values)
+
+
+@dataclasses.dataclass
+class TaskProgress:
+    """Where a run stands: what ``last.pt`` carries besides the weights and the optimizer."""
+
+    samples: int = 0
+    steps: int = 0
+    reached: dict = dataclasses.field(default_factory=dict)  # "0.5" → samples when first exceeded
+    accuracy: float | None = None  # the last held-out figures
+    sequence_accuracy: float | None = None
+    seconds: float = 0.0
+
+
+def score(model: nn.Module, batch, chunk: int = 100) -> dict:
+    """Loss (nats per target), per-symbol and per-sequence accuracy of ``model`` on ``batch``."""
+    loss = correct = counted = whole = 0.0
+    for start in range(0, batch.inputs.shape[0], chunk):
+        inputs, targets, mask = (tensor[start:start + chunk] for tensor in (batch.inputs, batch.targets, batch.mask))
+        logits = model(inputs)
+        losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+        right = (logits.argmax(dim=-1) == targets) | ~mask
+        loss += float(losses[mask].sum())
+        correct += float((right & mask).sum())
+        counted += float(mask.sum())
+        whole += float(right.all(dim=1).sum())
+    return {"loss": loss / counted, "accuracy": correct / counted, "sequence_accuracy": whole / batch.inputs.shape[0]}
+
+
+def masked_loss(logits, batch):
+    """Mean cross-entropy over the positions where the target counts."""
+    losses = F.cross_entropy(logits.transpose(1, 2), batch.targets, reduction="none")
+    return losses[batch.mask].mean()
+
+
+def make_optimizer(config: TaskConfig, model: nn.Module):
+    parameters = list(model.parameters())
+    if config.optimizer == "adam":
+        return torch.optim.Adam(parameters, lr=config.lr)
+    if config.optimizer == "adagrad":
+        return torch.optim.Adagrad(parameters, lr=config.lr)
+    return torch.optim.SGD(parameters, lr=config.lr)
+
+
+def update_thresholds(progress: TaskProgress, accuracy: float) -> list[float]:
+    """Record the thresholds that ``accuracy`` crosses for the first time; returns them."""
+    crossed = []
+    for threshold in THRESHOLDS:
+        key = str(threshold)
+        if key not in progress.reached and (accuracy >= 1.0 if threshold == 1.0 else accuracy > threshold):
+            progress.reached[key] = progress.samples
+            crossed.append(threshold)
+    return crossed
+
+
+def save_checkpoint(path: Path, config: TaskConfig, model, optimizer, generator, progress: TaskProgress) -> None:
+    payload = {"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "model": model.state_dict(),
+               "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+               "progress": dataclasses.asdict(progress)}
+    atomic_write(path, lambda temporary: torch.save(payload, temporary))
+
+
+class _Saver:
+    """``Run.save_last`` wants an object with ``save(path)``."""
+
+    def __init__(self, *parts):
+        self.parts = parts
+
+    def save(self, path):
+        save_checkpoint(Path(path), *self.parts)
+
+
+def load_checkpoint(path: Path) -> dict:
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # a damaged or foreign file: one line
+        raise CharlmError(f"cannot read task checkpoint {path}: {str(error).splitlines()[0] if str(error) else error!r}") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise CharlmError(f"{path} is not a task checkpoint (charlm task writes them)")
+    return payload
+
+
+def train_task(config: TaskConfig | None = None, *, run_dir: str | Path, resume: bool = False,
+               max_samples: int | None = None, progress_every: float = 10.0) -> dict:
+    """Train (or, with ``resume``, continue) the run in ``run_dir``; returns the ``task_end`` fields.
+
+    On resume the saved config is used (``max_samples`` may raise the budget).
+    """
+    if resume:
+        run = Run.resume(run_dir)
+        if not run.last.exists():
+            run.release()
+            raise CharlmError(f"{run.path} has no last.pt to resume")
+        payload = load_checkpoint(run.last)
+        config = TaskConfig.from_dict(payload["config"])
+        if max_samples is not None:
+            config.max_samples = max_samples
+        config = config.resolved()
+        state = TaskProgress(**payload["progress"])
+        if "1.0" in state.reached:
+            run.release()
+            raise CharlmError(f"{run.path} is solved already (100% at {state.reached['1.0']:,} samples): nothing to resume")
+        if state.samples >= config.max_samples:
+            run.release()
+            raise CharlmError(f"{run.path} has used its {config.max_samples:,} samples: pass a larger --max-samples")
+    else:
+        if config is None:
+            raise CharlmError("a new task run needs its TaskConfig")
+        config = config.resolved()
+        payload, state = None, TaskProgress()
+    task = config.make_task()
+    device = resolve_device(config.device)
+    torch.manual_seed(config.seed)  # the initial weights
+    model = build_task_model(task, config.cell, config.hidden_size, config.layers, config.tied, config.cell_options)
+    model.to(device)
+    optimizer = make_optimizer(config, model)
+    generator = torch.Generator().manual_seed(config.seed)
+    if payload is not None:
+        model.load_state_dict(payload["model"])
+        optimizer.load_state_dict(payload["optimizer"])
+        generator.set_state(payload["generator"])
+    else:
+        record = {"task": {"name": task.name, **dataclasses.asdict(task)}, "model": {"cell": config.cell,
+                  "layers": config.layers, "hidden_size": config.hidden_size, "tied": config.tied},
+                  "train": {"corpus": task.name, **config.to_dict()}}
+        run = Run.create(run_dir, record, provenance_of.collect(device))
+    held_out = task.sample(torch.Generator().manual_seed(config.seed + EVAL_STREAM), config.eval_samples).to(device)
+    parameters = count_parameters(model)
+    run.record("start", parameters=parameters, hidden_size=config.hidden_size, device=str(device),
+               resumed_at={"samples": state.samples} if resume else None)
+    run.mark_running()
+    run.log(f"{task.name}: {config.cell} {config.layers}×{config.hidden_size}"
+            f"{' tied' if config.tied else ''}, {parameters:,} parameters, {config.max_samples:,} samples at most")
+    saver = _Saver(config, model, optimizer, generator, state)
+    stopped_by, started, last_print = None, time.perf_counter(), time.perf_counter()
+    seconds_before = state.seconds
+    next_eval = (state.samples // config.eval_every + 1) * config.eval_every
+    with StopRequest() as stop:
+        while stopped_by is None:
+            model.train()
+            batch = task.sample(generator, config.batch_size).to(device)
+            loss = masked_loss(model(batch.inputs), batch)
+            if not torch.isfinite(loss):
+                run.record("diverged", epoch=0, step=state.steps, loss=float(loss))
+                run.mark_stopped()
+                raise TrainingDiverged(f"the loss is {float(loss)} at {state.samples:,} samples: training stopped "
+                                       f"({run.path}/last.pt holds the last good weights)")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.clip is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), config.clip)
+            optimizer.step()
+            state.samples += config.batch_size
+            state.steps += 1
+            state.seconds = seconds_before + time.perf_counter() - started
+            if stop.requested:
+                run.save_last(saver)
+                run.record("interrupted", epoch=0, window=0, step=state.steps)
+                run.mark_stopped()
+                raise TrainingInterrupted(f"interrupted at {state.samples:,} samples; resume with "
+                                          f"charlm task --resume {run.path}")
+            if state.samples < next_eval and state.samples < config.max_samples:
+                continue
+            next_eval += config.eval_every
+            model.eval()
+            with torch.no_grad():
+                figures = score(model, held_out)
+            state.accuracy, state.sequence_accuracy = figures["accuracy"], figures["sequence_accuracy"]
+            crossed = update_thresholds(state, figures["accuracy"])
+            run.record("task_eval", samples=state.samples, steps=state.steps, train_loss=float(loss.detach()),
+                       seconds=round(state.seconds, 3), **figures)
+            if "1.0" in state.reached:
+                stopped_by = "solved"
+            elif state.samples >= config.max_samples:
+                stopped_by = "samples"
+            run.save_last(saver)
+            now = time.perf_counter()
+            if crossed or stopped_by or now - last_print >= progress_every:
+                last_print = now
+                rate = (state.samples - (payload["progress"]["samples"] if payload else 0)) / max(now - started, 1e-9)
+                run.log(f"{state.samples:>10,} samples  loss {figures['loss']:.4f}  accuracy {figures['accuracy']:.2%}  "
+                        f"sequences {figures['sequence_accuracy']:.2%}  {rate:,.0f} samples/s"
+                        + "".join(f"  >{t:.0%}" if t < 1 else "  solved" for t in crossed))
+    end = {"samples": state.samples, "stopped_by": stopped_by, "reached": dict(state.reached),
+           "accuracy": state.accuracy, "sequence_accuracy": state.sequence_accuracy, "parameters": parameters,
+           "seconds": round(state.seconds, 3), "run_dir": str(run.path)}
+    run.record("task_end", **end)
+    run.mark_stopped()
+    return end

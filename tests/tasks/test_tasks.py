@@ -1,0 +1,231 @@
+"""The Grid LSTM paper's algorithmic tasks (issue 23): the generators in the paper's format, the
+masking, tied networks, resume, the thresholds, a tiny run that learns, and the errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from charlm.model import count_parameters
+from charlm.tasks import Addition, Memorization, Parity, TaskConfig, build_task_model, make_task, train_task
+from charlm.tasks.data import TaskBatch
+from charlm.tasks.training import TaskProgress, score, update_thresholds
+from helpers import assert_one_line_error, cli
+
+DASH = "-"
+
+
+def spell(task, row) -> str:
+    return " ".join(task.vocab[int(i)] for i in row)
+
+
+def marks(mask_row) -> str:
+    return " ".join("^" if m else "." for m in mask_row)
+
+
+# --- generators --------------------------------------------------------------------------------
+
+def test_memorization_reads_then_writes_back_the_symbols():
+    task = Memorization(length=3, symbols=5)
+    batch = task.sample(torch.Generator().manual_seed(0), 4)
+    assert batch.inputs.shape == batch.targets.shape == batch.mask.shape == (4, 8)
+    for inputs, targets, mask in zip(batch.inputs, batch.targets, batch.mask):
+        a, b, c = (task.vocab[int(i)] for i in inputs[1:4])
+        assert spell(task, inputs) == f"- {a} {b} {c} - - - -"   # the paper's "- α β γ - - - -"
+        assert spell(task, targets) == f"- - - - {a} {b} {c} -"  # and "- - - - α β γ -"
+        assert marks(mask) == ". . . . ^ ^ ^ ."                  # the symbols alone count
+    assert task.vocab[-1] == DASH and len(task.vocab) == 6
+
+
+@pytest.mark.parametrize("a, b, target, mask", [
+    # the paper's example: a 4-digit result, then the end-of-result "-"
+    ("123", "899", "- - - - - - - - 1 0 2 2 -", ". . . . . . . . ^ ^ ^ ^ ^"),
+    # a 3-digit result: its end is one step earlier and the last position is padding, not counted
+    ("123", "456", "- - - - - - - - 5 7 9 - -", ". . . . . . . . ^ ^ ^ ^ ."),
+    ("999", "999", "- - - - - - - - 1 9 9 8 -", ". . . . . . . . ^ ^ ^ ^ ^"),  # a carry through every column
+    ("105", "395", "- - - - - - - - 5 0 0 - -", ". . . . . . . . ^ ^ ^ ^ ."),  # carries into zeros
+])
+def test_addition_in_the_papers_format(a, b, target, mask):
+    task = Addition(digits=3)
+
+    def digits(text):
+        return torch.tensor([[int(c) for c in text]])
+
+    batch = task.encode(digits(a), digits(b))
+    assert spell(task, batch.inputs[0]) == f"- {' '.join(a)} - {' '.join(b)} - - - - -"
+    assert spell(task, batch.targets[0]) == target
+    assert marks(batch.mask[0]) == mask
+
+
+def test_fifteen_digit_sums_have_fifteen_or_sixteen_digits_and_are_right():
+    task = Addition()
+    a, b = task.numbers(torch.Generator().manual_seed(3), 500)
+    assert (a[:, 0] > 0).all() and (b[:, 0] > 0).all()  # 15-digit numbers: no leading zero
+    batch = task.encode(a, b)
+
+    def value(row):
+        return int("".join(map(str, row.tolist())))
+
+    lengths = set()
+    for row in range(500):
+        start = 2 * 15 + 2
+        written = [int(t) for t, m in zip(batch.targets[row, start:], batch.mask[row, start:]) if m][:-1]
+        lengths.add(len(written))
+        assert int("".join(map(str, written))) == value(a[row]) + value(b[row])
+        assert batch.targets[row, start + len(written)] == 10  # the end-of-result "-"
+    assert lengths == {15, 16}
+
+
+def test_parity_labels_the_odd_strings():
+    batch = Parity(bits=7).sample(torch.Generator().manual_seed(0), 64)
+    assert batch.inputs.shape == (64, 7) and batch.targets.shape == batch.mask.shape == (64, 1)
+    assert torch.equal(batch.targets[:, 0], batch.inputs.sum(dim=1).long() % 2) and batch.mask.all()
+
+
+@pytest.mark.parametrize("task", [Memorization(), Addition(), Parity()], ids=lambda t: t.name)
+def test_the_same_seed_gives_the_same_samples_and_every_batch_is_new(task):
+    first, again = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    one, two = task.sample(first, 15), task.sample(first, 15)
+    assert torch.equal(one.inputs, task.sample(again, 15).inputs) and torch.equal(two.inputs, task.sample(again, 15).inputs)
+    assert not torch.equal(one.inputs, two.inputs)
+
+
+def test_the_papers_values_are_the_defaults():
+    assert (Memorization().length, Memorization().symbols, Addition().digits) == (20, 64, 15)
+    assert make_task("addition").positions == 3 * 15 + 4
+
+
+# --- masking -----------------------------------------------------------------------------------
+
+class Oracle(torch.nn.Module):
+    """Certain of the target where it counts, of a wrong symbol everywhere else."""
+
+    def __init__(self, batch, vocab):
+        super().__init__()
+        self.batch, self.vocab = batch, vocab
+
+    def forward(self, inputs):
+        wrong = (self.batch.targets + 1) % self.vocab
+        chosen = torch.where(self.batch.mask, self.batch.targets, wrong)
+        return torch.nn.functional.one_hot(chosen, self.vocab).float() * 1000.0
+
+
+def test_only_target_positions_count():
+    task = Memorization(length=4, symbols=6)
+    batch = task.sample(torch.Generator().manual_seed(1), 10)
+    figures = score(Oracle(batch, 7), batch)
+    assert figures == {"loss": 0.0, "accuracy": 1.0, "sequence_accuracy": 1.0}
+    half = TaskBatch(batch.inputs, batch.targets, batch.mask)
+    wrong_on_targets = Oracle(half, 7)
+    wrong_on_targets.batch = TaskBatch(batch.inputs, (batch.targets + 1) % 7, batch.mask)  # now wrong where it counts
+    assert score(wrong_on_targets, batch)["accuracy"] == 0.0
+
+
+# --- networks ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cell", ["lstm", "grid-lstm", "gru", "lru"])
+def test_tied_networks_have_the_same_count_at_every_depth(cell):
+    task = Memorization(length=3, symbols=8)
+    counts = {layers: count_parameters(build_task_model(task, cell, 16, layers, tied=True)) for layers in (1, 4, 9)}
+    assert len(set(counts.values())) == 1, counts
+    untied = [count_parameters(build_task_model(task, cell, 16, layers, tied=False)) for layers in (1, 4)]
+    assert untied[1] > untied[0]
+
+
+def test_a_tied_stack_runs_one_block_at_every_layer():
+    model = build_task_model(Memorization(length=3, symbols=8), "lstm", 16, 5, tied=True)
+    layers = model.language_model.layers
+    assert all(layer is layers[0] for layer in layers)
+
+
+def test_parity_networks():
+    task = Parity(bits=12)
+    depth = [count_parameters(build_task_model(task, "grid-lstm", 20, layers)) for layers in (1, 10)]
+    assert depth[0] == depth[1] == 12 * 40 + 40 + 20 * 80 + 80 + 20 * 2 + 2  # h₀/m₀ projection, tied gates, softmax
+    relu = build_task_model(task, "relu", 20, 3)
+    assert count_parameters(relu) == (12 * 20 + 20) + 2 * (20 * 20 + 20) + (20 * 2 + 2)
+    logits = relu(task.sample(torch.Generator().manual_seed(0), 5).inputs)
+    assert logits.shape == (5, 1, 2)
+
+
+# --- thresholds and the training loop ------------------------------------------------------------
+
+def test_thresholds_are_recorded_once_when_first_exceeded():
+    progress = TaskProgress()
+    trace = [(100, 0.4), (200, 0.5), (300, 0.81), (400, 0.7), (500, 0.995), (600, 1.0), (700, 1.0)]
+    crossed = []
+    for samples, accuracy in trace:
+        progress.samples = samples
+        crossed.append(update_thresholds(progress, accuracy))
+    assert progress.reached == {"0.5": 300, "0.8": 300, "0.99": 500, "1.0": 600}  # 0.5 is exceeded, not met
+    assert crossed == [[], [], [0.5, 0.8], [], [0.99], [1.0], []]
+
+
+def tiny(**overrides) -> TaskConfig:
+    values = dict(task="memorization", cell="grid-lstm", layers=2, length=2, symbols=3, hidden_size=32,
+                  max_samples=20_000, eval_every=500, device="cpu")
+    return TaskConfig(**{**values, **overrides})
+
+
+def records(run_dir, event):
+    return [row for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if row["event"] == event]
+
+
+def test_a_grid_lstm_learns_a_short_memorization_to_100_percent(tmp_path):
+    end = train_task(tiny(), run_dir=tmp_path / "run")
+    assert end["stopped_by"] == "solved" and end["accuracy"] == 1.0 and end["samples"] < 20_000
+    assert set(end["reached"]) == {"0.5", "0.8", "0.99", "1.0"}
+    assert end["reached"]["0.5"] <= end["reached"]["0.8"] <= end["reached"]["0.99"] <= end["reached"]["1.0"]
+    evaluations = records(tmp_path / "run", "task_eval")
+    assert evaluations[-1]["accuracy"] == 1.0 and evaluations[-1]["samples"] == end["samples"]
+    assert records(tmp_path / "run", "task_end")[0]["reached"] == end["reached"]
+
+
+def test_resume_continues_exactly(tmp_path):
+    config = tiny(cell="lstm", tied=True, max_samples=1_200, eval_every=300)
+    straight = train_task(config, run_dir=tmp_path / "straight")
+    first = train_task(tiny(cell="lstm", tied=True, max_samples=600, eval_every=300), run_dir=tmp_path / "resumed")
+    assert first["stopped_by"] == "samples" and first["samples"] == 600
+    resumed = train_task(run_dir=tmp_path / "resumed", resume=True, max_samples=1_200)
+    assert resumed["samples"] == straight["samples"] == 1_200
+    assert resumed["accuracy"] == straight["accuracy"] and resumed["reached"] == straight["reached"]
+    weights = [torch.load(tmp_path / name / "last.pt", weights_only=True)["model"] for name in ("straight", "resumed")]
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
+    assert [r["accuracy"] for r in records(tmp_path / "straight", "task_eval")] == \
+           [r["accuracy"] for r in records(tmp_path / "resumed", "task_eval")]
+
+
+def test_the_command_line_trains_resumes_and_lists_the_run(tmp_path):
+    run = tmp_path / "cli"
+    result = cli("task", "addition", "--digits", "2", "--hidden-size", "16", "--layers", "2", "--untied",
+                 "--cell", "lstm", "--max-samples", "300", "--eval-every", "150", "--run-dir", run, check_code=0)
+    assert f"{run}: samples after 300 samples" in result.stdout
+    cli("task", "--resume", run, "--max-samples", "450", check_code=0)
+    assert records(run, "task_end")[-1]["samples"] == 450
+    listing = cli("runs", tmp_path, check_code=0)
+    assert "addition" in listing.stdout and "finished" in listing.stdout
+    assert_one_line_error(cli("task", "--resume", run, "--max-samples", "450"), "has used its 450 samples")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nope"], "unknown task 'nope': choose one of memorization, addition, parity"),
+    (["memorization", "--length", "0"], "--length) must be an integer from 1 to 10,000, not 0"),
+    (["memorization", "--length", "-3"], "not -3"),
+    (["memorization", "--symbols", "1"], "--symbols) must be an integer from 2"),
+    (["addition", "--digits", "5000"], "--digits) must be an integer from 1 to 1,000, not 5000"),
+    (["parity", "--bits", "0"], "--bits) must be an integer from 1"),
+    (["addition", "--length", "4"], "addition takes --digits, not --length"),
+    (["memorization", "--cell", "scrn", "--layers", "2", "--tied"], "cell 'scrn' cannot tie its layers"),
+    (["parity", "--cell", "relu", "--tied"], "the relu feed-forward baseline cannot tie its layers"),
+    (["parity", "--cell", "lstm"], "parity is run with grid-lstm, relu, tanh"),
+    (["memorization", "--cell", "nope"], "unknown cell 'nope'"),
+    (["memorization", "--optimizer", "rmsprop"], "--optimizer must be one of adam, adagrad, sgd"),
+    (["memorization", "--layers", "0"], "--layers must be a positive integer, not 0"),
+    ([], "name a task"),
+])
+def test_bad_task_options_are_one_line(tmp_path, args, message):
+    result = cli("task", *args, "--run-dir", tmp_path / "run", "--max-samples", "15")
+    assert_one_line_error(result, message)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
