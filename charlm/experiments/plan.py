@@ -50,7 +50,7 @@ from charlm.config import TrainConfig, from_dict
 from charlm.errors import CharlmError
 from charlm.files import read_text
 
-PLAN_KEYS = {"name", "description", "base", "axes", "eval", "profiles", "paper", "paper_parameters"}
+PLAN_KEYS = {"name", "description", "base", "axes", "eval", "profiles", "paper", "paper_parameters", "task"}
 EVAL_KEYS = {"split", "dynamic", "adapt_on", "batch_size"}
 SWEEP_OWNED = {"run_dir", "init_from"}  # settings a sweep chooses itself, per point
 CELL_OPTION = "cell_options."
@@ -90,6 +90,7 @@ class Plan:
     evals: tuple[EvalStep, ...]
     source: str  # where the plan was read from
     paper_parameters: dict = dataclasses.field(default_factory=dict)  # cell → the count its paper gives
+    task: str | None = None  # a plan of `charlm task` runs (base and axes: TaskConfig fields), not `charlm train`
 
     def points(self) -> list[Point]:
         """Every point of the grid, in a fixed order (the axes' product)."""
@@ -103,6 +104,8 @@ class Plan:
     def fingerprint(self) -> str:
         """What the runs of a sweep directory depend on: base, axes and evaluation steps."""
         identity = {"base": self.base, "axes": self.axes, "eval": [dataclasses.asdict(e) for e in self.evals]}
+        if self.task is not None:
+            identity["task"] = self.task
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -148,8 +151,11 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
     plan = Plan(name=raw.get("name", Path(source).stem), description=raw.get("description", ""),
                 profile=profile or "paper", base=base, axes=axes, evals=_eval_steps(raw.get("eval", []), source),
                 paper_parameters=_paper_parameters(raw.get("paper_parameters", {}), source),
-                source=source)
-    _check(plan)
+                source=source, task=raw.get("task"))
+    if plan.task is not None:
+        _check_task_plan(plan)
+    else:
+        _check(plan)
     return plan
 
 
@@ -210,6 +216,45 @@ def _check(plan: Plan) -> None:
             CELLS.get(config.cell)
         if config.corpus not in RECIPES and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", config.corpus):
             raise CharlmError(f"plan {plan.source}: {config.corpus!r} is not a corpus name")
+
+
+TASK_OWNED = {"task", "device"}  # a task plan names its task once; the device is the machine's
+
+
+def task_config(plan: Plan, point: Point):
+    """The ``TaskConfig`` of a point of a task plan."""
+    from charlm.tasks.training import TaskConfig
+
+    return from_dict(TaskConfig, {**point.settings, "task": plan.task})
+
+
+def _check_task_plan(plan: Plan) -> None:
+    """Every setting a ``charlm task`` setting, and every point a network that can be built."""
+    import torch
+
+    from charlm.tasks.models import build_task_model
+    from charlm.tasks.training import TaskConfig
+
+    if plan.evals:
+        raise CharlmError(f"plan {plan.source}: a task plan has no [[eval]] steps (every run is scored as it trains)")
+    fields = {field.name for field in dataclasses.fields(TaskConfig)} - TASK_OWNED
+    paired = [key for values in plan.axes.values() if isinstance(values, list)
+              for value in values if isinstance(value, dict) for key in value]
+    for key in [*plan.base, *[k for k, v in plan.axes.items() if not _is_paired(v)], *paired]:
+        if key not in fields and not key.startswith(CELL_OPTION):
+            raise CharlmError(f"plan {plan.source}: unknown setting {key!r} (any `charlm task` setting but "
+                              f"{', '.join(sorted(TASK_OWNED))})")
+    for key, values in plan.axes.items():
+        if not isinstance(values, list) or not values:
+            raise CharlmError(f"plan {plan.source}: axis {key!r} must be a non-empty list of values")
+    for point in plan.points():
+        try:
+            config = task_config(plan, point).resolved()
+            with torch.device("meta"):
+                build_task_model(config.make_task(), config.cell, config.hidden_size, config.layers, config.tied,
+                                 config.cell_options)
+        except CharlmError as error:
+            raise CharlmError(f"plan {plan.source}, run {point.name}: {error}") from None
 
 
 def _paper_parameters(table, source: str) -> dict:

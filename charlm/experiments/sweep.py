@@ -19,7 +19,7 @@ from charlm.config import TrainConfig, from_dict
 from charlm.errors import CharlmError
 from charlm.files import atomic_write_text
 from charlm.logs import get_logger
-from charlm.experiments.plan import EvalStep, Plan, Point
+from charlm.experiments.plan import EvalStep, Plan, Point, task_config
 from charlm.runs.directory import Run
 
 
@@ -130,6 +130,8 @@ class Sweep:
         from charlm.model import LanguageModel, count_parameters
         from charlm.training.setup import model_config_for
 
+        if self.plan.task is not None:
+            return self._describe_task(point)
         config = self.config(point)
         vocabulary, assumed = vocabulary_size(config.corpus, self.data_dir)
         row = {"run": point.name, "corpus": config.corpus, "cell": config.cell, "layers": config.layers,
@@ -147,6 +149,35 @@ class Sweep:
                     self._sizes[key] = model_config.hidden_size, count_parameters(LanguageModel(model_config, cell_class))
             row["hidden"], row["parameters"] = self._sizes[key]
         return row
+
+    def _describe_task(self, point: Point) -> dict:
+        import torch
+
+        from charlm.model import count_parameters
+        from charlm.tasks.models import build_task_model
+
+        config = task_config(self.plan, point).resolved()
+        with torch.device("meta"):
+            model = build_task_model(config.make_task(), config.cell, config.hidden_size, config.layers, config.tied,
+                                     config.cell_options)
+        tied = "tied" if (config.tied if config.tied is not None else config.cell == "grid-lstm") else "untied"
+        return {"run": point.name, "corpus": self.plan.task, "cell": f"{config.cell} {tied}", "layers": config.layers,
+                "params": f"{config.max_samples:,} samples", "state": self.state(point), "hidden": config.hidden_size,
+                "parameters": count_parameters(model), "vocabulary": None, "vocabulary_assumed": False}
+
+    def _train_task(self, point: Point, state: str) -> dict:
+        """Train or resume one point of a task plan; the summary the sweep prints."""
+        from charlm.tasks.training import train_task
+
+        run_dir = self.directory / point.name
+        if state == "new":
+            end = train_task(task_config(self.plan, point), run_dir=run_dir, progress_every=60.0)
+        elif state == "interrupted":
+            end = train_task(run_dir=run_dir, resume=True, max_samples=task_config(self.plan, point).resolved().max_samples,
+                             progress_every=60.0)
+        else:
+            return {}
+        return {"held-out accuracy": end["accuracy"], "samples": end["samples"]}
 
     def run(self, points: list[Point], log=None) -> list[Outcome]:
         """Train (or resume, or skip) each point, then its evaluation steps; a diverged run does not
@@ -170,7 +201,10 @@ class Sweep:
                 outcomes.append(Outcome(point.name, "diverged"))
                 continue
             try:
-                if state == "new":
+                if self.plan.task is not None:
+                    log(f"{prefix}: {'training' if state == 'new' else 'resuming' if state == 'interrupted' else 'done'}")
+                    summary = self._train_task(point, state)
+                elif state == "new":
                     log(f"{prefix}: training")
                     summary = Trainer(self.config(point)).fit()
                 elif state == "interrupted":
@@ -198,7 +232,9 @@ class Sweep:
                 trained_seconds, trained = trained_seconds + seconds, trained + 1
                 remaining = sum(1 for p in points[number:] if self.state(p) in ("new", "interrupted"))
                 estimate = f", about {_minutes(trained_seconds / trained * remaining)} left" if remaining else ""
-                log(f"{prefix}: done in {_minutes(seconds)} (best valid {summary.get('best_valid_bpc', float('nan')):.4f} bpc); "
+                score = (f"held-out accuracy {summary.get('held-out accuracy') or 0:.2%} after {summary.get('samples', 0):,} samples"
+                         if self.plan.task else f"best valid {summary.get('best_valid_bpc', float('nan')):.4f} bpc")
+                log(f"{prefix}: done in {_minutes(seconds)} ({score}); "
                     f"sweep {number}/{len(points)}, {_minutes(time.monotonic() - started)} elapsed{estimate}")
             outcomes.append(Outcome(point.name, "finished", seconds, summary))
         return outcomes
@@ -207,7 +243,7 @@ class Sweep:
         """The embedded corpus needs no download: prepare it when a point trains on it."""
         from charlm.corpora import load_corpus, prepare_corpus
 
-        if any(point.settings.get("corpus", TrainConfig.corpus) == "pydoc" for point in points):
+        if self.plan.task is None and any(point.settings.get("corpus", TrainConfig.corpus) == "pydoc" for point in points):
             try:
                 load_corpus("pydoc", self.data_dir)
             except CharlmError:

@@ -3,6 +3,8 @@ masking, tied networks, resume, the thresholds, a tiny run that learns, and the 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 
 import pytest
@@ -229,3 +231,57 @@ def test_bad_task_options_are_one_line(tmp_path, args, message):
     result = cli("task", *args, "--run-dir", tmp_path / "run", "--max-samples", "15")
     assert_one_line_error(result, message)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# --- plans, sweeps and the report ----------------------------------------------------------------
+
+TINY_PLAN = '''name = "tiny-memorization"
+task = "memorization"
+[base]
+length = 2
+symbols = 3
+hidden_size = 16
+max_samples = 600
+eval_every = 300
+[axes]
+model = [{ cell = "lstm", tied = true }, { cell = "grid-lstm" }]
+layers = [1, 2]
+'''
+
+
+def test_a_task_plan_sweeps_and_reports_samples_to_each_threshold(tmp_path):
+    plan = tmp_path / "tiny.toml"
+    plan.write_text(TINY_PLAN, encoding="utf-8")
+    dry = cli("sweep", plan, "--dir", tmp_path / "sweep", "--dry-run", check_code=0)
+    assert "grid-lstm tied" in dry.stdout and "lstm tied" in dry.stdout and "600 samples" in dry.stdout
+    result = cli("sweep", plan, "--dir", tmp_path / "sweep", check_code=0)
+    assert "4 finished" in result.stdout and "held-out accuracy" in result.stderr
+    again = cli("sweep", plan, "--dir", tmp_path / "sweep", check_code=0)
+    assert "finished earlier; skipped" in again.stderr
+    report = cli("report", tmp_path / "sweep", check_code=0)
+    assert "Samples to each held-out accuracy threshold" in report.stdout
+    out = tmp_path / "sweep" / "report"
+    assert sorted(path.name for path in out.iterdir()) == ["index.md", "tasks.csv", "tasks.md", "thresholds.png"]
+    rows = list(csv.reader(io.StringIO((out / "tasks.csv").read_text())))
+    assert rows[0][:9] == ["task", "network", "layers", "seeds", "parameters", ">50%", ">80%", ">99%", "100%"]
+    by_network = {(row[1], int(row[2])): row for row in rows[1:]}
+    assert set(by_network) == {("lstm tied", 1), ("lstm tied", 2), ("grid-lstm tied", 1), ("grid-lstm tied", 2)}
+    for network in ("lstm tied", "grid-lstm tied"):  # a tied network has one count at every depth
+        assert by_network[(network, 1)][4] == by_network[(network, 2)][4]
+    end = records(tmp_path / "sweep" / "model-lstm-true_layers-1", "task_end")[0]
+    for column, threshold in zip(range(5, 9), ("0.5", "0.8", "0.99", "1.0")):
+        expected = f"{end['reached'][threshold]:,} (1/1)" if threshold in end["reached"] else "- (0/1)"
+        assert by_network[("lstm tied", 1)][column] == expected
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('task = "memorization"\n[base]\nepochs = 3\n', "unknown setting 'epochs' (any `charlm task` setting"),
+    ('task = "memorization"\n[base]\nlength = 0\n', "--length) must be an integer from 1"),
+    ('task = "nope"\n', "unknown task 'nope'"),
+    ('task = "memorization"\n[axes]\nmodel = [{ cell = "scrn", tied = true, layers = 2 }]\n', "cannot tie its layers"),
+    ('task = "memorization"\n[[eval]]\nsplit = "test"\n', "a task plan has no [[eval]] steps"),
+])
+def test_bad_task_plans_are_one_line(tmp_path, text, fragment):
+    plan = tmp_path / "bad.toml"
+    plan.write_text(text, encoding="utf-8")
+    assert_one_line_error(cli("sweep", plan, "--dir", tmp_path / "sweep", "--dry-run"), fragment)

@@ -110,7 +110,7 @@ def read_runs(directories: list[str | Path]) -> list[RunRecord]:
     """Every run at or below the directories, named by its path relative to their common parent."""
     found = {}
     for directory in directories:
-        runs = find_runs(directory)
+        runs = [run for run in find_runs(directory) if "task" not in run.read_json(run.config_file)]  # `charlm task` runs: report/tasks.py
         if not runs:
             raise CharlmError(f"no runs under {directory} (no directory there holds config.json and metrics.jsonl)")
         found.update({run.path.resolve(): run for run in runs})

@@ -147,6 +147,44 @@ def gradient_heatmaps(maps: list[HeatMap], path: Path) -> None:
     _save(figure, path)
 
 
+@dataclasses.dataclass(frozen=True)
+class Marker:
+    """Samples to a threshold at one depth: the mean over the seeds that reached it (``reached``), or
+    where none did, the samples they trained (drawn hollow, "not reached")."""
+
+    layers: int
+    samples: float
+    reached: bool
+    seeds_reached: int
+    seeds: int
+
+
+THRESHOLD_SIZE = (4.5, 4.0)  # per panel
+
+
+@_styled
+def threshold_panels(panels: dict[str, dict[str, list[Marker]]], path: Path) -> None:
+    """The Grid LSTM paper's Figure 5: samples to exceed each threshold against depth, a marker style
+    per network, a panel per threshold; hollow markers: not reached within the samples shown."""
+    figure = _figure(THRESHOLD_SIZE[0] * len(panels), THRESHOLD_SIZE[1])
+    networks = sorted({network for panel in panels.values() for network in panel})
+    colours = cell_colours(networks)
+    shapes = dict(zip(networks, "osD^v<>ph*"))
+    for axes, (threshold, panel) in zip(figure.subplots(1, len(panels), squeeze=False)[0], panels.items()):
+        for network, markers in panel.items():
+            colour, shape = colours[network], shapes.get(network, "o")
+            done = [m for m in markers if m.reached]
+            axes.plot([m.layers for m in done], [m.samples for m in done], shape + "-", color=colour,
+                      label=network, markersize=6)
+            missed = [m for m in markers if not m.reached]
+            axes.plot([m.layers for m in missed], [m.samples for m in missed], shape, color=colour,
+                      markerfacecolor="none", markersize=8, label=f"{network} (not reached)" if missed else None)
+        axes.set(title=f"accuracy > {float(threshold):.0%}", xlabel="layers", ylabel="training samples")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _legend(axes)
+    _save(figure, path)
+
+
 def _figure(width: float, height: float):
     from matplotlib.figure import Figure
 

@@ -17,12 +17,15 @@ from charlm.experiments.report import figures
 from charlm.experiments.report.compare import (Group, RunRecord, Stat, best_of, data_needed, dynamic_columns,
                                                dynamic_rows, efficiency_families, group_runs, protocol_name,
                                                ordering_note, read_runs, reference_loss, table1_sections, unequal_data)
+from charlm.experiments.report.tasks import COLUMNS as TASK_COLUMNS
+from charlm.experiments.report.tasks import is_task_run, read_task_runs, threshold_figure_data, threshold_rows
 from charlm.files import atomic_write_text
+from charlm.runs.directory import find_runs
 
 DEFAULT_REFERENCE = "gru"
 REPORT_FILES = ("index.md", "table1.md", "table1.csv", "convergence.csv", "convergence.png", "curves.png",
                 "efficiency.md", "efficiency.csv", "efficiency.png", "gradnorms.png", "dynamic.md", "dynamic.csv",
-                "summary.md", "summary.csv")
+                "summary.md", "summary.csv", "tasks.md", "tasks.csv", "thresholds.png")
 
 
 TABLES = {"summary.md": "Summary of the run",
@@ -352,6 +355,9 @@ def build_report(directories: list[str | Path], out: str | Path | None = None, r
         raise CharlmError("give at least one run directory")
     if out is None and len(directories) > 1:
         raise CharlmError("several directories: say where the report goes with --out REPORT_DIR")
+    task_runs = read_task_runs(directories)
+    if task_runs and not any(not is_task_run(run) for directory in directories for run in find_runs(directory)):
+        return _task_report(directories, out, task_runs)
     records = read_runs(directories)
     cells = sorted({record.cell for record in records})
     if reference is not None and reference not in cells:
@@ -369,3 +375,30 @@ def build_report(directories: list[str | Path], out: str | Path | None = None, r
     return Report(out, writer.files, writer.tables)
 
 
+
+
+def _task_report(directories, out, runs) -> Report:
+    """The report of a directory of `charlm task` runs: Figure 4's table and Figure 5's plot."""
+    out = Path(out) if out is not None else Path(directories[0]) / "report"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CharlmError(f"cannot create report directory {out}: {error.strerror}") from None
+    rows = threshold_rows(runs)
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows([TASK_COLUMNS, *rows])
+    atomic_write_text(out / "tasks.csv", buffer.getvalue())
+    table = _markdown(TASK_COLUMNS, rows)
+    atomic_write_text(out / "tasks.md", "# Samples to each held-out accuracy threshold\n\n" + table + "\n")
+    figures.threshold_panels(threshold_figure_data(runs), out / "thresholds.png")
+    index = ["# Report", "", f"{len(runs)} task run(s) from {', '.join(map(str, directories))}.", "",
+             "Samples to exceed 50%, 80%, 99% and to reach 100% held-out per-symbol accuracy: the mean over the",
+             "seeds that reached it, with how many did (k/n). As the Grid LSTM paper's Figure 4 table and Figure 5.",
+             "", table, "", "![samples to threshold](thresholds.png)", ""]
+    atomic_write_text(out / "index.md", "\n".join(index))
+    files = ["index.md", "tasks.md", "tasks.csv", "thresholds.png"]
+    for name in REPORT_FILES:
+        if name not in files:
+            (out / name).unlink(missing_ok=True)
+    return Report(out, files, [("Samples to each held-out accuracy threshold", TASK_COLUMNS,
+                                [[str(value) for value in row] for row in rows])])

@@ -1,0 +1,122 @@
+"""The report of `charlm task` runs: the Grid LSTM paper's Figure 4 table (held-out accuracy and
+samples per network) and Figure 5 (samples to each accuracy threshold against depth, one marker per
+network type, a panel per threshold)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+from pathlib import Path
+
+from charlm.experiments.report import figures
+from charlm.runs.directory import Run, find_runs
+
+FIGURE_THRESHOLDS = ("0.5", "0.8", "0.99")  # Figure 5's panels
+TABLE_THRESHOLDS = ("0.5", "0.8", "0.99", "1.0")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRun:
+    name: str
+    task: str
+    network: str  # "grid-lstm tied", "lstm untied", ...
+    layers: int
+    hidden: int | None
+    seed: int | None
+    parameters: int | None
+    samples: int | None  # trained so far
+    budget: int | None   # max_samples
+    stopped_by: str | None
+    reached: dict  # threshold ("0.5") → samples when first exceeded
+    accuracy: float | None
+    sequence_accuracy: float | None
+    status: str
+
+
+def is_task_run(run: Run) -> bool:
+    return "task" in run.read_json(run.config_file)
+
+
+def read_task_runs(directories) -> list[TaskRun]:
+    """Every task run at or below the directories, named by its path relative to their common parent."""
+    found = {run.path.resolve(): run for directory in directories for run in find_runs(directory) if is_task_run(run)}
+    if not found:
+        return []
+    base = Path(os.path.commonpath([Path(directory).resolve() for directory in directories]))
+    if base in found:
+        base = base.parent
+    return sorted((read_task_run(run, Path(os.path.relpath(path, base)).as_posix()) for path, run in found.items()),
+                  key=lambda run: (run.task, run.network, run.layers, run.seed or 0, run.name))
+
+
+def read_task_run(run: Run, name: str) -> TaskRun:
+    config = run.read_json(run.config_file)
+    train, model = config.get("train", {}), config.get("model", {})
+    history = run.history()
+    evaluations, ends = history.of("task_eval"), history.of("task_end")
+    end = ends[-1] if ends else None
+    last = evaluations[-1] if evaluations else None
+    reached = {}
+    for record in evaluations:  # the same bookkeeping as training, so an unfinished run reports too
+        for threshold in TABLE_THRESHOLDS:
+            value = float(threshold)
+            if threshold not in reached and record.accuracy is not None and (
+                    record.accuracy >= 1.0 if value == 1.0 else record.accuracy > value):
+                reached[threshold] = record.samples
+    cell, tied = str(model.get("cell", "?")), model.get("tied")
+    if tied is None:
+        tied = cell == "grid-lstm" and (train.get("cell_options") or {}).get("tied", True)
+    return TaskRun(name=name, task=str(config["task"].get("name", train.get("task", "?"))),
+                   network=f"{cell} {'tied' if tied else 'untied'}", layers=int(model.get("layers") or 1),
+                   hidden=model.get("hidden_size"), seed=train.get("seed"), parameters=history.parameters,
+                   samples=last.samples if last else None, budget=train.get("max_samples"),
+                   stopped_by=end.stopped_by if end else None, reached=reached,
+                   accuracy=last.accuracy if last else None,
+                   sequence_accuracy=last.sequence_accuracy if last else None, status=run.status(history))
+
+
+def threshold_rows(runs: list[TaskRun]) -> list[list]:
+    """Figure 4's table, by task, network and depth: seeds, parameters, the samples to each threshold
+    (mean over the seeds that reached it, with how many did), held-out accuracy (mean), samples trained."""
+    rows, groups = [], {}
+    for run in runs:
+        groups.setdefault((run.task, run.network, run.layers), []).append(run)
+    for (task, network, layers), members in groups.items():
+        row = [task, network, layers, len(members), members[0].parameters]
+        for threshold in TABLE_THRESHOLDS:
+            got = [run.reached[threshold] for run in members if threshold in run.reached]
+            row.append(f"{statistics.fmean(got):,.0f} ({len(got)}/{len(members)})" if got else f"- (0/{len(members)})")
+        accuracies = [run.accuracy for run in members if run.accuracy is not None]
+        row.append(f"{statistics.fmean(accuracies):.2%}" if accuracies else "-")
+        trained = [run.samples for run in members if run.samples is not None]
+        row.append(f"{statistics.fmean(trained):,.0f}" if trained else "-")
+        rows.append(row)
+    return rows
+
+
+COLUMNS = ["task", "network", "layers", "seeds", "parameters", ">50%", ">80%", ">99%", "100%",
+           "held-out accuracy", "samples trained"]
+
+
+def threshold_figure_data(runs: list[TaskRun]) -> dict[str, dict[str, list[figures.Marker]]]:
+    """Per threshold, per network: a marker per depth (mean samples over the seeds that reached it;
+    ``reached`` False and the budget where none did)."""
+    panels = {}
+    for threshold in FIGURE_THRESHOLDS:
+        networks = {}
+        for run in runs:
+            networks.setdefault(run.network, {}).setdefault(run.layers, []).append(run)
+        panel = {}
+        for network, depths in networks.items():
+            markers = []
+            for layers, members in sorted(depths.items()):
+                got = [run.reached[threshold] for run in members if threshold in run.reached]
+                if got:
+                    markers.append(figures.Marker(layers, statistics.fmean(got), True, len(got), len(members)))
+                else:
+                    budget = max((run.samples or 0) for run in members)
+                    markers.append(figures.Marker(layers, budget, False, 0, len(members)))
+            panel[network] = markers
+        panels[threshold] = panel
+    return panels
