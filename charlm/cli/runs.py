@@ -38,6 +38,8 @@ def runs(
     for row in rows:
         size = "-" if row["hidden"] is None else f"{row['layers']}×{row['hidden']}"
         dynamic = ", ".join(f"{name} {value:.4f}" for name, value in row["dynamic"].items() if value is not None)
+        if row.get("task_accuracy") is not None:  # a `charlm task` run
+            dynamic = f"accuracy {row['task_accuracy']:.2%} after {row['task_samples']:,} samples"
         table.append([row["run"], row["corpus"] or "-", row["cell"] or "-", size, _number(row["parameters"]),
                       str(row["epochs"]), _number(row["best_epoch"]), _bpc(row["best_valid_bpc"]), _bpc(row["test_bpc"]),
                       dynamic or "-", _duration(row["train_seconds"]), row["status"]])

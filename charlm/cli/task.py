@@ -30,6 +30,7 @@ def task(
     eval_samples: int = typer.Option(100, "--eval-samples", help="Held-out samples (the paper: 100)."),
     seed: int = typer.Option(1, "--seed", help="Seeds the weights and both sample streams."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
+    wavefront: bool = typer.Option(True, "--wavefront/--no-wavefront", help="Run a tied stack one anti-diagonal of time × depth at a time (checked against the layer-by-layer code at the start)."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where the run goes [runs/TASK-CELL-Lx-TIME]."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory."),
 ):
@@ -51,7 +52,8 @@ def task(
         config = TaskConfig(task=name, cell=cell, layers=layers, tied=tied, cell_options=parse_key_values(cell_opt or []),
                             length=length, symbols=symbols, digits=digits, bits=bits, hidden_size=hidden_size,
                             batch_size=batch_size, optimizer=optimizer, lr=lr, clip=clip, max_samples=max_samples,
-                            eval_every=eval_every, eval_samples=eval_samples, seed=seed, device=device)
+                            eval_every=eval_every, eval_samples=eval_samples, seed=seed, device=device,
+                            wavefront=wavefront)
         target = run_dir or Path("runs") / f"{name}-{cell}-{layers}x-{time.strftime('%Y%m%d-%H%M%S')}"
         end = train_task(config, run_dir=target)
     reached = ", ".join(f">{float(key):.0%} at {value:,}" if float(key) < 1 else f"100% at {value:,}"

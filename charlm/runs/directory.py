@@ -202,9 +202,12 @@ class Run:
             if record.mode == "dynamic":
                 method = (record.hyperparameters or {}).get("method", "dynamic")
                 dynamic[f"{method} {record.split}" + (" #2" if record.adapt_on else "")] = record.dynamic_bpc
+        task_evals = history.of("task_eval")  # a `charlm task` run: its held-out accuracy, no epochs
         return {
             "run": str(self.path),
             "corpus": train.get("corpus"),
+            "task_accuracy": task_evals[-1].accuracy if task_evals else None,
+            "task_samples": task_evals[-1].samples if task_evals else None,
             "cell": model.get("cell", train.get("cell")),
             "layers": model.get("layers"),
             "hidden": model.get("hidden_size"),
@@ -214,7 +217,7 @@ class Run:
             "best_valid_bpc": best.valid_bpc if best else None,
             "test_bpc": history.test_bpc_at_best,
             "dynamic": dynamic,
-            "train_seconds": history.train_seconds,
+            "train_seconds": task_evals[-1].seconds if task_evals else history.train_seconds,
             "status": self.status(history),
             "provenance": self.read_json(self.provenance_file),
         }

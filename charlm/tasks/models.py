@@ -77,16 +77,72 @@ class FeedForward(nn.Module):
 
 
 class SequenceTaskModel(nn.Module):
-    """A ``LanguageModel`` read as a sequence-task network: whole sequences from a zero state."""
+    """A ``LanguageModel`` read as a sequence-task network: whole sequences from a zero state.
+
+    A tied stack deeper than one layer runs as a wavefront (``wavefront``): same function, one
+    batched block per anti-diagonal of the time × depth grid instead of one per grid point.
+    ``use_wavefront`` False runs the language model's own layer-by-layer code.
+    """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.language_model = LanguageModel(config)
+        layers = self.language_model.layers
+        self.tied = len(layers) > 1 and all(layer is layers[0] for layer in layers)
+        self.use_wavefront = self.tied
 
     def forward(self, tokens: Tensor) -> Tensor:
-        state = self.language_model.initial_state(tokens.shape[0], device=tokens.device)
-        logits, _ = self.language_model(tokens, state)
-        return logits
+        model = self.language_model
+        if not self.use_wavefront:
+            logits, _ = model(tokens, model.initial_state(tokens.shape[0], device=tokens.device))
+            return logits
+        outputs = wavefront(model.layers[0], len(model.layers), model.embedding(tokens.t()))
+        return model.head(outputs).transpose(0, 1)
+
+
+def wavefront(block, depth: int, inputs: Tensor) -> Tensor:
+    """The top layer's outputs ``[T, B, ·]`` of ``block`` stacked ``depth`` deep over ``inputs`` ``[T, B, d]``.
+
+    Block (t, l) reads (t, l − 1) and (t − 1, l), so the blocks of one anti-diagonal t + l = k are
+    independent; with one set of weights they are a single ``block.step`` on the batch of every
+    active layer side by side: T + depth − 1 calls instead of T × depth.
+    """
+    steps, batch = inputs.shape[:2]
+    state = [block.initial_state(batch, device=inputs.device, dtype=inputs.dtype)] * depth  # per layer, after t − 1
+    below = [None] * depth  # below[l]: the output of layer l − 1 that layer l reads next
+    top = []
+    for diagonal in range(steps + depth - 1):
+        active = range(max(0, diagonal - steps + 1), min(depth, diagonal + 1))  # layer l is at time diagonal − l
+        x = torch.cat([inputs[diagonal] if layer == 0 else below[layer] for layer in active])
+        carried = tuple(torch.cat(parts) for parts in zip(*(state[layer] for layer in active)))
+        output, carried = block.step(x, carried)
+        outputs = output.split(batch)
+        pieces = list(zip(*(part.split(batch) for part in carried)))
+        for index, layer in enumerate(active):
+            state[layer] = pieces[index]
+            if layer + 1 < depth:
+                below[layer + 1] = outputs[index]
+            else:
+                top.append(outputs[index])
+    return torch.stack(top)
+
+
+def check_wavefront(model: SequenceTaskModel, tokens: Tensor, tolerance: float = 1e-4) -> dict:
+    """Hold the wavefront to the layer-by-layer code on ``tokens``: the largest difference of the
+    logits, and whether it is within ``tolerance`` (the wavefront is turned off where it is not)."""
+    import time
+
+    started = time.perf_counter()
+    with torch.no_grad():
+        model.use_wavefront = True
+        fast = model(tokens)
+        model.use_wavefront = False
+        plain = model(tokens)
+    difference = float((fast - plain).abs().max())
+    model.use_wavefront = difference <= tolerance
+    return {"path": "wavefront", "active": model.use_wavefront, "checked": True, "max_difference": difference,
+            "tolerance": tolerance, "check_seconds": round(time.perf_counter() - started, 4),
+            "failure": None if model.use_wavefront else f"differs from the layer-by-layer code by {difference:.3g}"}
 
 
 def model_config(task, cell: str, hidden_size: int, layers: int, tied: bool | None, cell_options: dict) -> ModelConfig:

@@ -30,7 +30,7 @@ from charlm.runs import provenance as provenance_of
 from charlm.runs.directory import Run
 from charlm.runtime.devices import resolve_device
 from charlm.tasks.data import PAPER_SETTINGS, make_task
-from charlm.tasks.models import build_task_model
+from charlm.tasks.models import build_task_model, check_wavefront
 from charlm.training.control import StopRequest, TrainingDiverged, TrainingInterrupted
 
 THRESHOLDS = (0.5, 0.8, 0.99, 1.0)  # held-out per-symbol accuracy: exceeded (or, for 1.0, reached)
@@ -62,6 +62,7 @@ class TaskConfig:
     eval_samples: int = 100
     seed: int = 1
     device: str = "auto"
+    wavefront: bool = True  # a tied stack runs one batched block per anti-diagonal (checked against layer by layer)
 
     def resolved(self) -> "TaskConfig":
         """A copy with the paper's values filled in and every value checked (one line on a bad one)."""
@@ -224,6 +225,13 @@ def train_task(config: TaskConfig | None = None, *, run_dir: str | Path, resume:
     parameters = count_parameters(model)
     run.record("start", parameters=parameters, hidden_size=config.hidden_size, device=str(device),
                resumed_at={"samples": state.samples} if resume else None)
+    if getattr(model, "use_wavefront", False) and not config.wavefront:
+        model.use_wavefront = False
+    if getattr(model, "use_wavefront", False):
+        check = check_wavefront(model, held_out.inputs[:16])
+        run.record("fast_path", **check)
+        if not check["active"]:
+            run.log(f"warning: the wavefront {check['failure']}: running layer by layer")
     run.mark_running()
     run.log(f"{task.name}: {config.cell} {config.layers}×{config.hidden_size}"
             f"{' tied' if config.tied else ''}, {parameters:,} parameters, {config.max_samples:,} samples at most")

@@ -285,3 +285,48 @@ def test_bad_task_plans_are_one_line(tmp_path, text, fragment):
     plan = tmp_path / "bad.toml"
     plan.write_text(text, encoding="utf-8")
     assert_one_line_error(cli("sweep", plan, "--dir", tmp_path / "sweep", "--dry-run"), fragment)
+
+
+# --- the wavefront -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cell", ["grid-lstm", "lstm", "gru", "delta-rnn", "lru", "rhn"])
+def test_the_wavefront_computes_the_layer_by_layer_function(cell):
+    task = Memorization(length=4, symbols=6)
+    torch.manual_seed(0)
+    model = build_task_model(task, cell, 12, 5, tied=True).double()
+    assert model.use_wavefront
+    tokens = task.sample(torch.Generator().manual_seed(2), 3).inputs
+    fast = model(tokens)
+    fast.sum().backward()
+    fast_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.use_wavefront = False
+    plain = model(tokens)
+    plain.sum().backward()
+    assert torch.allclose(fast, plain, rtol=0, atol=1e-12)
+    assert all(torch.allclose(a, p.grad, rtol=0, atol=1e-10) for a, p in zip(fast_grads, model.parameters()))
+
+
+def test_untied_and_single_layer_stacks_run_layer_by_layer():
+    task = Memorization(length=3, symbols=4)
+    assert not build_task_model(task, "grid-lstm", 8, 4, tied=False).use_wavefront
+    assert not build_task_model(task, "lstm", 8, 1, tied=True).use_wavefront
+
+
+def test_a_run_checks_its_wavefront_and_records_the_check(tmp_path):
+    train_task(tiny(layers=3, max_samples=300, eval_every=300), run_dir=tmp_path / "run")
+    [check] = records(tmp_path / "run", "fast_path")
+    assert check["path"] == "wavefront" and check["active"] and check["max_difference"] <= check["tolerance"] == 1e-4
+    train_task(tiny(layers=3, max_samples=300, eval_every=300, wavefront=False), run_dir=tmp_path / "off")
+    assert records(tmp_path / "off", "fast_path") == []
+
+
+def test_a_wavefront_that_disagrees_is_turned_off(monkeypatch):
+    from charlm.tasks import models
+
+    task = Memorization(length=3, symbols=4)
+    model = build_task_model(task, "lstm", 8, 3, tied=True)
+    monkeypatch.setattr(models, "wavefront", lambda block, depth, inputs: models.torch.zeros(
+        inputs.shape[0], inputs.shape[1], 8))
+    check = models.check_wavefront(model, task.sample(torch.Generator().manual_seed(0), 2).inputs)
+    assert not check["active"] and not model.use_wavefront and "differs from the layer-by-layer code" in check["failure"]
