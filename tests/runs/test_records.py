@@ -33,6 +33,10 @@ WRITTEN = {  # one record of every event, with the fields charlm's writers give 
                       checked=True, max_difference=0.3, tolerance=1e-4, check_seconds=0.01),
     "eval": dict(checkpoint="runs/x/best.pt", split="test", mode="static", **SCORE, chars_per_s=90000.0,
                  fast_path={"path": "scoring graph", "active": True, "checked": True}),
+    "task_eval": dict(samples=3000, steps=200, train_loss=0.3, loss=0.25, accuracy=0.89, sequence_accuracy=0.72,
+                      seconds=9.5),
+    "task_end": dict(samples=3000, stopped_by="samples", reached={"0.5": 1005, "0.8": 2010}, accuracy=0.89,
+                     sequence_accuracy=0.72, parameters=17285, seconds=9.5, run_dir="runs/t"),
 }
 
 
