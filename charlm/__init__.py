@@ -25,6 +25,8 @@ _EXPORTS = {
     "Checkpoint": "charlm.checkpoint",
     "Run": "charlm.runs.directory",
     "CharlmError": "charlm.errors",
+    "TaskConfig": "charlm.tasks.training",
+    "train_task": "charlm.tasks.training",
 }
 
 __all__ = ["__version__", *_EXPORTS]

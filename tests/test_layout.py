@@ -17,7 +17,7 @@ LAYERS = [
     {"runtime"},
     {"runs"},
     {"inference"},
-    {"training"},
+    {"training", "tasks"},
     {"api"},
     {"experiments", "tools"},
     {"cli", "__main__"},
