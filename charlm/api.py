@@ -138,6 +138,7 @@ class Model:
             else:
                 ids = self.tokenizer.encode(DEFAULT_PRIME) if DEFAULT_PRIME in self.tokenizer.vocab else [0]
             return ids, self.tokenizer.decode(ids)
+        prime = self.normalise(prime)
         return encode_prime(self.tokenizer, prime), prime
 
     # --- scoring any text ----------------------------------------------------------------------
@@ -146,14 +147,16 @@ class Model:
         characters outside the vocabulary, "skip" drops them, "unk" maps them to the unknown entry."""
         if unknown not in ("error", "skip", "unk"):
             raise CharlmError(f"unknown must be error, skip or unk, not {unknown!r}")
+        text = self.normalise(text)
         outside = outside_vocabulary(self.tokenizer, text)
         if not outside:
             return self.tokenizer.encode(text), 0
         if unknown == "error":
-            raise OutOfVocabulary(outside)
+            raise OutOfVocabulary(outside, where=first_position(text, outside))
         if unknown == "unk":
             if self.tokenizer.unk is None:
-                raise CharlmError("this model's vocabulary has no unknown entry: use unknown=skip (--unknown skip)")
+                raise CharlmError("this model's vocabulary has no unknown entry: use --unknown skip "
+                                  "(unknown=\"skip\" from Python)")
             try:
                 return self.tokenizer.encode(text), 0
             except OutOfVocabulary:
@@ -166,6 +169,19 @@ class Model:
             kept = "".join(c for c in text if c not in set(outside))
         return self.tokenizer.encode(kept), len(text) - len(kept)
 
+    def normalise(self, text: str) -> str:
+        """``text`` as the model's corpus was prepared: a byte-order mark stripped and CRLF or CR line
+        ends turned into LF, unless the vocabulary holds those characters (a byte model reads bytes
+        as they are)."""
+        if self.unit == "byte":
+            return text
+        vocabulary = set(self.tokenizer.vocab)
+        if "\ufeff" not in vocabulary:
+            text = text.removeprefix("\ufeff")
+        if "\r" not in vocabulary:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        return text
+
     def score(self, text: str, *, per_char: bool = False, unknown: str = _SCORE.unknown,
               dynamic: DynamicOptions | str | None = None, batch_size: int = _SCORE.batch_size,
               data_dir=None) -> TextScore:
@@ -174,6 +190,7 @@ class Model:
         the weights test-then-train while scoring (rms reads its gradient statistics from the
         training split of the model's corpus); the model's weights are restored afterwards."""
         validate(ScoreConfig(unknown=unknown, batch_size=batch_size))
+        text = self.normalise(text)
         ids, skipped = self.encode(text, unknown)
         if len(ids) < 2:
             raise CharlmError("the text is too short to score: it needs at least two symbols")
@@ -274,3 +291,14 @@ class Model:
     def export(self, path: str | Path) -> Path:
         """A slim inference file: weights, configs, vocabulary and provenance; no training state."""
         return self.checkpoint.exported().save(path)
+
+
+def first_position(text: str, symbols) -> str:
+    """``line L, column C`` of the first of ``symbols`` (characters, or whole words) in ``text``."""
+    found = [index for index in (text.find(symbol) for symbol in symbols) if index >= 0]
+    if not found:
+        return ""
+    index = min(found)
+    line = text.count("\n", 0, index) + 1
+    column = index - (text.rfind("\n", 0, index) + 1) + 1
+    return f"line {line}, column {column}"

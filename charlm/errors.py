@@ -19,8 +19,12 @@ class ConfigError(CharlmError):
 class OutOfVocabulary(CharlmError):
     """Text holds symbols that the vocabulary lacks."""
 
-    def __init__(self, symbols):
+    def __init__(self, symbols, where: str | None = None):
         self.symbols = sorted(set(symbols))
         shown = ", ".join(repr(s) for s in self.symbols[:20])
         more = "" if len(self.symbols) <= 20 else f" and {len(self.symbols) - 20} more"
-        super().__init__(f"text has symbols outside the vocabulary: {shown}{more}")
+        message = f"text has symbols outside the vocabulary: {shown}{more}"
+        if where is not None:  # text given by a user to score: say where, and what to do
+            message += ((f" (the first at {where})" if where else "") + "; pass --unknown skip to leave them out "
+                        "(unknown=\"skip\" from Python)")
+        super().__init__(message)

@@ -153,6 +153,27 @@ def test_per_char_log_probabilities(model, trained_run, tmp_path):
     assert to_stdout.stdout.splitlines()[-1].startswith("10\td\t")
 
 
+def test_text_is_normalised_as_the_corpus_was(model, trained_run, tmp_path):
+    """Issue 24: a BOM and CRLF or CR line ends, which `prepare` normalises, score as the normalised text."""
+    assert "\r" not in model.vocabulary and "\ufeff" not in model.vocabulary
+    plain = "The first line.\nThe second line.\nAnd a third.\n"
+    windows = "\ufeff" + plain.replace("\n", "\r\n")
+    expected = model.score(plain)
+    for variant in (windows, plain.replace("\n", "\r")):
+        got = model.score(variant)
+        assert (got.nats, got.tokens, got.characters) == (expected.nats, expected.tokens, expected.characters)
+    path = tmp_path / "windows.txt"
+    path.write_bytes(windows.encode("utf-8"))
+    assert stdout_field(cli("score", trained_run, path, check_code=0), "bpc") == f"{expected.bpc:.4f} (bits per character)"
+    assert model.sample("The\r\n", 5, seed=3) == model.sample("The\n", 5, seed=3)
+
+
+def test_unknown_characters_are_named_with_where_the_first_is(model, trained_run, tmp_path):
+    text = "Fine so far.\nStill fine, then a snowman ☃ and a euro € sign."
+    with pytest.raises(CharlmError, match=r"'€', '☃' \(the first at line 2, column 28\); pass --unknown skip"):
+        model.score(text)
+
+
 def test_unknown_characters(model, trained_run, tmp_path):
     text = "A snowman ☃ and a euro € sign."
     with pytest.raises(CharlmError, match="'€', '☃'"):
