@@ -11,6 +11,7 @@ import typer
 from charlm.cli.loading import DATA_DIR
 from charlm.cli.output import print_table, stdout
 from charlm.errors import CharlmError
+from charlm.logs import get_logger
 
 
 def sweep(
@@ -50,6 +51,8 @@ def sweep(
                       _paper_count(paper, row), row["state"]] for row in rows])
         if any(row["vocabulary_assumed"] for row in rows):
             stdout.print("(sizes of corpora not prepared yet use their documented vocabulary sizes)")
+        for warning in runner.warnings(points):
+            get_logger().warning(f"warning: {warning}")
         return
     outcomes = runner.run(points)
     counts = {}
@@ -57,6 +60,15 @@ def sweep(
         counts[outcome.status] = counts.get(outcome.status, 0) + 1
     stdout.print(f"sweep {target}: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
                  + f"; report with `charlm report {target}`")
+    if counts.get("failed"):
+        raise SweepIncomplete(f"{counts['failed']} of {len(outcomes)} runs failed (the messages above say why); "
+                              "fix them and run the same command again to go on")
+
+
+class SweepIncomplete(CharlmError):
+    """Some points of a sweep could not run: the others are kept, the exit code says so."""
+
+    exit_code = 1
 
 
 def _paper_count(paper: dict, row: dict) -> str:

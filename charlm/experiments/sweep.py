@@ -150,6 +150,26 @@ class Sweep:
             row["hidden"], row["parameters"] = self._sizes[key]
         return row
 
+    def warnings(self, points: list[Point]) -> list[str]:
+        """What would stop the real run that a dry run can see: a directory holding another plan's
+        runs, corpora that are not prepared (the embedded one prepares itself)."""
+        found = []
+        existing = self._read_record()
+        if existing is not None and existing.get("fingerprint") != self.plan.fingerprint():
+            found.append(f"sweep directory {self.directory} holds runs of another plan ({existing.get('plan')}, "
+                         f"profile {existing.get('profile')}): the sweep would refuse it; choose another --dir")
+        if self.plan.task is None:
+            from charlm.corpora import load_corpus
+
+            corpora = sorted({self.config(point).corpus for point in points} - {"pydoc"})
+            for corpus in corpora:
+                try:
+                    load_corpus(corpus, self.data_dir)
+                except CharlmError as error:
+                    runs = sum(1 for point in points if self.config(point).corpus == corpus)
+                    found.append(f"{error} (the sweep would fail on its {runs} run(s))")
+        return found
+
     def _describe_task(self, point: Point) -> dict:
         import torch
 

@@ -213,15 +213,21 @@ def test_other_bad_sweep_input_is_one_line(plan_file, tiny_corpus, tmp_path):
     directory.mkdir()
     (directory / "sweep.json").write_text('{"plan": "other", "profile": "paper", "fingerprint": "0"}', encoding="utf-8")
     assert_one_line_error(cli(*sweep_args(plan_file, directory, tiny_corpus)), "holds runs of another plan (other")
+    dry = cli(*sweep_args(plan_file, directory, tiny_corpus, "--dry-run"), check_code=0)
+    assert "warning: sweep directory" in dry.stderr and "holds runs of another plan (other" in dry.stderr
 
 
 def test_a_point_that_cannot_run_is_reported_and_the_sweep_goes_on(tiny_corpus, tmp_path):
     plan = tmp_path / "partly.toml"
     plan.write_text('[base]\nhidden = 8\nbatch_size = 8\nepochs = 1\neval_batch_size = 8\n'
                     '[axes]\ncorpus = ["absent", "tiny"]\n', encoding="utf-8")
-    result = cli(*sweep_args(plan, tmp_path / "sweep", tiny_corpus), check_code=0)
+    dry = cli(*sweep_args(plan, tmp_path / "sweep", tiny_corpus, "--dry-run"), check_code=0)
+    assert "warning: corpus 'absent' is not prepared" in dry.stderr and "fail on its 1 run(s)" in dry.stderr
+    assert "corpus 'tiny'" not in dry.stderr and dry.stderr.count("warning:") == 1  # prepared: no warning
+    result = cli(*sweep_args(plan, tmp_path / "sweep", tiny_corpus))
     assert "[1/2] corpus-absent: not run: corpus 'absent' is not prepared" in result.stderr
     assert "1 failed, 1 finished" in result.stdout
+    assert_one_line_error(result, "1 of 2 runs failed", code=1)
     assert Run(tmp_path / "sweep" / "corpus-tiny").status() == "finished"
 
 
