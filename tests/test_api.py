@@ -260,6 +260,12 @@ def test_export_is_slim_and_gives_the_same_model(model, trained_run, tmp_path):
 
 def test_export_refuses_bad_targets(trained_run, tmp_path):
     assert_one_line_error(cli("export", trained_run, tmp_path), "is a directory")
+    existing = tmp_path / "kept.pt"
+    existing.write_bytes(b"something the user keeps")
+    assert_one_line_error(cli("export", trained_run, existing), "kept.pt exists: pass --force to replace it")
+    assert existing.read_bytes() == b"something the user keeps"
+    cli("export", trained_run, existing, "--force", check_code=0)
+    assert Checkpoint.load(existing).kind == "export"
     assert_one_line_error(cli("export", trained_run, trained_run / "best.pt"), "is the checkpoint being exported")
     assert_one_line_error(cli("export", trained_run, tmp_path / "absent" / "model.pt"), "does not exist")
     assert not (tmp_path / "absent").exists()

@@ -68,6 +68,8 @@ def run(argv: list[str] | None = None) -> int:
     from charlm.logs import use_default_handler
 
     use_default_handler()  # follows sys.stderr, also when a caller redirects it around run()
+    if not (sys.argv[1:] if argv is None else argv):  # bare `charlm`: the help, and nothing wrong
+        argv = ["--help"]
     try:
         result = app(args=argv, prog_name="charlm", standalone_mode=False)
     except CharlmError as error:

@@ -17,6 +17,7 @@ def export(
     output: Path = typer.Argument(..., help="File to write (for example model.pt)."),
     cell: Optional[str] = CELL,
     trust_code: bool = TRUST_CODE,
+    force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
 ):
     """Write the model without optimizer, RNG or carried state: for `charlm.load`, eval, sample, score."""
     if output.is_dir():
@@ -27,6 +28,8 @@ def export(
     source = model.checkpoint.path
     if output.resolve() == source.resolve():
         raise CharlmError(f"{output} is the checkpoint being exported: give another file name")
+    if output.exists() and not force:
+        raise CharlmError(f"{output} exists: pass --force to replace it, or give another file name")
     model.export(output)
     before, after = source.stat().st_size, output.stat().st_size
     stdout.print(f"exported        {output} ({after:,} bytes; {source} is {before:,} bytes, {after / before:.0%} of it)")

@@ -18,8 +18,9 @@ from charlm.corpora.splits import SPLITS, parse_fractions
 
 
 def prepare(
-    corpus: str = typer.Argument(..., help="Corpus to prepare: ptb, ptb-subword, wp, text8, enwik8, imdb-subword, "
-                                           "pydoc, or `text` for your own files (see `charlm corpora`)."),
+    corpus: str = typer.Argument(..., help="Corpus to prepare: ptb, ptb-contiguous, ptb-word, ptb-subword, wp, text8, "
+                                           "enwik8, imdb-subword, pydoc, or `text` for your own files (see "
+                                           "`charlm corpora`)."),
     paths: Optional[list[Path]] = typer.Argument(None, help="For `text`: UTF-8 files or directories, read in order."),
     source: Optional[Path] = typer.Option(None, "--source", help="Prepare from a local copy instead of downloading: "
                                           "the archive itself, or a directory or file holding its members."),

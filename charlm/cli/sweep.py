@@ -8,7 +8,6 @@ from typing import List, Optional
 
 import typer
 
-from charlm.cli.loading import DATA_DIR
 from charlm.cli.output import print_table, stdout
 from charlm.errors import CharlmError
 from charlm.logs import get_logger
@@ -22,7 +21,7 @@ def sweep(
     only: Optional[List[str]] = typer.Option(None, "--only", help="Only the runs with KEY=VALUE (repeatable), e.g. --only cell=lru."),
     shard: Optional[str] = typer.Option(None, "--shard", help="Run the I-th of N disjoint shares, I from 0 (e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)."),
     list_plans: bool = typer.Option(False, "--list", help="List the plans shipped with charlm and exit."),
-    data_dir: Optional[Path] = DATA_DIR,
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Root of prepared corpora (default: $CHARLM_DATA, else ./data)."),
     trust_code: bool = typer.Option(False, "--trust-code", help="Allow the plan's module:Class cells to be imported."),
 ):
     """Run every point of a plan as its own run directory; re-running skips finished runs and resumes interrupted ones."""

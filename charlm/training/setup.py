@@ -125,7 +125,14 @@ def training_streams(corpus, config: TrainConfig, world: World) -> TokenStreams:
     process carries its share."""
     tokens = corpus.split("train")
     used = max(2, int(len(tokens) * config.train_fraction))
-    return TokenStreams(tokens[:used], config.batch_size, config.bptt, rows=world.share(config.batch_size))
+    streams = TokenStreams(tokens[:used], config.batch_size, config.bptt, rows=world.share(config.batch_size))
+    if streams.stream_length < config.bptt:
+        from charlm.logs import get_logger
+
+        get_logger().warning(f"warning: --batch-size {config.batch_size} cuts the {used:,} training tokens into streams "
+                             f"of {streams.stream_length} tokens, shorter than one --bptt window ({config.bptt}): an "
+                             "epoch is a single short step; a smaller --batch-size trains more steps")
+    return streams
 
 
 def load_initial_weights(model: LanguageModel, model_config: ModelConfig, corpus, config: TrainConfig) -> None:

@@ -317,5 +317,5 @@ class Trainer:
             run.save_last(self.checkpoint())
         if not run.history().ended:
             run.record("end", **self.summary())
-        run.log(f"run {run.path} is already complete ({self.progress.epoch} epochs); pass a larger --epochs to go on")
+        run.log(f"run {run.path} is already complete ({self.progress.epoch} epoch{'s' if self.progress.epoch != 1 else ''}); pass a larger --epochs to go on")
         return self.summary()

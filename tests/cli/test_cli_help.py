@@ -57,3 +57,9 @@ def test_threads_option_sets_torch_threads_and_refuses_zero():
         assert_one_line_error(cli("--threads", "0", "cells"), "--threads must be at least 1, not 0")
     finally:
         torch.set_num_threads(before)
+
+
+def test_bare_charlm_shows_the_commands_without_an_error():
+    result = cli()
+    assert result.returncode == 0 and "error" not in result.stderr
+    assert "Commands" in result.stdout and "train" in result.stdout and "task" in result.stdout

@@ -123,6 +123,7 @@ CASES = [
     Case("download from a local file URL", "prepare wp --url file:///etc/passwd"),
     # --- other commands ---
     Case("export into a missing directory", "export RUN FILES/absent/model.pt"),
+    Case("export over an existing file", "export RUN FILES/latin-1.txt"),
     Case("list runs of a missing directory", "runs FILES/absent"),
     Case("benchmark zero steps", "bench --steps 0"),
     Case("benchmark an unknown cell", "bench --cells nope"),

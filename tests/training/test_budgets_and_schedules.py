@@ -144,3 +144,13 @@ def test_a_token_budget_that_ends_with_an_epoch_ends_it_as_any_other(tiny_corpus
     (end,) = records(tmp_path / "run", "end")
     assert [epoch["partial"] for epoch in epochs] == [False] and end["stopped_by"] == "tokens"
     assert end["tokens_seen"] == per_epoch and end["epochs"] == 1
+
+
+def test_a_batch_too_large_for_the_corpus_is_said(tiny_corpus, tmp_path):
+    """Issue 24: 4,000 streams of a 36,000-token split are 9 tokens each, under one 50-token window."""
+    result = cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--hidden", "8", "--epochs", "1",
+                 "--batch-size", "4000", "--eval-batch-size", "16", "--run-dir", tmp_path / "run", check_code=0)
+    assert "warning: --batch-size 4000 cuts the" in result.stderr and "shorter than one --bptt window (50)" in result.stderr
+    quiet = cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--hidden", "8", "--epochs", "1",
+                "--batch-size", "16", "--eval-batch-size", "16", "--run-dir", tmp_path / "quiet", check_code=0)
+    assert "--batch-size" not in quiet.stderr
