@@ -13,6 +13,7 @@ from charlm.cli.options import settings_options
 from charlm.config import SampleConfig
 from charlm.errors import CharlmError
 from charlm.files import read_text
+from charlm.logs import get_logger
 
 
 @settings_options(SampleConfig)
@@ -33,8 +34,14 @@ def sample(
         prime = read_text(prime_file, "prime file")
     config = SampleConfig(**given)
     model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
+    base_seed = config.seed
+    if base_seed is None:  # draw one, and say it, so that the text can be drawn again
+        import random
+
+        base_seed = random.SystemRandom().randrange(2**31)
+        get_logger().info(f"seed {base_seed} (pass --seed {base_seed} to draw the same text again)")
     for index in range(config.num_samples):
-        seed = None if config.seed is None else config.seed + index
+        seed = base_seed + index
         # stream() checks the settings and the prime: nothing is written before they pass
         pieces = model.stream(prime, config.length, config.temperature, config.top_k, config.top_p, seed)
         if index:

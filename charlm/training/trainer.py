@@ -151,6 +151,11 @@ class Trainer:
             parameters = count_parameters(self.model)
             run.log(f"training {self.model_config.cell} ({self.model_config.layers}×{self.model_config.hidden_size}, "
                     f"{parameters:,} parameters) on {config.corpus} [{self.device}] → {run.path}")
+            if progress.step:
+                best = (f"; best valid {progress.best_valid_bpc:.4f} bpc at epoch {progress.best_epoch}"
+                        if progress.best_epoch else "")
+                run.log(f"resuming at epoch {progress.epoch + 1}, window {progress.window:,}, step {progress.step:,}: "
+                        f"{progress.tokens_seen:,} tokens trained so far{best}")
             run.record("start", parameters=parameters, hidden_size=self.model_config.hidden_size, device=str(self.device),
                        resumed_at={"epoch": progress.epoch, "window": progress.window})
             budget, out_of_budget = TimeBudget(config.max_minutes), None

@@ -61,6 +61,17 @@ def test_sample_same_seed_same_text(trained_run):
     assert len(first) == len("The ") + 80 + 1
 
 
+def test_sample_without_a_seed_says_the_seed_it_drew(trained_run):
+    import re
+
+    drawn = cli("sample", trained_run, "--length", "60", "--prime", "The ", "--num-samples", "2", check_code=0)
+    seed = re.search(r"seed (\d+) \(pass --seed \1 to draw the same text again\)", drawn.stderr)
+    assert seed, drawn.stderr
+    again = cli("sample", trained_run, "--length", "60", "--prime", "The ", "--num-samples", "2", "--seed", seed[1],
+                check_code=0)
+    assert again.stdout == drawn.stdout and "seed" not in again.stderr
+
+
 def test_sample_num_samples_prime_file_and_filters(trained_run, tmp_path):
     run = trained_run
     prime = tmp_path / "prime.txt"

@@ -31,6 +31,9 @@ def test_resume_after_one_epoch_equals_straight_run(tiny_corpus, tmp_path, cell)
     Trainer.resume(str(split), epochs=2).fit()
     assert_same_run_end(straight, split)
     assert Checkpoint.load(split / "last.pt").training.optimizer["param_groups"][0]["lr"] == pytest.approx(1e-3 * 0.9**2)
+    log = (split / "train.log").read_text()  # the resumed session says where it began
+    first = Checkpoint.load(straight / "last.pt").training.progress
+    assert f"resuming at epoch 2, window 0, step {first['step'] // 2:,}: {first['tokens_seen'] // 2:,} tokens" in log
 
 
 def test_sigterm_inside_an_epoch_then_resume_equals_straight_run(tiny_corpus, tmp_path, monkeypatch):
