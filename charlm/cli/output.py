@@ -13,6 +13,10 @@ stdout = Console(highlight=False, markup=False, soft_wrap=True, width=None if sy
 def epochs_text(summary: dict) -> str:
     """``4``, or ``4 complete; stopped inside epoch 5 when the time budget ran out``."""
     if not summary.get("partial_epoch"):
+        if summary.get("stopped_by") == "patience":
+            waited = summary["epochs"] - summary["best_epoch"]
+            return (f"{summary['epochs']}; stopped early: no better validation bpc for {waited} "
+                    f"epoch{'s' if waited != 1 else ''}")
         return str(summary["epochs"])
     return f"{summary['epochs']} complete; stopped inside epoch {summary['epochs'] + 1} when the time budget ran out"
 

@@ -79,3 +79,16 @@ def test_the_summary_says_when_the_time_budget_ran_out_inside_an_epoch():
     assert epochs_text(stopped) == "4 complete; stopped inside epoch 5 when the time budget ran out"
     assert best_epoch_text(stopped) == "5 (the partial epoch, evaluated where it stopped)"
     assert best_epoch_text({"epochs": 4, "best_epoch": 3, "partial_epoch": True}) == "3"
+
+
+def test_the_summary_says_when_early_stopping_ended_training():
+    early = {"epochs": 9, "best_epoch": 7, "partial_epoch": False, "stopped_by": "patience"}
+    assert epochs_text(early) == "9; stopped early: no better validation bpc for 2 epochs"
+
+
+def test_the_demo_stops_when_validation_stops_improving():
+    from charlm.config import DemoConfig
+    from charlm.tools.demo import demo_config
+
+    config = demo_config(DemoConfig(), 128, 2.0)
+    assert config.patience == 2 and config.epochs > 10  # the time budget or two epochs without progress end it
