@@ -119,6 +119,7 @@ class TrainConfig:
     tf32: bool = setting(False, "CUDA only: let float32 matrix products and cuDNN run on TensorFloat-32 units (a 10-bit mantissa; faster on Ampere and later). Off by default, so fp32 is float32 in charlm's own loops and in cuDNN alike.")
     train_fraction: float = setting(1.0, "Train on this leading fraction of the training split (0.2, 0.4, ...).", min=0, max=1, min_open=True)
     eval_batch_size: int = setting(16, "Streams used to score validation/test.", min=1)
+    eval_fraction: float = setting(1.0, "Score validation during training on this leading fraction of the validation split (the same tokens every time; nanoGPT's eval_iters): faster with a small --train-fraction. The test score at the end is always the whole split.", min=0, max=1, min_open=True)
     eval_every: int = setting(0, "Also score validation every K steps (0: epoch ends only).", min=0)
     log_every: int = setting(50, "Write a step record to metrics.jsonl every K steps.", min=1)
     save_every: str = setting("5m", "Also save last.pt inside an epoch, every N steps (500) or every N minutes (5m); 0: at epoch ends only.")

@@ -76,12 +76,14 @@ StepRecord = _record_class("StepRecord", "step", [
     ("epoch", int), ("step", int), ("loss", float), ("bpc", float), ("lr", float), ("grad_norm", dict)],
     ("epoch", "step", "loss"), "Every ``log_every`` steps: the step's loss (nats per token), bpc, lr, "
     "per-layer gradient norms before clipping.")
-ValidRecord = _record_class("ValidRecord", "valid", [("epoch", int), ("step", int), *_score_fields("valid_")],
+ValidRecord = _record_class("ValidRecord", "valid", [("epoch", int), ("step", int), *_score_fields("valid_"),
+                                                     ("valid_fraction", float)],
                             ("epoch", "step", "valid_bpc"), "Every ``eval_every`` steps: the validation score.")
 EpochRecord = _record_class("EpochRecord", "epoch", [
     ("epoch", int), ("partial", bool), ("lr", float), ("train_loss", float), ("train_bits", float),
     ("train_bpc", float), *_score_fields("valid_"), *_score_fields("test_"), ("grad_norm", dict),
-    ("chars_per_second", float), ("train_seconds", float), ("step", int), ("best", bool), ("tokens_seen", int)],
+    ("chars_per_second", float), ("train_seconds", float), ("step", int), ("best", bool), ("tokens_seen", int),
+    ("valid_fraction", float)],
     ("epoch", "valid_bpc"), "The end of an epoch (``partial``: cut short by the time budget): its training and "
     "validation scores (and test, with ``test_every_epoch``), whether it is the best so far.")
 CheckpointRecord = _record_class("CheckpointRecord", "checkpoint", [("epoch", int), ("window", int), ("step", int)],

@@ -8,7 +8,7 @@ import dataclasses
 import time
 
 from charlm.checkpoint import Checkpoint
-from charlm.inference.scoring import Score, score_split
+from charlm.inference.scoring import Score, characters_per_token, score_split, score_tokens
 from charlm.runtime.precision import autocast
 from charlm.training import reporting
 
@@ -21,11 +21,20 @@ class Scorer:
         self.scoring_graph_reported = False  # the first scoring graph's check, recorded once a session
 
     def __call__(self, split: str) -> Score:
+        """The score of ``split``: validation on its leading ``eval_fraction``, any other split whole."""
         trainer, config = self.trainer, self.trainer.config
         started = time.monotonic()
+        fraction = config.eval_fraction if split == "valid" else 1.0
         with autocast(config.precision, trainer.device):
-            score = score_split(trainer.model, trainer.corpus, split, batch_size=config.eval_batch_size, bptt=config.bptt,
-                                device=trainer.device, rows=trainer.world.share(config.eval_batch_size))
+            if fraction < 1.0:
+                tokens = trainer.corpus.split(split)
+                used = max(config.eval_batch_size + 1, int(len(tokens) * fraction))
+                score = score_tokens(trainer.model, tokens[:used], batch_size=config.eval_batch_size, bptt=config.bptt,
+                                     device=trainer.device, chars_per_token=characters_per_token(trainer.corpus, split),
+                                     rows=trainer.world.share(config.eval_batch_size))
+            else:
+                score = score_split(trainer.model, trainer.corpus, split, batch_size=config.eval_batch_size,
+                                    bptt=config.bptt, device=trainer.device, rows=trainer.world.share(config.eval_batch_size))
         score.nats = trainer.world.sum([score.nats])[0]  # each process scored its share of the streams
         if score.fast_path is not None and not self.scoring_graph_reported:
             reporting.report_scoring_graph(trainer.run, trainer.provenance, score.fast_path)

@@ -237,7 +237,8 @@ class Trainer:
                 if config.eval_every and progress.step % config.eval_every == 0:
                     valid = self.scorer("valid")
                     self.model.train()
-                    run.record("valid", epoch=progress.epoch + 1, step=progress.step, **valid.as_dict("valid_"))
+                    run.record("valid", epoch=progress.epoch + 1, step=progress.step, **valid.as_dict("valid_"),
+                               **self._valid_fraction())
                 if result.stop_requested:
                     raise Interrupted
                 if self.world.any(saves.due(progress.step)):
@@ -251,6 +252,10 @@ class Trainer:
                     raise OutOfTokens  # inside the epoch (at its end, the epoch ends as any other)
         finally:
             bar.close()
+
+    def _valid_fraction(self) -> dict:
+        """``valid_fraction`` for the records, where validation scored part of the split."""
+        return {"valid_fraction": self.config.eval_fraction} if self.config.eval_fraction < 1.0 else {}
 
     def _tokens_used_up(self) -> bool:
         return self.config.max_tokens is not None and self.progress.tokens_seen >= self.config.max_tokens
@@ -271,6 +276,7 @@ class Trainer:
         else:
             progress.epochs_without_improvement += 1
         record = reporting.epoch_record(progress, valid, test, self.lr, self.train_chars_per_token, partial, improved)
+        record.update(self._valid_fraction())
         run.record("epoch", **record)
         run.log(reporting.epoch_line(record))
         if not partial:

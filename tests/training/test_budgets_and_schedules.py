@@ -154,3 +154,20 @@ def test_a_batch_too_large_for_the_corpus_is_said(tiny_corpus, tmp_path):
     quiet = cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--hidden", "8", "--epochs", "1",
                 "--batch-size", "16", "--eval-batch-size", "16", "--run-dir", tmp_path / "quiet", check_code=0)
     assert "--batch-size" not in quiet.stderr
+
+
+def test_validation_on_a_fraction_of_the_split_and_test_on_all_of_it(tiny_corpus, tmp_path):
+    """Issue 24: --eval-fraction scores validation during training on the split's leading part (the
+    same tokens every epoch) and says so in the records; the test score stays exact over the whole split."""
+    whole = tmp_path / "whole"
+    Trainer(tiny_config(tiny_corpus, whole, epochs=1)).fit()
+    part = tmp_path / "part"
+    Trainer(tiny_config(tiny_corpus, part, epochs=2, eval_fraction=0.25)).fit()
+    [full_epoch] = records(whole, "epoch")
+    epochs = records(part, "epoch")
+    assert all(e["valid_fraction"] == 0.25 for e in epochs) and "valid_fraction" not in full_epoch
+    assert epochs[0]["valid_tokens"] == epochs[1]["valid_tokens"]
+    assert abs(epochs[0]["valid_tokens"] - full_epoch["valid_tokens"] / 4) <= 16  # the eval streams' rounding
+    assert records(part, "test")[0]["test_tokens"] == records(whole, "test")[0]["test_tokens"]
+    assert_one_line_error(cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--eval-fraction", "0"),
+                          "--eval-fraction must be in (0, 1]")
