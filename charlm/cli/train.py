@@ -25,6 +25,7 @@ def train(
     from charlm.cells import parse_key_values
     from charlm.config import RESUMABLE_SETTINGS, read_config_file
     from charlm.training.resume import fixed_settings, run_to_go_on_with
+    from charlm.training.setup import settings_from_init
     from charlm.training.trainer import Trainer
 
     if resume is not None:
@@ -44,6 +45,7 @@ def train(
         settings.update({key: str(value) if isinstance(value, Path) else value for key, value in given.items()})
         if cell_opt:
             settings["cell_options"] = {**settings.get("cell_options", {}), **parse_key_values(cell_opt)}
+        settings = settings_from_init(settings)
         restarted = run_to_go_on_with(settings)
         if restarted is not None:
             changes = {name: value for name, value in given.items() if name in RESUMABLE_SETTINGS}

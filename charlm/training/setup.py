@@ -135,6 +135,28 @@ def training_streams(corpus, config: TrainConfig, world: World) -> TokenStreams:
     return streams
 
 
+MODEL_SETTINGS = ("cell", "hidden", "layers", "embed_size", "dropout", "cell_options")  # what --init-from can supply
+
+
+def settings_from_init(settings: dict) -> dict:
+    """``settings`` (a new run's, as given) with what ``init_from``'s checkpoint says of the model filled
+    in where they say nothing: its cell, size, layers, embedding, dropout and cell options, and its
+    corpus (its vocabulary). A value given here that differs is left to ``load_initial_weights`` to refuse."""
+    reference = settings.get("init_from")
+    if not reference:
+        return settings
+    checkpoint = Checkpoint.load(reference)
+    model, trained = checkpoint.model_config, checkpoint.train_config
+    known = {"cell": model.cell, "hidden": model.hidden_size, "layers": model.layers, "embed_size": trained.embed_size,
+             "dropout": model.dropout, "cell_options": model.cell_options, "corpus": trained.corpus}
+    filled = dict(settings)
+    for name, value in known.items():
+        if name in filled or (name == "hidden" and "params" in filled):
+            continue
+        filled[name] = value
+    return filled
+
+
 def load_initial_weights(model: LanguageModel, model_config: ModelConfig, corpus, config: TrainConfig) -> None:
     """``init_from``: start from another run's weights (the same model, the same vocabulary)."""
     reference = config.init_from

@@ -231,6 +231,20 @@ def test_init_from_starts_from_checkpoint_weights(tiny_corpus, tmp_path):
     assert_one_line_error(result, "--init-from", "holds another model (hidden_size 24 there, 30 here)")
 
 
+def test_init_from_takes_the_model_from_the_checkpoint(tiny_corpus, tmp_path):
+    """Issue 24: --init-from alone is enough; the cell, size, layers and corpus come from the checkpoint."""
+    source = tmp_path / "source"
+    Trainer(tiny_config(tiny_corpus, source, epochs=1, cell="gru", hidden=12, layers=2)).fit()
+    cli("train", "--init-from", source / "best.pt", "--data-dir", tiny_corpus, "--epochs", "1", "--batch-size", "8",
+        "--bptt", "16", "--eval-batch-size", "4", "--run-dir", tmp_path / "tuned", check_code=0)
+    tuned = Checkpoint.load(tmp_path / "tuned" / "last.pt")
+    assert (tuned.model_config.cell, tuned.model_config.hidden_size, tuned.model_config.layers) == ("gru", 12, 2)
+    assert tuned.train_config.corpus == "tiny"
+    result = cli("train", "--init-from", source / "best.pt", "--cell", "lstm", "--data-dir", tiny_corpus,
+                 "--run-dir", tmp_path / "conflict")
+    assert_one_line_error(result, "--init-from", "holds another model (cell 'gru' there, 'lstm' here")
+
+
 def test_max_minutes_stops_with_a_resumable_evaluated_run(tiny_corpus, tmp_path):
     run = tmp_path / "timed"
     summary = Trainer(tiny_config(tiny_corpus, run, epochs=5, max_minutes=0.0005)).fit()
