@@ -11,7 +11,7 @@ from charlm.cli.options import help_text
 from charlm.config import TrainConfig
 
 CHECKPOINT = typer.Argument(..., help="A run directory (uses its best.pt), a checkpoint file or an exported model.")
-DEVICE = typer.Option("auto", "--device", help=help_text(TrainConfig, "device"))
+DEVICE = typer.Option("auto", "--device", help=help_text(TrainConfig, "device"), show_default=False)
 CELL = typer.Option(None, "--cell", help="Allow the checkpoint's own cell module:Class to be imported (a checkpoint never imports code unless you name it).")
 TRUST_CODE = typer.Option(False, "--trust-code", help="Import whatever module:Class cell the checkpoint names.")
 DATA_DIR = typer.Option(None, "--data-dir", help="Root of prepared corpora (default: the one used in training).")

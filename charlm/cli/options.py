@@ -35,12 +35,27 @@ def help_text(owner, name: str) -> str:
     return escape(f"{field.metadata['help']}{must} (default: {shown})")  # typer reads help as rich markup
 
 
+# The panels `--help` groups a command's settings into, so that a long list reads at 80 columns.
+PANELS = {
+    "Model": ("cell", "hidden", "params", "layers", "embed_size", "dropout"),
+    "Data": ("corpus", "data_dir", "train_fraction", "batch_size", "bptt", "unknown"),
+    "Optimisation": ("lr", "clip", "seed", "precision"),
+    "Schedule and stopping": ("schedule", "lr_decay", "min_lr", "plateau_factor", "warmup_steps", "epochs", "patience",
+                              "max_minutes", "max_tokens"),
+    "Evaluation": ("eval_batch_size", "eval_every", "eval_fraction", "test_every_epoch"),
+    "Saving and logging": ("run_dir", "init_from", "save_every", "log_every", "tensorboard"),
+    "Hardware": ("device", "compile", "cuda_graph", "tf32"),
+}
+PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
+
+
 def option_for(owner, name: str, *extra_flags: str, help: str | None = None):
     """The typer option of one field (default None: the command sees whether it was given)."""
     flags = [flag_of(owner, name), *extra_flags]
     if _base_type(typing.get_type_hints(owner)[name]) is bool:
         flags = [f"{flags[0]}/--no-{flags[0].removeprefix('--')}"]
-    return typer.Option(None, *flags, help=help or help_text(owner, name), show_default=False)
+    return typer.Option(None, *flags, help=help or help_text(owner, name), show_default=False,
+                        rich_help_panel=PANEL_OF.get(name))
 
 
 def option_type(owner, name: str):

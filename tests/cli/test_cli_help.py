@@ -63,3 +63,12 @@ def test_bare_charlm_shows_the_commands_without_an_error():
     result = cli()
     assert result.returncode == 0 and "error" not in result.stderr
     assert "Commands" in result.stdout and "train" in result.stdout and "task" in result.stdout
+
+
+def test_train_help_groups_its_options_in_panels_and_states_each_default_once(monkeypatch):
+    text = rendered_help("train", monkeypatch)
+    for panel in ("Model", "Data", "Optimisation", "Schedule and stopping", "Evaluation", "Saving and logging",
+                  "Hardware"):
+        assert f"╭─ {panel} ─" in text, panel
+    assert "[default:" not in text  # the default is said once, in the help text
+    assert "[default:" not in rendered_help("sample", monkeypatch)
