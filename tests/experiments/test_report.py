@@ -268,3 +268,29 @@ def test_a_comparison_of_runs_that_saw_different_data_is_marked(report, sweep):
     assert rows["tiny-lstm-f1-s1"].rstrip(" |").endswith("epochs")
     assert rows["small-gru"].rstrip(" |").endswith("interrupted")
     assert rows["small-lstm-diverged"].rstrip(" |").endswith("diverged")
+
+
+def test_a_report_without_full_data_runs_still_prints_a_table(sweep, tmp_path):
+    """Issue 24: with no run on all of the training data there is no Table 1; the runs are shown instead."""
+    partial = tmp_path / "partial"
+    for name in ("tiny-lstm-f0.5-s1", "tiny-gru-f0.5-s1"):
+        shutil.copytree(sweep / name, partial / name)
+    result = cli("report", partial, "--out", tmp_path / "out", check_code=0)
+    assert "Runs (no run trained on all of the training data: no Table 1)" in result.stdout
+    assert "tiny-lstm-f0.5-s1" in result.stdout and "0.5" in result.stdout
+
+
+def test_an_axis_with_one_value_is_widened():
+    from matplotlib.figure import Figure
+
+    from charlm.experiments.report.figures import sensible_limits
+
+    axes = Figure().subplots()
+    axes.plot([50], [1.8], marker="o")
+    sensible_limits(axes)
+    assert axes.get_xlim() == (25.0, 75.0) and axes.get_ylim() == (0.8, 2.8)
+    wide = Figure().subplots()
+    wide.plot([1, 2], [1.5, 1.9])
+    before = wide.get_xlim()
+    sensible_limits(wide)
+    assert wide.get_xlim() == before

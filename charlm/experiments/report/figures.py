@@ -199,7 +199,20 @@ def _legend(axes) -> None:
         axes.legend(unique.values(), unique.keys(), fontsize=8)
 
 
+def sensible_limits(axes) -> None:
+    """Widen an axis whose data is one value (one epoch, one run), which matplotlib would draw as a
+    sliver around it (ticks at 49.6 … 50.4), to half the value on each side (at least 1)."""
+    for values, set_limits in ((lambda line: line.get_xdata(), axes.set_xlim), (lambda line: line.get_ydata(), axes.set_ylim)):
+        data = [float(value) for line in axes.get_lines() for value in values(line) if math.isfinite(float(value))]
+        if data and max(data) == min(data):
+            pad = max(abs(data[0]) * 0.5, 1.0)
+            set_limits(data[0] - pad, data[0] + pad)
+
+
 def _save(figure, path: Path) -> None:
+    for axes in figure.axes:
+        if axes.get_lines() and not axes.images:
+            sensible_limits(axes)
     atomic_write(path, lambda temporary: figure.savefig(temporary, format="png", dpi=DPI, metadata={"Software": None}))
 
 

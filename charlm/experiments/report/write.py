@@ -72,6 +72,12 @@ class ReportWriter:
         self.write_curves()
         self.write_gradnorms()
         self.write_dynamic()
+        if not self.tables:  # no Table 1 (no run used all the data): the runs themselves, so a table is always shown
+            self.tables.append(("Runs (no run trained on all of the training data: no Table 1)",
+                                ["run", "cell", "fraction", "seed", "status", "best valid bpc", "test bpc"],
+                                [[record.name, record.cell, _display(record.fraction), _display(record.seed),
+                                  record.status, _display(record.best and record.best.valid_bpc),
+                                  _display(record.test_bpc)] for record in self.records]))
         self.text("index.md", self.index())
 
     def write_summary(self) -> None:
