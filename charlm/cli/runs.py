@@ -9,7 +9,10 @@ from pathlib import Path
 
 import typer
 
-from charlm.cli.output import print_table, stdout
+from charlm.cli.output import print_plain, print_table, stdout
+
+# The columns left out first when the terminal is narrow; run, cell, the scores and the status stay.
+DROP_ORDER = ("dynamic bpc", "corpus", "best", "params", "tokens", "time", "fraction", "epochs", "size")
 
 COLUMNS = {  # sort key → field of Run.summary()
     "run": "run", "corpus": "corpus", "cell": "cell", "params": "parameters", "epochs": "epochs",
@@ -23,6 +26,7 @@ def runs(
     sort: SortColumn = typer.Option("run", "--sort", help="Column to sort by."),
     reverse: bool = typer.Option(False, "--reverse", help="Sort in descending order."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list (with each run's provenance) instead of a table."),
+    plain: bool = typer.Option(False, "--plain", help="Print tab-separated values with a header line (every column), for scripts."),
 ):
     """List runs: corpus, cell, size, epochs, best validation and test bpc, dynamic figures, time, status."""
     from charlm.runs.directory import find_runs
@@ -40,11 +44,17 @@ def runs(
         dynamic = ", ".join(f"{name} {value:.4f}" for name, value in row["dynamic"].items() if value is not None)
         if row.get("task_accuracy") is not None:  # a `charlm task` run
             dynamic = f"accuracy {row['task_accuracy']:.2%} after {row['task_samples']:,} samples"
+        fraction = row.get("train_fraction")
         table.append([row["run"], row["corpus"] or "-", row["cell"] or "-", size, _number(row["parameters"]),
+                      "-" if fraction is None else f"{fraction:g}", _number(row.get("tokens_seen")),
                       str(row["epochs"]), _number(row["best_epoch"]), _bpc(row["best_valid_bpc"]), _bpc(row["test_bpc"]),
                       dynamic or "-", _duration(row["train_seconds"]), row["status"]])
-    print_table(f"{len(rows)} run(s) in {directory}", ["run", "corpus", "cell", "size", "params", "epochs", "best",
-                "valid bpc", "test bpc", "dynamic bpc", "time", "status"], table)
+    columns = ["run", "corpus", "cell", "size", "params", "fraction", "tokens", "epochs", "best", "valid bpc", "test bpc",
+               "dynamic bpc", "time", "status"]
+    if plain:
+        print_plain(columns, table)
+        return
+    print_table(f"{len(rows)} run(s) in {directory}", columns, table, drop_order=DROP_ORDER, wrap=("run", "dynamic bpc"))
 
 
 def _sort_key(value):

@@ -213,6 +213,9 @@ class Run:
             "hidden": model.get("hidden_size"),
             "parameters": history.parameters,
             "epochs": len(history.full_epochs),
+            "train_fraction": train.get("train_fraction"),
+            "tokens_seen": next((record.tokens_seen for record in reversed(history.of("epoch", "end"))
+                                 if record.tokens_seen is not None), None),
             "best_epoch": best.epoch if best else None,
             "best_valid_bpc": best.valid_bpc if best else None,
             "test_bpc": history.test_bpc_at_best,

@@ -243,3 +243,23 @@ def test_second_train_into_a_run_directory_is_refused(runs_root, tmp_path):
     resumed = cli("train", "--resume", run, "--epochs", "2", check_code=0)
     assert f"warning: {run / 'last.pt'} is missing: resuming from {run / 'previous.pt'}" in resumed.stderr
     assert_one_line_error(cli("train", "--resume", tmp_path), "is not a run directory")
+
+
+def test_runs_fit_80_columns_and_print_plain_values_for_scripts(runs_root, monkeypatch):
+    """Issue 24: at 80 columns the least needed columns go and no number is broken; --plain is TSV."""
+    from charlm.cli import output
+
+    monkeypatch.chdir(runs_root / "runs")
+    monkeypatch.setattr(output.stdout, "width", 80)
+    narrow = cli("runs", ".", check_code=0)
+    assert all(len(line) <= 80 for line in narrow.stdout.splitlines())
+    header = [line for line in narrow.stdout.splitlines() if line.startswith("┃")][0]
+    kept = [cell.strip() for cell in header.split("┃")[1:-1]]
+    assert {"run", "cell", "valid bpc", "test bpc", "status"} <= set(kept) and "dynamic bpc" not in kept
+    finished = Checkpoint.load(runs_root / "runs" / "finished")
+    assert f"{finished.scores['test_bpc']:.4f}" in narrow.stdout  # whole, on one line
+    plain = cli("runs", ".", "--plain", check_code=0).stdout.splitlines()
+    columns = plain[0].split("\t")
+    assert columns[:7] == ["run", "corpus", "cell", "size", "params", "fraction", "tokens"] and len(plain) == 7
+    rows = {line.split("\t")[0]: dict(zip(columns, line.split("\t"))) for line in plain[1:]}
+    assert rows["finished"]["fraction"] == "1" and rows["finished"]["tokens"].replace(",", "").isdigit()
