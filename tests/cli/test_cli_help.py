@@ -72,3 +72,12 @@ def test_train_help_groups_its_options_in_panels_and_states_each_default_once(mo
         assert f"╭─ {panel} ─" in text, panel
     assert "[default:" not in text  # the default is said once, in the help text
     assert "[default:" not in rendered_help("sample", monkeypatch)
+
+
+def test_the_cells_table_reads_at_80_columns(monkeypatch):
+    from charlm.cli import output
+
+    monkeypatch.setattr(output.stdout, "width", 80)
+    result = cli("cells", check_code=0)
+    assert all(len(line) <= 80 for line in result.stdout.splitlines())
+    assert "ps-lru" in result.stdout and "options" in result.stdout
