@@ -32,15 +32,21 @@ class EpochBar:
     def advance(self) -> None:
         self.bar.update(1)
 
-    def show_step(self, bpc: float, chars_per_second: float) -> None:
-        self.bar.set_postfix(bpc=f"{bpc:.3f}", chars_s=f"{chars_per_second:.0f}")
+    def show_step(self, running_bpc: float, chars_per_second: float, valid_bpc: float | None = None) -> None:
+        """The bar's figures: the epoch's running train bpc, the last validation bpc, the speed."""
+        figures = {"train": f"{running_bpc:.3f}"}
+        if valid_bpc is not None:
+            figures["valid"] = f"{valid_bpc:.3f}"
+        self.bar.set_postfix(**figures, chars_s=f"{chars_per_second:.0f}")
 
-    def status_line(self, window: int, bpc: float, chars_per_second: float) -> None:
+    def status_line(self, window: int, running_bpc: float, chars_per_second: float, valid_bpc: float | None = None) -> None:
         """A plain line for logs and pipes, when one is due."""
         if not self.plain or time.monotonic() - self.reported_at < STATUS_INTERVAL:
             return
+        valid = "" if valid_bpc is None else f"  last valid {valid_bpc:.4f} bpc"
         get_logger().info(f"epoch {self.epoch}/{self.epochs}  window {window:,}/{self.windows:,} "
-                          f"({100 * window / self.windows:.0f}%)  train {bpc:.4f} bpc  {chars_per_second:,.0f} chars/s")
+                          f"({100 * window / self.windows:.0f}%)  train {running_bpc:.4f} bpc (epoch so far){valid}  "
+                          f"{chars_per_second:,.0f} chars/s")
         self.reported_at = time.monotonic()
 
     def close(self) -> None:

@@ -56,6 +56,7 @@ class Trainer:
                  trust_code: bool = False):
         """``_resume_from`` (used by ``resume``): the locked run and its checkpoint, or None for a run
         that was stopped before its first checkpoint and starts again."""
+        self.last_valid_bpc = None  # the last validation score of this session, for the progress bar
         config.validate()
         if config.tensorboard:
             from charlm.runs.tensorboard import check_available
@@ -228,14 +229,16 @@ class Trainer:
                     progress.overflowed_steps += 1
                 bar.advance()
                 bpc = result.loss / LN2 / self.train_chars_per_token
+                running = progress.train_nats / max(progress.train_tokens, 1) / LN2 / self.train_chars_per_token
                 speed = progress.train_tokens / max(progress.train_seconds, 1e-9)
+                bar.show_step(running, speed, self.last_valid_bpc)
                 if progress.step % config.log_every == 0:
-                    bar.show_step(bpc, speed)
                     run.record("step", epoch=progress.epoch + 1, step=progress.step, loss=result.loss, bpc=bpc, lr=self.lr,
                                grad_norm=result.grad_norms)
                 self.scheduler.after_step()  # the step record above has the rate the step trained with
                 if config.eval_every and progress.step % config.eval_every == 0:
                     valid = self.scorer("valid")
+                    self.last_valid_bpc = valid.bpc
                     self.model.train()
                     run.record("valid", epoch=progress.epoch + 1, step=progress.step, **valid.as_dict("valid_"),
                                **self._valid_fraction())
@@ -245,7 +248,7 @@ class Trainer:
                     run.save_last(self.checkpoint())
                     run.record("checkpoint", epoch=progress.epoch + 1, window=progress.window, step=progress.step)
                     saves.saved()
-                bar.status_line(progress.window, bpc, speed)
+                bar.status_line(progress.window, running, speed, self.last_valid_bpc)
                 if result.out_of_time:
                     raise OutOfTime
                 if self._tokens_used_up() and progress.window < len(self.train_streams):
@@ -264,6 +267,7 @@ class Trainer:
         """Evaluate, record, checkpoint. Returns True when early stopping ends training."""
         config, progress, run = self.config, self.progress, self.run
         valid = self.scorer("valid")
+        self.last_valid_bpc = valid.bpc
         test = self.scorer("test") if config.test_every_epoch else None
         if not math.isfinite(valid.loss):
             self._diverged(valid.loss)

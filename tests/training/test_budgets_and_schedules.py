@@ -171,3 +171,20 @@ def test_validation_on_a_fraction_of_the_split_and_test_on_all_of_it(tiny_corpus
     assert records(part, "test")[0]["test_tokens"] == records(whole, "test")[0]["test_tokens"]
     assert_one_line_error(cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--eval-fraction", "0"),
                           "--eval-fraction must be in (0, 1]")
+
+
+def test_the_status_line_shows_the_running_train_bpc_and_the_last_validation(tiny_corpus, tmp_path, monkeypatch, caplog):
+    """Issue 24: what a watcher sees during an epoch (a bar on a terminal, these lines elsewhere)."""
+    import logging
+
+    from charlm.training import reporting
+
+    monkeypatch.setattr(reporting, "STATUS_INTERVAL", 0.0)
+    with caplog.at_level(logging.INFO, logger="charlm"):
+        Trainer(tiny_config(tiny_corpus, tmp_path / "run", epochs=2)).fit()
+    lines = [r.getMessage() for r in caplog.records if "window" in r.getMessage() and "chars/s" in r.getMessage()]
+    first_epoch = [line for line in lines if line.startswith("epoch 1/2")]
+    second_epoch = [line for line in lines if line.startswith("epoch 2/2")]
+    assert first_epoch and "bpc (epoch so far)" in first_epoch[0] and "last valid" not in first_epoch[0]
+    valid = records(tmp_path / "run", "epoch")[0]["valid_bpc"]
+    assert second_epoch and f"last valid {valid:.4f} bpc" in second_epoch[0]
