@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from charlm.errors import CharlmError
+
 from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_table, stdout
@@ -19,8 +21,8 @@ from charlm.config import DEFAULT_SEARCH_PREFIX, DynamicOptions, EvalConfig, fla
 @settings_options(EvalConfig, into="static", exclude=("batch_size",))
 def evaluate(
     checkpoint: Path = CHECKPOINT,
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help=(
-        "Parallel streams; every symbol is scored once whatever the value (default: "
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help=(
+        "Parallel streams; every symbol is scored once whatever the value. Must be at least 1. (default: "
         f"{EvalConfig.batch_size} static, {DynamicOptions.batch_size} dynamic (exact, in text order)).")),
     dynamic: Optional[str] = typer.Option(None, "--dynamic", help="Also evaluate dynamically, adapting the weights test-then-train: sgd (Delta-RNN paper) or rms (Krause et al. 2018)."),
     adapt_on: Optional[str] = typer.Option(None, "--adapt-on", help="valid: adapt over the whole validation split first, then evaluate the test split from the adapted weights (#2)."),
@@ -40,6 +42,8 @@ def evaluate(
     from charlm.inference.dynamic_protocol import check_protocol, resolve_options
 
     validate(EvalConfig(**static))
+    if batch_size is not None and batch_size < 1:  # the same words as every other bound
+        raise CharlmError(f"--batch-size must be at least 1, not {batch_size}")
     split = static.get("split", EvalConfig.split)
     given = {"--batch-size": batch_size, "--bptt": static.get("bptt"), "--adapt-on": adapt_on,
              "--search-prefix": search_prefix, "--save-adapted": save_adapted,
