@@ -294,7 +294,8 @@ def test_the_wavefront_computes_the_layer_by_layer_function(cell):
     task = Memorization(length=4, symbols=6)
     torch.manual_seed(0)
     model = build_task_model(task, cell, 12, 5, tied=True).double()
-    assert model.use_wavefront
+    assert model.use_wavefront == (cell == "grid-lstm")  # where it was measured faster
+    model.use_wavefront = True
     tokens = task.sample(torch.Generator().manual_seed(2), 3).inputs
     fast = model(tokens)
     fast.sum().backward()
@@ -310,14 +311,16 @@ def test_the_wavefront_computes_the_layer_by_layer_function(cell):
 def test_untied_and_single_layer_stacks_run_layer_by_layer():
     task = Memorization(length=3, symbols=4)
     assert not build_task_model(task, "grid-lstm", 8, 4, tied=False).use_wavefront
-    assert not build_task_model(task, "lstm", 8, 1, tied=True).use_wavefront
+    assert not build_task_model(task, "grid-lstm", 8, 3, tied=True).use_wavefront  # too shallow to gain
+    assert build_task_model(task, "grid-lstm", 8, 4, tied=True).use_wavefront
+    assert not build_task_model(task, "lstm", 8, 8, tied=True).use_wavefront  # its own loop is faster
 
 
 def test_a_run_checks_its_wavefront_and_records_the_check(tmp_path):
-    train_task(tiny(layers=3, max_samples=300, eval_every=300), run_dir=tmp_path / "run")
+    train_task(tiny(layers=4, max_samples=300, eval_every=300), run_dir=tmp_path / "run")
     [check] = records(tmp_path / "run", "fast_path")
     assert check["path"] == "wavefront" and check["active"] and check["max_difference"] <= check["tolerance"] == 1e-4
-    train_task(tiny(layers=3, max_samples=300, eval_every=300, wavefront=False), run_dir=tmp_path / "off")
+    train_task(tiny(layers=4, max_samples=300, eval_every=300, wavefront=False), run_dir=tmp_path / "off")
     assert records(tmp_path / "off", "fast_path") == []
 
 
@@ -325,8 +328,8 @@ def test_a_wavefront_that_disagrees_is_turned_off(monkeypatch):
     from charlm.tasks import models
 
     task = Memorization(length=3, symbols=4)
-    model = build_task_model(task, "lstm", 8, 3, tied=True)
+    model = build_task_model(task, "grid-lstm", 8, 4, tied=True)
     monkeypatch.setattr(models, "wavefront", lambda block, depth, inputs: models.torch.zeros(
-        inputs.shape[0], inputs.shape[1], 8))
+        inputs.shape[0], inputs.shape[1], block.output_size))
     check = models.check_wavefront(model, task.sample(torch.Generator().manual_seed(0), 2).inputs)
     assert not check["active"] and not model.use_wavefront and "differs from the layer-by-layer code" in check["failure"]
