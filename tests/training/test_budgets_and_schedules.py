@@ -180,8 +180,13 @@ def test_the_status_line_shows_the_running_train_bpc_and_the_last_validation(tin
     from charlm.training import reporting
 
     monkeypatch.setattr(reporting, "STATUS_INTERVAL", 0.0)
-    with caplog.at_level(logging.INFO, logger="charlm"):
-        Trainer(tiny_config(tiny_corpus, tmp_path / "run", epochs=2)).fit()
+    logger = logging.getLogger("charlm")  # charlm's logger does not propagate once the CLI has run: listen on it
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="charlm"):
+            Trainer(tiny_config(tiny_corpus, tmp_path / "run", epochs=2)).fit()
+    finally:
+        logger.removeHandler(caplog.handler)
     lines = [r.getMessage() for r in caplog.records if "window" in r.getMessage() and "chars/s" in r.getMessage()]
     first_epoch = [line for line in lines if line.startswith("epoch 1/2")]
     second_epoch = [line for line in lines if line.startswith("epoch 2/2")]
