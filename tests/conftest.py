@@ -9,6 +9,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 # The models here are tiny: one thread is faster than two that wait on each other, and the CLI
 # subprocesses the tests start inherit the setting.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Tables printed by the in-process CLI are read by the tests at charlm's piped width (200), whatever
+# width the shell that runs the tests exports; tests that want another width set it themselves.
+os.environ.pop("COLUMNS", None)
 torch.set_num_threads(1)
 
 
