@@ -196,16 +196,12 @@ def _check(plan: Plan) -> None:
     from charlm.corpora import RECIPES
 
     fields = {field.name for field in dataclasses.fields(TrainConfig)}
-    paired = [key for values in plan.axes.values() if isinstance(values, list)
-              for value in values if isinstance(value, dict) for key in value]
-    for key in [*plan.base, *[k for k, v in plan.axes.items() if not _is_paired(v)], *paired]:
+    for key in _setting_keys(plan):
         name = key if not key.startswith(CELL_OPTION) else "cell_options"
         if name not in fields or name in SWEEP_OWNED:
             raise CharlmError(f"plan {plan.source}: unknown setting {key!r} (any `charlm train` setting but "
                               f"{', '.join(sorted(SWEEP_OWNED))}, or cell_options.NAME)")
-    for key, values in plan.axes.items():
-        if not isinstance(values, list) or not values:
-            raise CharlmError(f"plan {plan.source}: axis {key!r} must be a non-empty list of values")
+    _check_axes(plan)
     for point in plan.points():
         try:
             config = from_dict(TrainConfig, point.settings)
@@ -238,15 +234,11 @@ def _check_task_plan(plan: Plan) -> None:
     if plan.evals:
         raise CharlmError(f"plan {plan.source}: a task plan has no [[eval]] steps (every run is scored as it trains)")
     fields = {field.name for field in dataclasses.fields(TaskConfig)} - TASK_OWNED
-    paired = [key for values in plan.axes.values() if isinstance(values, list)
-              for value in values if isinstance(value, dict) for key in value]
-    for key in [*plan.base, *[k for k, v in plan.axes.items() if not _is_paired(v)], *paired]:
+    for key in _setting_keys(plan):
         if key not in fields and not key.startswith(CELL_OPTION):
             raise CharlmError(f"plan {plan.source}: unknown setting {key!r} (any `charlm task` setting but "
                               f"{', '.join(sorted(TASK_OWNED))})")
-    for key, values in plan.axes.items():
-        if not isinstance(values, list) or not values:
-            raise CharlmError(f"plan {plan.source}: axis {key!r} must be a non-empty list of values")
+    _check_axes(plan)
     for point in plan.points():
         try:
             config = task_config(plan, point).resolved()
@@ -255,6 +247,19 @@ def _check_task_plan(plan: Plan) -> None:
                                  config.cell_options)
         except CharlmError as error:
             raise CharlmError(f"plan {plan.source}, run {point.name}: {error}") from None
+
+
+def _setting_keys(plan: Plan) -> list[str]:
+    """Every setting a plan names: in base, as an axis, or inside an axis of paired settings."""
+    paired = [key for values in plan.axes.values() if isinstance(values, list)
+              for value in values if isinstance(value, dict) for key in value]
+    return [*plan.base, *[k for k, v in plan.axes.items() if not _is_paired(v)], *paired]
+
+
+def _check_axes(plan: Plan) -> None:
+    for key, values in plan.axes.items():
+        if not isinstance(values, list) or not values:
+            raise CharlmError(f"plan {plan.source}: axis {key!r} must be a non-empty list of values")
 
 
 def _paper_parameters(table, source: str) -> dict:

@@ -119,9 +119,7 @@ def test_only_target_positions_count():
     batch = task.sample(torch.Generator().manual_seed(1), 10)
     figures = score(Oracle(batch, 7), batch)
     assert figures == {"loss": 0.0, "accuracy": 1.0, "sequence_accuracy": 1.0}
-    half = TaskBatch(batch.inputs, batch.targets, batch.mask)
-    wrong_on_targets = Oracle(half, 7)
-    wrong_on_targets.batch = TaskBatch(batch.inputs, (batch.targets + 1) % 7, batch.mask)  # now wrong where it counts
+    wrong_on_targets = Oracle(TaskBatch(batch.inputs, (batch.targets + 1) % 7, batch.mask), 7)  # wrong where it counts
     assert score(wrong_on_targets, batch)["accuracy"] == 0.0
 
 
