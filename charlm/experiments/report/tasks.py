@@ -4,12 +4,16 @@ network type, a panel per threshold)."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import os
 import statistics
 from pathlib import Path
 
 from charlm.experiments.report import figures
+from charlm.experiments.report.markdown import markdown_table
+from charlm.files import atomic_write_text
 from charlm.runs.directory import Run, find_runs
 
 FIGURE_THRESHOLDS = ("0.5", "0.8", "0.99")  # Figure 5's panels
@@ -120,3 +124,22 @@ def threshold_figure_data(runs: list[TaskRun]) -> dict[str, dict[str, list[figur
             panel[network] = markers
         panels[threshold] = panel
     return panels
+
+
+def write_task_report(out: Path, runs: list[TaskRun], directories) -> tuple[list[str], list]:
+    """Figure 4's table (tasks.md/.csv), Figure 5's plot (thresholds.png) and index.md into ``out``;
+    the files written and the table for the terminal."""
+    rows = threshold_rows(runs)
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows([COLUMNS, *rows])
+    atomic_write_text(out / "tasks.csv", buffer.getvalue())
+    table = markdown_table(COLUMNS, rows)
+    atomic_write_text(out / "tasks.md", "# Samples to each held-out accuracy threshold\n\n" + table + "\n")
+    figures.threshold_panels(threshold_figure_data(runs), out / "thresholds.png")
+    index = ["# Report", "", f"{len(runs)} task run(s) from {', '.join(map(str, directories))}.", "",
+             "Samples to exceed 50%, 80%, 99% and to reach 100% held-out per-symbol accuracy: the mean over the",
+             "seeds that reached it, with how many did (k/n). As the Grid LSTM paper's Figure 4 table and Figure 5.",
+             "", table, "", "![samples to threshold](thresholds.png)", ""]
+    atomic_write_text(out / "index.md", "\n".join(index))
+    terminal = [("Samples to each held-out accuracy threshold", COLUMNS, [[str(value) for value in row] for row in rows])]
+    return ["index.md", "tasks.md", "tasks.csv", "thresholds.png"], terminal

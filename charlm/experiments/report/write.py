@@ -17,8 +17,9 @@ from charlm.experiments.report import figures
 from charlm.experiments.report.compare import (Group, RunRecord, Stat, best_of, data_needed, dynamic_columns,
                                                dynamic_rows, efficiency_families, group_runs, protocol_name,
                                                ordering_note, read_runs, reference_loss, table1_sections, unequal_data)
-from charlm.experiments.report.tasks import COLUMNS as TASK_COLUMNS
-from charlm.experiments.report.tasks import is_task_run, read_task_runs, threshold_figure_data, threshold_rows
+from charlm.experiments.report.markdown import display as _display
+from charlm.experiments.report.markdown import markdown_table as _markdown
+from charlm.experiments.report.tasks import is_task_run, read_task_runs, write_task_report
 from charlm.files import atomic_write_text
 from charlm.runs.directory import find_runs
 
@@ -331,20 +332,6 @@ def _csv_value(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _display(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
-
-
-def _markdown(columns: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
-    lines += ["| " + " | ".join(_display(value).replace("|", "\\|") for value in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
 @dataclasses.dataclass
 class Report:
     """What ``build_report`` wrote, and the main table(s) for the terminal."""
@@ -363,48 +350,33 @@ def build_report(directories: list[str | Path], out: str | Path | None = None, r
         raise CharlmError("several directories: say where the report goes with --out REPORT_DIR")
     task_runs = read_task_runs(directories)
     if task_runs and not any(not is_task_run(run) for directory in directories for run in find_runs(directory)):
-        return _task_report(directories, out, task_runs)
+        out = _report_directory(directories, out)
+        files, tables = write_task_report(out, task_runs, directories)
+        _remove_stale(out, files)
+        return Report(out, files, tables)
     records = read_runs(directories)
     cells = sorted({record.cell for record in records})
     if reference is not None and reference not in cells:
         raise CharlmError(f"reference cell {reference} has no run here (cells: {', '.join(cells)})")
-    out = Path(out) if out is not None else Path(directories[0]) / "report"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise CharlmError(f"cannot create report directory {out}: {error.strerror}") from None
+    out = _report_directory(directories, out)
     writer = ReportWriter(out, records, reference or DEFAULT_REFERENCE, [str(directory) for directory in directories])
     writer.write_all()
-    for name in REPORT_FILES:
-        if name not in writer.files:
-            (out / name).unlink(missing_ok=True)
+    _remove_stale(out, writer.files)
     return Report(out, writer.files, writer.tables)
 
 
-
-
-def _task_report(directories, out, runs) -> Report:
-    """The report of a directory of `charlm task` runs: Figure 4's table and Figure 5's plot."""
+def _report_directory(directories, out) -> Path:
+    """``out``, or DIR/report for a single directory, created."""
     out = Path(out) if out is not None else Path(directories[0]) / "report"
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise CharlmError(f"cannot create report directory {out}: {error.strerror}") from None
-    rows = threshold_rows(runs)
-    buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerows([TASK_COLUMNS, *rows])
-    atomic_write_text(out / "tasks.csv", buffer.getvalue())
-    table = _markdown(TASK_COLUMNS, rows)
-    atomic_write_text(out / "tasks.md", "# Samples to each held-out accuracy threshold\n\n" + table + "\n")
-    figures.threshold_panels(threshold_figure_data(runs), out / "thresholds.png")
-    index = ["# Report", "", f"{len(runs)} task run(s) from {', '.join(map(str, directories))}.", "",
-             "Samples to exceed 50%, 80%, 99% and to reach 100% held-out per-symbol accuracy: the mean over the",
-             "seeds that reached it, with how many did (k/n). As the Grid LSTM paper's Figure 4 table and Figure 5.",
-             "", table, "", "![samples to threshold](thresholds.png)", ""]
-    atomic_write_text(out / "index.md", "\n".join(index))
-    files = ["index.md", "tasks.md", "tasks.csv", "thresholds.png"]
+    return out
+
+
+def _remove_stale(out: Path, files: list[str]) -> None:
+    """Files of an earlier report that this one did not write."""
     for name in REPORT_FILES:
         if name not in files:
             (out / name).unlink(missing_ok=True)
-    return Report(out, files, [("Samples to each held-out accuracy threshold", TASK_COLUMNS,
-                                [[str(value) for value in row] for row in rows])])
