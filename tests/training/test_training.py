@@ -136,12 +136,12 @@ def test_interrupt_then_resume_equals_straight_run(tiny_corpus, tmp_path):
     interrupted = tmp_path / "interrupted"
     process = subprocess.Popen([sys.executable, "-m", "charlm", *map(str, args), "--run-dir", str(interrupted)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    cli(*args, "--run-dir", tmp_path / "straight", check_code=0)  # in this process, while the other starts up
     deadline = time.time() + 120
     while time.time() < deadline and not records(interrupted, "step"):
-        time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)  # at its first logged step: an epoch is 675 windows, far from its end
     _, stderr = process.communicate(timeout=120)
+    cli(*args, "--run-dir", tmp_path / "straight", check_code=0)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and "interrupted: saved" in stderr
     progress = Checkpoint.load(interrupted / "last.pt").training.progress
