@@ -27,6 +27,8 @@ from charlm.errors import CharlmError, OutOfVocabulary
 from charlm.inference.scoring import LN2, Score, score_split, score_tokens
 from charlm.logs import get_logger
 from charlm.model import count_parameters
+from charlm.inference.beam import check_beam_settings
+from charlm.inference.generation import Generation, beam_generation, check_stops, recorded, until_stop
 from charlm.inference.sampling import decoded_pieces, encode_prime, generate, outside_vocabulary, unknown_ids
 
 _SAMPLE = SampleConfig()
@@ -111,24 +113,47 @@ class Model:
 
     # --- sampling ------------------------------------------------------------------------------
     def stream(self, prime: str | None = None, length: int = _SAMPLE.length, temperature: float = _SAMPLE.temperature,
-               top_k: int = _SAMPLE.top_k, top_p: float = _SAMPLE.top_p, seed: int | None = _SAMPLE.seed) -> Iterator[str]:
-        """The generated text (after the prime), piece by piece as it is drawn. The settings and
-        the prime are checked here, before the first piece is asked for."""
-        config = SampleConfig(length=length, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+               top_k: int = _SAMPLE.top_k, top_p: float = _SAMPLE.top_p, seed: int | None = _SAMPLE.seed, *,
+               stop: str | list[str] = (), beam: int = _SAMPLE.beam,
+               length_penalty: float = _SAMPLE.length_penalty) -> Generation:
+        """The generated text (after the prime), piece by piece as it is drawn: a ``Generation``,
+        which once read to the end also gives the continuation's ``log_prob`` (natural log, under
+        the model itself given the prime), ``log2_prob`` and ``bits_per_symbol``. The settings and
+        the prime are checked here, before the first piece is asked for.
+
+        ``stop``: a string or a list of them; the text ends with the first one generated (included).
+        ``beam``: 0 draws at random; N ≥ 1 gives the most probable continuation a beam search of
+        width N finds (1 is greedy decoding), scored by log probability / length ** ``length_penalty``
+        (alpha matters only when a stop string ends continuations at different lengths). Beam
+        search is deterministic and takes no temperature, top_k, top_p or seed; its text comes
+        as one piece once the search is done."""
+        stops = check_stops(stop)
+        config = SampleConfig(length=length, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, beam=beam,
+                              length_penalty=length_penalty)
         validate(config)
+        check_beam_settings(config)
+        stops = [self.normalise(text) for text in stops]
         prime_ids, _ = self._prime(prime)
         if not prime_ids:
             raise CharlmError("the prime is empty: give at least one symbol")
+        if beam:
+            return beam_generation(self.network, self.tokenizer, prime_ids, config, stops)
         if top_k > len(self.tokenizer.vocab):
             get_logger().warning(f"warning: top-k {top_k} is more than the {len(self.tokenizer.vocab)} symbols of the "
                                  "vocabulary: sampling from all of them")
+        drawn: list[int] = []
         ids = generate(self.network, prime_ids, config, unknown_ids(self.tokenizer), cuda_graph=self.cuda_graphs)
-        return decoded_pieces(self.tokenizer, ids)
+        pieces = until_stop(decoded_pieces(self.tokenizer, recorded(ids, drawn)), stops)
+        return Generation(pieces, drawn, self.network, prime_ids)
 
     def sample(self, prime: str | None = None, length: int = _SAMPLE.length, temperature: float = _SAMPLE.temperature,
-               top_k: int = _SAMPLE.top_k, top_p: float = _SAMPLE.top_p, seed: int | None = _SAMPLE.seed) -> str:
-        """The prime followed by ``length`` generated symbols, as one string."""
-        return self._prime(prime)[1] + "".join(self.stream(prime, length, temperature, top_k, top_p, seed))
+               top_k: int = _SAMPLE.top_k, top_p: float = _SAMPLE.top_p, seed: int | None = _SAMPLE.seed, *,
+               stop: str | list[str] = (), beam: int = _SAMPLE.beam, length_penalty: float = _SAMPLE.length_penalty) -> str:
+        """The prime followed by ``length`` generated symbols, as one string (fewer where a ``stop``
+        string ended it; ``beam``: the most probable continuation, see ``stream``)."""
+        pieces = self.stream(prime, length, temperature, top_k, top_p, seed, stop=stop, beam=beam,
+                             length_penalty=length_penalty)
+        return self._prime(prime)[1] + "".join(pieces)
 
     def _prime(self, prime: str | None) -> tuple[list[int], str]:
         """Token ids and text of the prime; None means a line break (or the first symbol)."""

@@ -3,7 +3,9 @@
 On disk it is a dict of tensors and plain containers (``torch.load(..., weights_only=True)`` reads
 it), written atomically, tagged with a format version. Format 1 (charlm 0.1's bare dict) is still
 read. Three kinds share the format: ``training`` (``last.pt``, ``best.pt``), ``export`` (weights,
-configs and vocabulary only) and ``adapted`` (weights after dynamic evaluation).
+configs and vocabulary only) and ``adapted`` (weights after dynamic evaluation). Of the training
+checkpoints only ``last.pt`` (and ``previous.pt``) keep the optimizer's state, which resuming needs;
+``best.pt`` and the epoch checkpoints are written ``without_optimizer``.
 
 Loading never runs code named in the file: a checkpoint of a user cell (``module:Class``) builds
 its model only when the caller names that cell or trusts the file (see ``build_model``).
@@ -12,6 +14,7 @@ its model only when the caller names that cell or trusts the file (see ``build_m
 from __future__ import annotations
 
 import dataclasses
+import errno
 import pickle
 import re
 import warnings
@@ -37,7 +40,7 @@ CORPUS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 class TrainingState:
     """What resuming needs beyond the weights."""
 
-    optimizer: dict
+    optimizer: dict | None  # None in best.pt and epoch checkpoints (``without_optimizer``): resuming restarts it
     scheduler: dict | None  # ExponentialLR's state; None in format 1
     rng: dict  # {"torch": ByteTensor, "ranks": [{"torch", "device"} per process]} (before 0.3: "cuda": [per device])
     progress: dict  # charlm.training.resume.Progress as a dict
@@ -173,6 +176,14 @@ class Checkpoint:
         weights = {name: tensor.detach().cpu().clone() for name, tensor in self.weights.items()}
         return dataclasses.replace(self, kind="export", training=None, weights=weights, path=None)
 
+    def without_optimizer(self) -> "Checkpoint":
+        """The same checkpoint less the optimizer's state (two or three copies of the weights for
+        Adam), as ``best.pt`` and the epoch checkpoints are kept: the weights, and the progress, RNG
+        streams and schedule (a few KB). Only ``last.pt`` and ``previous.pt`` keep the optimizer."""
+        if self.training is None or self.training.optimizer is None:
+            return self
+        return dataclasses.replace(self, training=dataclasses.replace(self.training, optimizer=None))
+
 
 def resolve(reference: str | Path, prefer: str = "best") -> Path:
     """A run directory means its ``best.pt`` (or ``last.pt`` if there is no best yet)."""
@@ -216,7 +227,8 @@ def _load_failure(error: Exception) -> str:
         detail = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n", 1)[0].strip()
         return (f"the weights-only loader refused it ({detail}): it is not a checkpoint, or it holds Python "
                 "objects, which charlm never unpickles")
-    if isinstance(error, EOFError) or "failed finding central directory" in text:
+    cut_short = isinstance(error, OSError) and error.errno == errno.EINVAL  # torch seeking past a truncated zip's end
+    if isinstance(error, EOFError) or cut_short or "failed finding central directory" in text:
         return "the file is empty, truncated or not a torch file"
     return _first_line(error)
 

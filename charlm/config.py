@@ -22,6 +22,9 @@ from charlm.errors import CharlmError, ConfigError
 
 DEFAULT_HIDDEN = 256  # hidden size when neither a hidden size nor a parameter budget is given
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")  # --optimizer; built by charlm.training.optimizers
+DEFAULT_MOMENTUM = {"sgd": 0.9, "rmsprop": 0.0}  # --momentum when not given, for the optimizers that have one
+DEFAULT_WEIGHT_DECAY = {"adamw": 0.01}  # --weight-decay when not given (torch's AdamW default); 0 for the others
 
 
 def setting(default, help: str, *, flag: str | None = None, min=None, max=None, min_open: bool = False,
@@ -88,7 +91,10 @@ def validate(settings) -> None:
 
 @dataclasses.dataclass
 class TrainConfig:
-    """A training run. Defaults follow the Lattice Recurrent Unit paper's fair comparison."""
+    """A training run. The defaults suit a user's own text (batch 32, Adam at 3e-3, × 0.9 per epoch: the
+    demo's settings, which learn fast on corpora of a few million characters); each paper's protocol
+    (the LRU paper's batch 250 at 1e-3, the Delta-RNN paper's batch 64 with plateau halving) is
+    written out in full in its plan (``charlm sweep PLAN``)."""
 
     corpus: str = setting("pydoc", "Prepared corpus to train on (see `charlm corpora`).")
     cell: str = setting("lstm", "Recurrent cell (see `charlm cells`), or module:Class for your own.")
@@ -98,9 +104,9 @@ class TrainConfig:
     embed_size: int | None = setting(None, "Embedding width; 0 feeds one-hot symbols.", min=0, show_default="what the cell needs, else n")
     dropout: float = setting(0.0, "Dropout between layers and on the softmax input.", min=0, max=1, max_open=True)
     cell_options: dict = setting({}, "Options of the cell (--cell-opt key=value).", cli=False)
-    batch_size: int = setting(250, "Parallel streams per step.", min=1)
+    batch_size: int = setting(32, "Parallel streams per step (the LRU paper's protocol: 250).", min=1)
     bptt: int = setting(50, "Truncated backpropagation window (steps).", min=1)
-    lr: float = setting(1e-3, "Adam learning rate.", min=0, min_open=True)
+    lr: float = setting(3e-3, "Initial learning rate (the LRU paper's protocol: 1e-3).", min=0, min_open=True)
     lr_decay: float = setting(0.9, "Learning rate factor applied after every epoch (--schedule epoch-decay).", min=0, min_open=True)
     schedule: str = setting("epoch-decay", "Learning-rate schedule: epoch-decay (× --lr-decay every epoch; the LRU paper), plateau-halving (× --plateau-factor after an epoch whose validation loss did not improve, down to --min-lr; the Delta-RNN paper), constant, or warmup-cosine (linear warmup over --warmup-steps, then a cosine down to --min-lr).",
                             choices=("epoch-decay", "plateau-halving", "constant", "warmup-cosine"))
@@ -110,6 +116,13 @@ class TrainConfig:
     epochs: int = setting(20, "Maximum number of epochs (with --resume: the new total).", min=1)
     patience: int = setting(3, "Stop after this many epochs without a better validation bpc.", min=1)
     clip: float = setting(5.0, "Gradient-norm clipping threshold, 0 for none.", min=0)
+    optimizer: str = setting("adam", "Optimizer: adam (β = 0.9, 0.999), adamw (Adam with decoupled weight decay), sgd (with --momentum, --nesterov; wants a far larger --lr than Adam, 0.1 to 1) or rmsprop (α = 0.99).",
+                             choices=OPTIMIZERS)
+    weight_decay: float | None = setting(None, "Weight decay of every weight: adamw's is decoupled (each update also multiplies the weights by 1 − lr × decay); adam's, sgd's and rmsprop's is L2 (decay × weight added to the gradient).",
+                                         min=0, show_default="0.01 for adamw, else 0")
+    momentum: float | None = setting(None, "Momentum of sgd and rmsprop (only those).", min=0, max=1, max_open=True, show_default="0.9 for sgd, 0 for rmsprop")
+    nesterov: bool = setting(False, "sgd: Nesterov momentum (needs a positive --momentum).")
+    accumulate: int = setting(1, "Windows (K) whose gradients are summed into each optimizer update (gradient accumulation: each window's loss is divided by K, so one update is a step on the K windows' mean loss, clipped as a whole; --log-every, --eval-every, --save-every and --warmup-steps count updates).", min=1)
     seed: int = setting(1, "Random seed (initialisation, dropout).")
     device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps.")
     precision: str = setting("fp32", "Arithmetic of the forward pass: fp32, bf16 (CPU or GPU) or fp16 (GPU, with a gradient scaler); the loss is always float32.",
@@ -123,6 +136,7 @@ class TrainConfig:
     eval_every: int = setting(0, "Also score validation every K steps (0: epoch ends only).", min=0)
     log_every: int = setting(50, "Write a step record to metrics.jsonl every K steps.", min=1)
     save_every: str = setting("5m", "Also save last.pt inside an epoch, every N steps (500) or every N minutes (5m); 0: at epoch ends only.")
+    keep_checkpoints: int = setting(0, "Also keep the N latest epoch-end checkpoints, weights only (no optimizer state), named with the epoch and the validation score: epoch03-valid1.8420.pt (bpc), epoch03-ppl141.27.pt on word corpora (perplexity per word); 0: only best.pt and last.pt.", min=0)
     max_minutes: float | None = setting(None, "Stop training after this many minutes (the run is evaluated and resumable).", min=0, min_open=True, show_default="no limit")
     max_tokens: int | None = setting(None, "Stop training once the run has trained on this many tokens (every stream of every process, over all its sessions); the run is evaluated and resumable with a larger budget. The same data for every cell of a comparison.", min=1, show_default="no limit")
     data_dir: str | None = setting(None, "Root of prepared corpora.", show_default="$CHARLM_DATA or ./data")
@@ -130,6 +144,8 @@ class TrainConfig:
     init_from: str | None = setting(None, "Start from this checkpoint's weights (fine-tuning).", show_default="none")
     test_every_epoch: bool = setting(False, "Score the test split at every epoch end too (learning curves); by default only the best-validation weights are scored on test, once, at the end.")
     tensorboard: bool = setting(False, "Also write every metrics record to TensorBoard (needs charlm[tensorboard]).")
+    wandb: bool = setting(False, "Also log every metrics record to Weights & Biases (needs charlm[wandb]); the W&B run is named after the run directory and a resumed run goes on in the same W&B run. WANDB_MODE=offline logs to local files only.")
+    wandb_project: str | None = setting(None, "The W&B project of --wandb.", show_default="$WANDB_PROJECT or charlm")
 
     def validate(self) -> None:
         validate(self)
@@ -144,6 +160,30 @@ class TrainConfig:
             raise ConfigError(TrainConfig, "cuda_graph", "and --compile are exclusive: give one, not both")
         if self.min_lr >= self.lr and self.schedule in ("plateau-halving", "warmup-cosine"):
             raise ConfigError(TrainConfig, "min_lr", f"must be below --lr ({self.lr:g}) for {self.schedule}, not {self.min_lr:g}")
+        self._validate_optimizer()
+
+    def _validate_optimizer(self) -> None:
+        """The settings that only some optimizers have, and gradient accumulation."""
+        if self.momentum is not None and self.optimizer not in DEFAULT_MOMENTUM:
+            raise ConfigError(TrainConfig, "momentum", f"applies to --optimizer sgd and rmsprop only, not {self.optimizer}")
+        if self.nesterov and (self.optimizer != "sgd" or self.effective_momentum == 0):
+            used = f"--optimizer {self.optimizer}" if self.optimizer != "sgd" else "--momentum 0"
+            raise ConfigError(TrainConfig, "nesterov", f"needs --optimizer sgd with a positive --momentum, not {used}")
+        if self.accumulate > 1 and self.cuda_graph:
+            raise ConfigError(TrainConfig, "accumulate", "above 1 and --cuda-graph are exclusive (a captured backward "
+                                                         "reuses its gradient buffers at every window): give one, not both")
+
+    @property
+    def effective_momentum(self) -> float | None:
+        """``momentum``, or the optimizer's default; None for the optimizers without one."""
+        if self.optimizer not in DEFAULT_MOMENTUM:
+            return None
+        return DEFAULT_MOMENTUM[self.optimizer] if self.momentum is None else self.momentum
+
+    @property
+    def effective_weight_decay(self) -> float:
+        """``weight_decay``, or the optimizer's default."""
+        return DEFAULT_WEIGHT_DECAY.get(self.optimizer, 0.0) if self.weight_decay is None else self.weight_decay
 
     @property
     def save_interval(self) -> tuple[str, float] | None:
@@ -181,7 +221,7 @@ def save_interval(text: str) -> tuple[str, float] | None:
 
 # Settings that may differ between a run and its resumption; the rest define the run.
 RESUMABLE_SETTINGS = ("epochs", "max_minutes", "max_tokens", "device", "precision", "compile", "cuda_graph", "tf32", "patience", "eval_every", "log_every", "save_every",
-                      "test_every_epoch", "tensorboard", "data_dir")
+                      "keep_checkpoints", "test_every_epoch", "tensorboard", "wandb", "wandb_project", "data_dir")
 
 
 _KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "an object"}
@@ -260,6 +300,14 @@ class SampleConfig:
     top_p: float = setting(1.0, "Draw only from the smallest set with this much probability (1: off).", min=0, max=1, min_open=True)
     seed: int | None = setting(None, "Random seed: the same seed gives the same text.", show_default="random")
     num_samples: int = setting(1, "How many samples to draw (separated by a blank line).", min=1)
+    beam: int = setting(0, "Beam width: 0 draws at random; N returns the most probable continuation a beam search of "
+                           "width N finds (1: greedy, the likeliest symbol at each step). Deterministic.", min=0)
+    length_penalty: float = setting(1.0, "Beam search: a continuation's score is its log probability / length^alpha "
+                                         "(1: per symbol; 0: in total); it decides only between continuations that "
+                                         "--stop ended at different lengths.", min=0)
+    stop: list[str] = setting([], "End a sample once the text generated after the prime contains this string; the "
+                                  "output ends with it. Repeatable: the first one generated ends the sample.",
+                              show_default="none")
 
 
 DEFAULT_PRIME = "\n"  # what sampling starts from when no prime is given (a line break)

@@ -102,7 +102,7 @@ def assert_replays_the_step(step, graphed, tokens, state, start: int) -> None:
 # --- training runs compared bit for bit ---------------------------------------------------------
 
 def tiny_config(corpus_dir, run_dir, **overrides) -> TrainConfig:
-    settings = dict(corpus="tiny", cell="lstm", hidden=24, batch_size=8, bptt=16, epochs=2, log_every=5,
+    settings = dict(corpus="tiny", cell="lstm", hidden=24, batch_size=8, bptt=16, epochs=2, log_every=5, lr=1e-3,
                     eval_batch_size=4, data_dir=str(corpus_dir), run_dir=str(run_dir))
     settings.update(overrides)
     return TrainConfig(**settings)

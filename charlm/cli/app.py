@@ -17,6 +17,24 @@ app = typer.Typer(
 )
 
 
+def _label_flags_without_a_type() -> None:
+    """Typer 0.29 labels on/off flags ``<bool>`` in --help as if they took a value; show no type."""
+    from typer import core
+
+    option = getattr(core, "TyperOption", None)
+    if option is None or not hasattr(option, "display_type_rich"):
+        return
+    shown = option.display_type_rich
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else shown(self, ctx)
+
+    option.display_type_rich = display_type_rich
+
+
+_label_flags_without_a_type()
+
+
 def _show_version(value: bool):
     if value:
         typer.echo(f"charlm {__version__}")

@@ -1,4 +1,6 @@
-"""`charlm export`: a slim inference file (weights, configs, vocabulary), loadable everywhere."""
+"""`charlm export`: a slim inference file (weights, configs, vocabulary), loadable everywhere; or
+the model's one-symbol step as TorchScript or ONNX, with a JSON description beside it, for running
+the model without charlm (``charlm.inference.export_step``)."""
 
 from __future__ import annotations
 
@@ -6,10 +8,16 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from charlm.cli.loading import CELL, CHECKPOINT, TRUST_CODE, load_model
 from charlm.cli.output import stdout
 from charlm.errors import CharlmError
+from charlm.inference.export_formats import FORMATS, check_available, description_path
+
+FORMAT_HELP = escape(f"One of: {', '.join(FORMATS)}. charlm: a slim checkpoint for charlm.load, eval, sample, score. torchscript or onnx (needs "
+                     "charlm[onnx]): the one-symbol step (tokens, state) -> (logits, new state) for use without "
+                     "charlm, checked against charlm's step, with OUTPUT.json describing it.")  # help is rich markup
 
 
 def export(
@@ -18,8 +26,11 @@ def export(
     cell: Optional[str] = CELL,
     trust_code: bool = TRUST_CODE,
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
+    format: str = typer.Option("charlm", "--format", help=FORMAT_HELP),
 ):
-    """Write the model without optimizer, RNG or carried state: for `charlm.load`, eval, sample, score."""
+    """Write the model without optimizer, RNG or carried state: for `charlm.load`, eval, sample, score;
+    or (--format torchscript|onnx) its inference step, to run outside charlm."""
+    check_available(format)  # an unknown format, or onnx without its packages: before any work
     if output.is_dir():
         raise CharlmError(f"{output} is a directory: give a file name such as {output / 'model.pt'}")
     if not output.parent.is_dir():
@@ -28,13 +39,32 @@ def export(
     source = model.checkpoint.path
     if output.resolve() == source.resolve():
         raise CharlmError(f"{output} is the checkpoint being exported: give another file name")
-    if output.exists() and not force:
-        raise CharlmError(f"{output} exists: pass --force to replace it, or give another file name")
+    sidecar = description_path(output) if format != "charlm" else None
+    for target in (output, sidecar):
+        if target is not None and target.exists() and not force:
+            raise CharlmError(f"{target} exists: pass --force to replace it, or give another file name")
+    if format != "charlm":
+        return export_step(model, output, format)
     model.export(output)
     before, after = source.stat().st_size, output.stat().st_size
     stdout.print(f"exported        {output} ({after:,} bytes; {source} is {before:,} bytes, {after / before:.0%} of it)")
     stdout.print(f"model           {model.config.cell}, {model.config.layers}×{model.config.hidden_size}, "
                  f"{model.parameters_count:,} parameters, vocabulary {len(model.vocabulary)}")
+
+
+def export_step(model, output: Path, format: str) -> None:
+    """The step as TorchScript or ONNX, kept only if it computes charlm's step; then its description."""
+    from charlm.files import atomic_write
+    from charlm.inference.export_step import CHECK_BATCH, CHECK_STEPS, TOLERANCE, write_description, write_step
+
+    differences = []
+    atomic_write(output, lambda temporary: differences.append(write_step(model.network, temporary, format)))
+    written = write_description(model, format, output)
+    stdout.print(f"exported        {output} ({format}, {output.stat().st_size:,} bytes): the step "
+                 f"(tokens, state) -> (logits, new state)")
+    stdout.print(f"checked         max difference from charlm's step {differences[0]:.2e} over {CHECK_STEPS} steps "
+                 f"carrying state (batch {CHECK_BATCH}; at most {TOLERANCE:g})")
+    stdout.print(f"described in    {', '.join(str(path) for path in written)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -39,11 +39,12 @@ def help_text(owner, name: str) -> str:
 PANELS = {
     "Model": ("cell", "hidden", "params", "layers", "embed_size", "dropout"),
     "Data": ("corpus", "data_dir", "train_fraction", "batch_size", "bptt", "unknown"),
-    "Optimisation": ("lr", "clip", "seed", "precision"),
+    "Optimisation": ("optimizer", "lr", "weight_decay", "momentum", "nesterov", "accumulate", "clip", "seed", "precision"),
     "Schedule and stopping": ("schedule", "lr_decay", "min_lr", "plateau_factor", "warmup_steps", "epochs", "patience",
                               "max_minutes", "max_tokens"),
     "Evaluation": ("eval_batch_size", "eval_every", "eval_fraction", "test_every_epoch"),
-    "Saving and logging": ("run_dir", "init_from", "save_every", "log_every", "tensorboard"),
+    "Saving and logging": ("run_dir", "init_from", "save_every", "keep_checkpoints", "log_every", "tensorboard", "wandb",
+                           "wandb_project"),
     "Hardware": ("device", "compile", "cuda_graph", "tf32"),
 }
 PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
@@ -54,13 +55,19 @@ def option_for(owner, name: str, *extra_flags: str, help: str | None = None):
     flags = [flag_of(owner, name), *extra_flags]
     if _base_type(typing.get_type_hints(owner)[name]) is bool:
         flags = [f"{flags[0]}/--no-{flags[0].removeprefix('--')}"]
+    hint = typing.get_type_hints(owner)[name]
+    metavar = f"<{typing.get_args(hint)[0].__name__}>" if typing.get_origin(hint) is list else None  # not <list[str]>
     return typer.Option(None, *flags, help=help or help_text(owner, name), show_default=False,
-                        rich_help_panel=PANEL_OF.get(name))
+                        rich_help_panel=PANEL_OF.get(name), metavar=metavar)
 
 
 def option_type(owner, name: str):
-    """The annotation of a field's option: Optional of its type (choices are checked by the library)."""
-    return Optional[_base_type(typing.get_type_hints(owner)[name])]
+    """The annotation of a field's option: Optional of its type (choices are checked by the library);
+    a list field is an option given once per item."""
+    hint = typing.get_type_hints(owner)[name]
+    if typing.get_origin(hint) is list:
+        return Optional[typing.List[typing.get_args(hint)[0]]]
+    return Optional[_base_type(hint)]
 
 
 def settings_options(owner, *, into: str = "given", exclude: tuple = ()):

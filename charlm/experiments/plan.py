@@ -50,7 +50,7 @@ from charlm.config import TrainConfig, from_dict
 from charlm.errors import CharlmError
 from charlm.files import read_text
 
-PLAN_KEYS = {"name", "description", "base", "axes", "eval", "profiles", "paper", "paper_parameters", "task"}
+PLAN_KEYS = {"name", "description", "base", "axes", "eval", "profiles", "paper", "paper_parameters", "task", "budget"}
 EVAL_KEYS = {"split", "dynamic", "adapt_on", "batch_size"}
 SWEEP_OWNED = {"run_dir", "init_from"}  # settings a sweep chooses itself, per point
 CELL_OPTION = "cell_options."
@@ -91,6 +91,7 @@ class Plan:
     source: str  # where the plan was read from
     paper_parameters: dict = dataclasses.field(default_factory=dict)  # cell → the count its paper gives
     task: str | None = None  # a plan of `charlm task` runs (base and axes: TaskConfig fields), not `charlm train`
+    budget: str | None = None  # the nominal budget of runs sized by --hidden (reports group them under it)
 
     def points(self) -> list[Point]:
         """Every point of the grid, in a fixed order (the axes' product)."""
@@ -141,9 +142,11 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
         overrides = profiles[profile]
         if not isinstance(overrides, dict):
             raise CharlmError(f"plan {source}: profile {profile!r} must be a table")
-        extra = sorted(set(overrides) - {"base", "axes", "eval"})
+        extra = sorted(set(overrides) - {"base", "axes", "eval", "budget"})
         if extra:
-            raise CharlmError(f"plan {source}: profile {profile!r} has unknown key {extra[0]!r} (base, axes or eval)")
+            raise CharlmError(f"plan {source}: profile {profile!r} has unknown key {extra[0]!r} (base, axes, eval or budget)")
+        if "budget" in overrides:
+            raw["budget"] = overrides["budget"]
         base.update(overrides.get("base", {}))
         axes.update(overrides.get("axes", {}))
         if "eval" in overrides:
@@ -151,7 +154,9 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
     plan = Plan(name=raw.get("name", Path(source).stem), description=raw.get("description", ""),
                 profile=profile or "paper", base=base, axes=axes, evals=_eval_steps(raw.get("eval", []), source),
                 paper_parameters=_paper_parameters(raw.get("paper_parameters", {}), source),
-                source=source, task=raw.get("task"))
+                source=source, task=raw.get("task"), budget=raw.get("budget"))
+    if plan.budget is not None and not (isinstance(plan.budget, str) and plan.budget.strip()):
+        raise CharlmError(f"plan {source}: budget must be a label such as \"0.9M per layer\", not {plan.budget!r}")
     if plan.task is not None:
         _check_task_plan(plan)
     else:

@@ -90,6 +90,8 @@ class Sweep:
         if existing is not None and existing.get("fingerprint") != self.plan.fingerprint():
             raise CharlmError(f"sweep directory {self.directory} holds runs of another plan ({existing.get('plan')}, "
                               f"profile {existing.get('profile')}): choose another --dir")
+        if existing is not None and existing.get("budget") != self.plan.budget:  # a label only: not in the fingerprint
+            atomic_write_text(self.record_file, json.dumps({**existing, "budget": self.plan.budget}, indent=2, sort_keys=True) + "\n")
         if existing is None:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -98,7 +100,7 @@ class Sweep:
             record = {"plan": self.plan.name, "profile": self.plan.profile, "source": self.plan.source,
                       "fingerprint": self.plan.fingerprint(), "base": self.plan.base, "axes": self.plan.axes,
                       "eval": [dataclasses.asdict(step) for step in self.plan.evals],
-                      "points": [point.name for point in self.plan.points()]}
+                      "points": [point.name for point in self.plan.points()], "budget": self.plan.budget}
             atomic_write_text(self.record_file, json.dumps(record, indent=2, sort_keys=True) + "\n")
 
     def _read_record(self) -> dict | None:

@@ -7,7 +7,7 @@ object per line, typed and versioned by ``charlm.runs.records``) and to any extr
 One training at a time owns a run directory: it holds an advisory lock on ``lock`` (``flock``,
 released by the kernel when the process dies, so a killed run never blocks its resumption).
 Saving ``last.pt`` first keeps the one it replaces as ``previous.pt``, the fallback when a
-``last.pt`` cannot be read.
+``last.pt`` cannot be read. Epoch checkpoints and `charlm runs --prune`: ``charlm.runs.retention``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from charlm.errors import CharlmError
 from charlm.files import atomic_write_text
 from charlm.logs import get_logger
 from charlm.runs.records import RunHistory, encode, new_record
+from charlm.runs.retention import disk_usage
 
 STATUSES = ("finished", "interrupted", "diverged", "running", "created")
 
@@ -86,8 +87,9 @@ class Run:
         return run
 
     # --- owning the directory --------------------------------------------------------------------
-    def acquire(self) -> None:
-        """Take the directory's lock, or refuse: another live process is training into it."""
+    def acquire(self, claim: bool = True) -> None:
+        """Take the directory's lock, or refuse: another live process is training into it.
+        ``claim=False`` (`charlm runs --prune`) leaves the holder line of the last training as it was."""
         if self._lock is not None or fcntl is None:
             return
         try:
@@ -101,10 +103,11 @@ class Run:
             holder = handle.read().strip() or "another process"
             handle.close()
             raise _in_use(self.path, holder) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {platform.node()}\n")
-        handle.flush()
+        if claim:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} on {platform.node()}\n")
+            handle.flush()
         self._lock = handle
 
     def holder(self) -> str | None:
@@ -222,6 +225,7 @@ class Run:
             "dynamic": dynamic,
             "train_seconds": task_evals[-1].seconds if task_evals else history.train_seconds,
             "status": self.status(history),
+            "disk_bytes": disk_usage(self.path),
             "provenance": self.read_json(self.provenance_file),
         }
 
@@ -244,7 +248,7 @@ class FollowerRun(Run):
     """A run directory as a process that does not write it sees it (the ranks other than 0 under
     torchrun): it reads checkpoints; the lock, the records and every file are rank 0's."""
 
-    def acquire(self) -> None:
+    def acquire(self, claim: bool = True) -> None:
         pass
 
     def release(self) -> None:

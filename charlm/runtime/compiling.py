@@ -34,15 +34,16 @@ class CompiledForward:
     Before tracing the model it compiles a tiny function forward and backward, which finds a
     missing C++ compiler or Triton at once; a failure on the model's own first call also falls
     back. The model is compiled for the shape of the first window; a window of another shape (the
-    shorter last one of an epoch) runs eagerly rather than compile again. ``compile_seconds`` is
-    the probe and the first call, as measured (so it includes that step's own work).
+    shorter last one of an epoch) runs eagerly rather than compile again. ``probe_seconds`` is the
+    probe (before training); ``compile_seconds`` is the probe and the first call, as measured (so it
+    includes that step's own work, which a run's training time also counts).
     """
 
     def __init__(self, network: torch.nn.Module, device: torch.device, backend=None, window_shape=None):
         self.network = network
         self.window_shape = None if window_shape is None else tuple(window_shape)  # compile at this shape only
         self.backend = backend or BACKEND
-        self.compile_seconds = 0.0
+        self.compile_seconds = self.probe_seconds = 0.0
         self.failure: str | None = None
         self.check = FastPathCheck("compiled step")
         self._shape = None  # the window shape compiled for
@@ -53,7 +54,7 @@ class CompiledForward:
             self._compiled = torch.compile(network, backend=self.backend, dynamic=False)
         except Exception as error:  # no compiler, no Triton, a Python TorchDynamo does not support
             self._fall_back(error)
-        self.compile_seconds = time.monotonic() - started
+        self.probe_seconds = self.compile_seconds = time.monotonic() - started
 
     @property
     def active(self) -> bool:

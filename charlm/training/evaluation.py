@@ -58,6 +58,7 @@ class Scorer:
             model.load_state_dict(current)
         progress.best_test_bpc = test.bpc
         if trainer.world.is_main:
-            dataclasses.replace(best, scores={**best.scores, "test_bpc": test.bpc, "test_loss": test.loss}).save(run.best)
+            scored = dataclasses.replace(best, scores={**best.scores, "test_bpc": test.bpc, "test_loss": test.loss})
+            scored.without_optimizer().save(run.best)  # one written before best.pt kept none loses it here
         run.record("test", epoch=progress.best_epoch, **test.as_dict("test_"))
         run.log(f"test {test.bpc:.4f} bpc with the best-validation weights (epoch {progress.best_epoch})")

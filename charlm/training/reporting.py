@@ -29,8 +29,8 @@ class EpochBar:
         self.plain = show and self.bar.disable  # no bar is drawn: not a terminal
         self.reported_at = time.monotonic()
 
-    def advance(self) -> None:
-        self.bar.update(1)
+    def advance(self, windows: int = 1) -> None:
+        self.bar.update(windows)
 
     def show_step(self, running_bpc: float, chars_per_second: float, valid_bpc: float | None = None) -> None:
         """The bar's figures: the epoch's running train bpc, the last validation bpc, the speed."""
@@ -73,8 +73,11 @@ def report_fast_path(run, forward, provenance: dict) -> None:
         note_in_provenance(run, provenance, forward.check)
     if isinstance(forward, CompiledForward):
         if forward.active:
-            run.log(f"torch.compile ({forward.backend_name}): the first step, compilation included, took "
-                    f"{forward.compile_seconds:.1f} s; {forward.check.summary()}")
+            first_step = forward.compile_seconds - forward.probe_seconds
+            run.log(f"torch.compile ({forward.backend_name}): {forward.compile_seconds:.1f} s in all: "
+                    f"{forward.probe_seconds:.1f} s probing the compiler before training (wall time 'compile'), "
+                    f"{first_step:.1f} s in the first step, compilation included (counted in the train time); "
+                    f"{forward.check.summary()}")
         run.record("compile", active=forward.active, seconds=round(forward.compile_seconds, 3),
                    backend=forward.backend_name, failure=forward.failure, **check_fields(forward.check))
         note_in_provenance(run, provenance, forward.check)
@@ -93,9 +96,12 @@ def note_in_provenance(run, provenance: dict, check) -> None:
     run.write_provenance(provenance)
 
 
-def epoch_record(progress, valid, test, lr: float, chars_per_token: float, partial: bool, improved: bool) -> dict:
-    """The fields of an ``epoch`` record, from the epoch's sums in ``progress``."""
-    windows = max(progress.window - progress.overflowed_steps, 1)  # the steps whose gradient norms were summed
+def epoch_record(progress, valid, test, lr: float, chars_per_token: float, partial: bool, improved: bool,
+                 accumulate: int = 1) -> dict:
+    """The fields of an ``epoch`` record, from the epoch's sums in ``progress`` (whose updates took
+    ``accumulate`` windows each, the last perhaps fewer)."""
+    updates = -(-progress.window // accumulate)
+    windows = max(updates - progress.overflowed_steps, 1)  # the steps whose gradient norms were summed
     train_loss = progress.train_nats / max(progress.train_tokens, 1)
     return {
         "epoch": progress.epoch + 1,
@@ -128,7 +134,8 @@ def wall_seconds(progress) -> dict:
     """Where the run's time went: training (this epoch's part included), validation, test."""
     wall = dict(progress.wall_seconds)
     wall["train"] = wall.get("train", 0.0) + progress.train_seconds
-    return {part: round(wall.get(part, 0.0), 3) for part in ("train", "valid", "test")}
+    parts = ("train", "valid", "test") + (("compile",) if "compile" in wall else ())  # compile: --compile's probe
+    return {part: round(wall.get(part, 0.0), 3) for part in parts}
 
 
 def summary(progress, run, model, model_config) -> dict:

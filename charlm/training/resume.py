@@ -63,7 +63,8 @@ def check_resumable(changes) -> None:
 
 def last_good_checkpoint(run: Run) -> Checkpoint | None:
     """The newest readable checkpoint with training state: last.pt, else previous.pt, else best.pt
-    (with a warning naming what could not be read); None when the run has none at all."""
+    (with a warning naming what could not be read; best.pt keeps no optimizer state, so the
+    optimizer starts afresh from it); None when the run has none at all."""
     failures = []
     for path in (run.last, run.previous, run.best):
         if not path.exists():
@@ -79,7 +80,8 @@ def last_good_checkpoint(run: Run) -> Checkpoint | None:
             failures.append(f"{path} holds no training state")
             continue
         if failures:
-            get_logger().warning(f"warning: {'; '.join(failures)}: resuming from {path}")
+            afresh = " (it keeps no optimizer state: the optimizer starts afresh)" if checkpoint.training.optimizer is None else ""
+            get_logger().warning(f"warning: {'; '.join(failures)}: resuming from {path}{afresh}")
         return checkpoint
     if failures:
         raise CharlmError(f"{'; '.join(failures)}; no other checkpoint to resume from")
@@ -107,10 +109,14 @@ def restore(checkpoint: Checkpoint, config: TrainConfig, model, optimizer, sched
     and this process's share of the carried state (None at an epoch boundary)."""
     saved = checkpoint.training
     model.load_state_dict(checkpoint.weights)
-    optimizer.load_state_dict(saved.optimizer)
+    if saved.optimizer is not None:
+        optimizer.load_state_dict(saved.optimizer)
     progress = Progress(**saved.progress)
     if saved.scheduler is not None:
         scheduler.load_state_dict(saved.scheduler)
+        if saved.optimizer is None:  # best.pt: a fresh optimizer, at the rate the schedule had reached
+            for group, lr in zip(optimizer.param_groups, saved.scheduler.get("_last_lr", ())):
+                group["lr"] = lr
     else:  # format 1 kept no scheduler: its rule was lr · decay^epoch
         lr = config.lr * config.lr_decay**progress.epoch
         for group in optimizer.param_groups:

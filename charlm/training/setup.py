@@ -8,6 +8,7 @@ fp16 scaling) is made here, once, so the step and the loop never branch on it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -25,6 +26,7 @@ from charlm.runtime.devices import resolve_device
 from charlm.runtime.distributed import World, device_for_rank, world_from_environment
 from charlm.runtime.memory import check_budget_fits, check_fits, estimate_training_memory
 from charlm.runtime.precision import check_precision, set_tf32
+from charlm.training.optimizers import build_optimizer
 from charlm.training.schedules import Schedule
 
 
@@ -112,12 +114,29 @@ def forward_pass(model: LanguageModel, config: TrainConfig, device: torch.device
     return forward
 
 
-def optimizer_and_schedule(model: LanguageModel, config: TrainConfig, steps_per_epoch: int = 1):
-    """Adam, and its learning rate's schedule (``charlm.training.schedules``)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, betas=(0.9, 0.999))
+def optimizer_and_schedule(model: LanguageModel, config: TrainConfig, windows_per_epoch: int = 1):
+    """The optimizer (``charlm.training.optimizers``), and its learning rate's schedule
+    (``charlm.training.schedules``), whose steps are updates: ``accumulate`` windows each."""
+    optimizer = build_optimizer(model.parameters(), config)
     return optimizer, Schedule(optimizer, config.schedule, lr=config.lr, lr_decay=config.lr_decay, min_lr=config.min_lr,
                                plateau_factor=config.plateau_factor, warmup_steps=config.warmup_steps,
-                               total_steps=config.epochs * steps_per_epoch)
+                               total_steps=config.epochs * updates_per_epoch(windows_per_epoch, config.accumulate))
+
+
+def updates_per_epoch(windows: int, accumulate: int) -> int:
+    """Optimizer updates in an epoch of ``windows``: one per ``accumulate`` windows, and one for a
+    shorter last group."""
+    return -(-windows // accumulate)
+
+
+def gradient_sync_pause(forward):
+    """What the windows of an update but its last run inside: DistributedDataParallel's ``no_sync``
+    where ``forward`` is or wraps one (the gradients then add up on each process and are averaged
+    once, in the last window's backward), else a context that does nothing."""
+    inner = forward
+    while not isinstance(inner, DistributedDataParallel) and hasattr(inner, "network"):
+        inner = inner.network
+    return inner.no_sync if isinstance(inner, DistributedDataParallel) else contextlib.nullcontext
 
 
 def training_streams(corpus, config: TrainConfig, world: World) -> TokenStreams:

@@ -1,4 +1,9 @@
-"""Training: truncated BPTT with carried state, Adam with per-epoch decay, best/last checkpoints.
+"""Training: truncated BPTT with carried state, an optimizer (Adam by default) and its learning-rate
+schedule, best/last checkpoints.
+
+A step is one optimizer update: one window, or with ``--accumulate K`` a group of K windows
+(``step.update_groups``). ``progress.step`` counts updates and ``progress.window`` windows; every
+save, stop and resume falls at an update's end, so no run resumes inside a group.
 
 The protocol is the Lattice Recurrent Unit paper's fair comparison (see ``TrainConfig``). A run
 can be interrupted (Ctrl-C, SIGTERM, ``max_minutes``) and resumed: the checkpoint holds the
@@ -31,6 +36,7 @@ from charlm.inference.scoring import LN2, characters_per_token
 from charlm.model import LanguageModel, count_parameters
 from charlm.runs import provenance
 from charlm.runs.directory import FollowerRun, Run, default_run_dir
+from charlm.runs.retention import epoch_checkpoint_name, save_epoch_checkpoint
 from charlm.runtime.distributed import environment_rank
 from charlm.runtime.precision import grad_scaler
 from charlm.training import reporting
@@ -39,9 +45,9 @@ from charlm.training.control import (Interrupted, LossNotFinite, OutOfTime, OutO
 from charlm.training.evaluation import Scorer
 from charlm.training.resume import (Progress, check_resumable, last_good_checkpoint, restore, resumed_config,
                                     seed_this_process, training_checkpoint)
-from charlm.training.setup import (cell_class_for, check_model_fits, forward_pass, load_initial_weights,
+from charlm.training.setup import (cell_class_for, check_model_fits, forward_pass, gradient_sync_pause, load_initial_weights,
                                    model_config_for, optimizer_and_schedule, placement, training_streams)
-from charlm.training.step import TrainingStep, gradients_for
+from charlm.training.step import TrainingStep, gradients_for, update_groups
 
 __all__ = ["Trainer", "TrainingDiverged", "TrainingInterrupted", "ProcessLost", "StorageError", "Progress"]
 
@@ -62,6 +68,10 @@ class Trainer:
             from charlm.runs.tensorboard import check_available
 
             check_available()
+        if config.wandb:
+            from charlm.runs import wandb_sink
+
+            wandb_sink.check_available()
         self.config = config
         resumed_run, checkpoint = _resume_from or (None, None)
         cell_class = cell_class_for(config, resumed_run, checkpoint, cells, trust_code)
@@ -81,7 +91,7 @@ class Trainer:
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, config, len(self.train_streams))
         self.step = TrainingStep(self.model, forward, self.optimizer, gradients_for(scaler), self.world,
                                  batch_size=config.batch_size, clip=config.clip, precision=config.precision,
-                                 device=self.device)
+                                 device=self.device, gradient_sync_pause=gradient_sync_pause(forward))
         self.train_chars_per_token = characters_per_token(self.corpus, "train")
         self.progress = Progress()
         self.scorer = Scorer(self)
@@ -148,6 +158,11 @@ class Trainer:
                 from charlm.runs.tensorboard import TensorBoardSink
 
                 run.sinks.append(TensorBoardSink(run.path / "tensorboard"))
+            if config.wandb and self.world.is_main:
+                from charlm.runs.wandb_sink import WandbSink
+
+                run.sinks.append(WandbSink(run.path, {"train": config.to_dict(), "model": self.model_config.to_dict()},
+                                           config.wandb_project, step=progress.step))
             run.mark_running()
             parameters = count_parameters(self.model)
             run.log(f"training {self.model_config.cell} ({self.model_config.layers}×{self.model_config.hidden_size}, "
@@ -197,7 +212,7 @@ class Trainer:
 
     def _train_epoch(self, stop: StopRequest, budget: TimeBudget) -> None:
         """The windows of the current epoch from ``progress.window`` on; raises ``Interrupted`` or
-        ``OutOfTime`` to stop at a window boundary."""
+        ``OutOfTime`` to stop at the end of an update."""
         config, progress, run = self.config, self.progress, self.run
         if progress.window == 0 or self.state is None:
             self.state = self.model.initial_state(self.train_streams.rows, device=self.device)
@@ -207,16 +222,19 @@ class Trainer:
         epoch_clock, seconds_before = time.monotonic(), progress.train_seconds
         saves = SaveSchedule(config.save_interval)
         try:
-            for window in self.train_streams.windows(progress.window, device=self.device):
+            windows = self.train_streams.windows(progress.window, device=self.device)
+            for group in update_groups(windows, config.accumulate):  # one update each
                 try:
-                    result = self.step(window, self.state, stop, budget)
+                    result = self.step(group, self.state, stop, budget)
                 except LossNotFinite as error:
                     self._diverged(error.value)
                 self.state = result.state
                 if not self._fast_path_reported and getattr(self.step.forward, "settled", True):
                     reporting.report_fast_path(run, self.step.forward, self.provenance)  # once compiled or captured, or not
+                    if hasattr(self.step.forward, "probe_seconds"):  # --compile: its probe ran before training
+                        progress.add_wall("compile", self.step.forward.probe_seconds)
                     self._fast_path_reported = True
-                progress.window = window.index + 1
+                progress.window = group[-1].index + 1
                 progress.step += 1
                 progress.train_nats += result.loss * result.tokens
                 progress.train_tokens += result.tokens
@@ -227,7 +245,7 @@ class Trainer:
                         progress.grad_norm_sums[name] = progress.grad_norm_sums.get(name, 0.0) + norm
                 else:  # an overflow the fp16 scaler skipped: it has no place in the epoch's mean
                     progress.overflowed_steps += 1
-                bar.advance()
+                bar.advance(len(group))
                 bpc = result.loss / LN2 / self.train_chars_per_token
                 running = progress.train_nats / max(progress.train_tokens, 1) / LN2 / self.train_chars_per_token
                 speed = progress.train_tokens / max(progress.train_seconds, 1e-9)
@@ -279,7 +297,8 @@ class Trainer:
             progress.epochs_without_improvement = 0
         else:
             progress.epochs_without_improvement += 1
-        record = reporting.epoch_record(progress, valid, test, self.lr, self.train_chars_per_token, partial, improved)
+        record = reporting.epoch_record(progress, valid, test, self.lr, self.train_chars_per_token, partial, improved,
+                                        config.accumulate)
         record.update(self._valid_fraction())
         run.record("epoch", **record)
         run.log(reporting.epoch_line(record))
@@ -296,12 +315,15 @@ class Trainer:
             progress.finished = True
         checkpoint = self.checkpoint()
         run.save_last(checkpoint)
-        if improved:
-            scores = {"valid_bpc": valid.bpc, "epoch": epoch_number}
-            if test is not None:
-                scores.update(test_bpc=test.bpc, test_loss=test.loss)
-            if self.world.is_main:
-                dataclasses.replace(checkpoint, scores=scores).save(run.best)
+        scores = {"valid_bpc": valid.bpc, "epoch": epoch_number}
+        if test is not None:
+            scores.update(test_bpc=test.bpc, test_loss=test.loss)
+        if improved and self.world.is_main:  # best.pt and the epoch checkpoints keep no optimizer state
+            dataclasses.replace(checkpoint, scores=scores).without_optimizer().save(run.best)
+        if not partial and self.world.is_main:
+            name = epoch_checkpoint_name(epoch_number, valid.bpc, valid.perplexity, self.corpus.unit)
+            save_epoch_checkpoint(run.path, dataclasses.replace(checkpoint, scores=scores), epoch_number, name,
+                                  config.keep_checkpoints)
         if stop_early:
             run.log(f"no improvement for {config.patience} epochs: stopping early")
         return stop_early

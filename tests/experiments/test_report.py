@@ -171,6 +171,24 @@ def test_runs_sized_by_hidden_share_a_budget_of_their_rounded_count():
     assert budget_label(None, 2_512) == ("≈2.5k", 2500.0) and budget_label(None, 96) == ("≈96", 96.0)
 
 
+def test_a_plans_nominal_budget_groups_runs_sized_by_hidden(sweep, tmp_path):
+    """lru-depth sizes each cell by --hidden to ≈0.9M per layer: its totals differ (GRU 1.84M, Grid
+    LSTM 0.95M at 2 layers), and the report groups them under the plan's label, not their counts."""
+    from charlm.experiments.report.compare import read_runs
+
+    assert budget_label(None, 948_050, "≈0.9M per layer") == ("≈0.9M per layer", 9e5)
+    assert budget_label("10M", 9_998_123, "≈0.9M per layer") == ("10M", 1e7)  # --params wins
+    copied = tmp_path / "depth"
+    for name in ("tiny-lstm-f1-s1", "tiny-gru-f1-s1"):
+        shutil.copytree(sweep / name, copied / name)
+        settings = json.loads((copied / name / "config.json").read_text())
+        settings["train"]["params"] = None
+        (copied / name / "config.json").write_text(json.dumps(settings))
+    assert len({run.budget for run in read_runs([copied])}) == 2  # ≈ their own, different counts
+    (copied / "sweep.json").write_text(json.dumps({"plan": "depth", "budget": "≈3k per layer"}))
+    assert {run.budget for run in read_runs([copied])} == {"≈3k per layer"}
+
+
 def test_dynamic_table_holds_both_protocols(report, sweep):
     out, _ = report
     evaluations = records(sweep / "tiny-lstm-f1-s1", "eval")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -171,6 +172,8 @@ def test_shipped_plans_match_the_papers():
     assert abs(grid.describe(grid.plan.points()[0])["parameters"] - 16.8e6) < 0.05e6
     assert [step.label for step in load_plan("delta-rnn-ptb").evals] == ["sgd test", "sgd test #2"]
     assert all(CELLS.get(p.settings["cell"]) for p in load_plan("delta-rnn-ptb").points())
+    assert depth.plan.budget == "≈0.9M per layer" and load_plan("lru-depth", "small").budget == "≈56k per layer"
+    assert all(abs(gates * n * 2 * n - 56e3) < 2e3 for gates, n in ((3, 97), (4, 84)))  # the small profile's widths
 
 
 def test_list_shows_every_shipped_plan_with_its_description():
@@ -193,6 +196,7 @@ def test_list_shows_every_shipped_plan_with_its_description():
     ('base = 3\n', "base must be a table"),
     ('[base]\ncell_options = 3\n', "cell_options must be a table"),
     ('eval = [1]\n', "each eval step must be a table"),
+    ('budget = 3\n[axes]\ncell = ["gru"]\n', "budget must be a label"),
 ])
 def test_bad_plans_are_one_line_errors(text, fragment, tmp_path, tiny_corpus):
     plan = tmp_path / "bad.toml"
@@ -250,3 +254,13 @@ def test_the_delta_rnn_plans_follow_the_paper_and_the_dry_run_shows_its_counts(t
         assert all("max_minutes" not in p.settings for p in load_plan(name, "small").points()), name
     result = cli("sweep", "grid-lstm-enwik8", "--dir", tmp_path / "sweep", "--dry-run", check_code=0)
     assert "paper's count" in result.stdout and "16,800,000" in result.stdout and "16,828,205" in result.stdout
+
+
+def test_the_plans_budget_label_is_recorded_in_sweep_json(plan_file, tmp_path):
+    """The label is what `charlm report` groups runs sized by --hidden under; it is no part of the
+    fingerprint, so naming it later relabels a sweep without refusing its runs."""
+    Sweep(load_plan(plan_file), tmp_path / "sweep").bind()
+    assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["budget"] is None
+    plan_file.write_text('budget = "≈3k per layer"\n' + plan_file.read_text())
+    Sweep(load_plan(plan_file), tmp_path / "sweep").bind()
+    assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["budget"] == "≈3k per layer"

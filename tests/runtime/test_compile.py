@@ -26,6 +26,10 @@ def test_compiled_training_gives_the_eager_weights(tiny_corpus, tmp_path, monkey
     assert_same_weights(weights(tmp_path / "eager"), weights(tmp_path / "compiled"))
     (record,) = records(tmp_path / "compiled", "compile")
     assert record["active"] and record["backend"] == "eager" and record["seconds"] > 0
+    (end,) = records(tmp_path / "compiled", "end")
+    wall = end["wall_seconds"]  # the probe before training is its own part; the first step is training time
+    assert 0 < wall["compile"] < record["seconds"] <= wall["compile"] + wall["train"]
+    assert "compile" not in records(tmp_path / "eager", "end")[0]["wall_seconds"]
 
 
 def test_no_compiler_falls_back_in_one_line_and_trains_the_same(tiny_corpus, tmp_path, monkeypatch):

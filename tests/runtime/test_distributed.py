@@ -100,6 +100,7 @@ def test_two_processes_train_the_weights_of_one(tiny_corpus, tmp_path, one_proce
     assert len((run / "train.log").read_text().splitlines()) == len((one_process / "train.log").read_text().splitlines())
 
 
+@pytest.mark.slow  # about 30 s or more on 2 cores: `pytest -m slow`
 def test_a_run_resumes_on_another_number_of_processes(tiny_corpus, tmp_path, one_process, double_precision):
     two_then_one = tmp_path / "two-then-one"
     torchrun(2, settings(tiny_corpus, two_then_one, epochs=1))
@@ -139,6 +140,7 @@ def _worker_of_rank(parent_pid: int, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.slow  # about 30 s or more on 2 cores: `pytest -m slow`
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the worker through /proc")
 def test_a_killed_process_stops_the_attempt_and_torchrun_restarts_it_from_the_checkpoint(tiny_corpus, tmp_path):
     """SIGKILL of rank 1: rank 0 stops with one line naming the intact checkpoint; torchrun
@@ -170,6 +172,7 @@ def test_a_killed_process_stops_the_attempt_and_torchrun_restarts_it_from_the_ch
     assert Checkpoint.load(run / "last.pt").training.progress["epoch"] == 2
 
 
+@pytest.mark.slow  # about 30 s or more on 2 cores: `pytest -m slow`
 def test_bench_under_torchrun_reports_scaling(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "charlm",
                "bench", "--cells", "gru", "--params", "20k", "--batch-size", "9", "--bptt", "5", "--steps", "1",

@@ -103,7 +103,7 @@ def test_schedule_errors_are_one_line(tiny_corpus):
     assert_one_line_error(cli("train", *common, "--schedule", "sometimes"),
                           "--schedule must be one of epoch-decay, plateau-halving, constant, warmup-cosine, not 'sometimes'")
     assert_one_line_error(cli("train", *common, "--schedule", "plateau-halving", "--min-lr", "0.01"),
-                          "--min-lr must be below --lr (0.001) for plateau-halving, not 0.01")
+                          "--min-lr must be below --lr (0.003) for plateau-halving, not 0.01")
     assert_one_line_error(cli("train", *common, "--plateau-factor", "1"), "--plateau-factor")
 
 

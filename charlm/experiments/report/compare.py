@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import math
 import os
 import statistics
@@ -127,7 +128,7 @@ def read_run(run: Run, name: str) -> RunRecord:
     train, model = config.get("train", {}), config.get("model", {})
     history = run.history()
     parameters = history.parameters
-    budget, budget_size = budget_label(train.get("params"), parameters)
+    budget, budget_size = budget_label(train.get("params"), parameters, nominal_budget(run))
     return RunRecord(
         name=name,
         corpus=str(train.get("corpus", "?")),
@@ -166,13 +167,25 @@ def _stopped_by(history, status: str) -> str | None:
     return None
 
 
-def budget_label(params, parameters) -> tuple[str, float]:
-    """The parameter budget a run belongs to, and a number to sort by: its ``--params`` as given, or
-    else its parameter count to two significant figures (``≈1.8M``), so models sized alike by
-    ``--hidden`` share a table."""
+def nominal_budget(run: Run) -> str | None:
+    """The ``budget`` label of the plan whose sweep made the run (sweep.json beside it), if any."""
+    record = run.path.parent / "sweep.json"
+    try:
+        label = json.loads(record.read_text(encoding="utf-8")).get("budget") if record.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return label if isinstance(label, str) and label.strip() else None
+
+
+def budget_label(params, parameters, nominal: str | None = None) -> tuple[str, float]:
+    """The parameter budget a run belongs to, and a number to sort by: its ``--params`` as given, else
+    the nominal budget its plan names for runs sized by ``--hidden`` (``0.9M per layer``), else its
+    parameter count to two significant figures (``≈1.8M``)."""
+    if not isinstance(params, str) and nominal is not None:
+        params = nominal
     if isinstance(params, str):
         try:
-            return params, float(parse_budget(params))
+            return params, float(parse_budget(params.split()[0].lstrip("≈~") if params.split() else params))  # "0.9M per layer" sorts as 0.9M
         except CharlmError:
             return params, math.inf
     if parameters is None:
