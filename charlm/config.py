@@ -135,6 +135,7 @@ class TrainConfig:
     eval_fraction: float = setting(1.0, "Score validation during training on this leading fraction of the validation split (the same tokens every time; nanoGPT's eval_iters): faster with a small --train-fraction. The test score at the end is always the whole split.", min=0, max=1, min_open=True)
     eval_every: int = setting(0, "Also score validation every K steps (0: epoch ends only).", min=0)
     log_every: int = setting(50, "Write a step record to metrics.jsonl every K steps.", min=1)
+    print_every: int = setting(0, "Also print a training-loss line (step, loss, bpc, rate, speed) every K steps, on the terminal and in train.log; 0: the progress bar only.", min=0)
     save_every: str = setting("5m", "Also save last.pt inside an epoch, every N steps (500) or every N minutes (5m); 0: at epoch ends only.")
     keep_checkpoints: int = setting(0, "Also keep the N latest epoch-end checkpoints, weights only (no optimizer state), named with the epoch and the validation score: epoch03-valid1.8420.pt (bpc), epoch03-ppl141.27.pt on word corpora (perplexity per word); 0: only best.pt and last.pt.", min=0)
     max_minutes: float | None = setting(None, "Stop training after this many minutes (the run is evaluated and resumable).", min=0, min_open=True, show_default="no limit")
@@ -220,7 +221,7 @@ def save_interval(text: str) -> tuple[str, float] | None:
 
 
 # Settings that may differ between a run and its resumption; the rest define the run.
-RESUMABLE_SETTINGS = ("epochs", "max_minutes", "max_tokens", "device", "precision", "compile", "cuda_graph", "tf32", "patience", "eval_every", "log_every", "save_every",
+RESUMABLE_SETTINGS = ("epochs", "max_minutes", "max_tokens", "device", "precision", "compile", "cuda_graph", "tf32", "patience", "eval_every", "log_every", "print_every", "save_every",
                       "keep_checkpoints", "test_every_epoch", "tensorboard", "wandb", "wandb_project", "data_dir")
 
 

@@ -43,7 +43,7 @@ PANELS = {
     "Schedule and stopping": ("schedule", "lr_decay", "min_lr", "plateau_factor", "warmup_steps", "epochs", "patience",
                               "max_minutes", "max_tokens"),
     "Evaluation": ("eval_batch_size", "eval_every", "eval_fraction", "test_every_epoch"),
-    "Saving and logging": ("run_dir", "init_from", "save_every", "keep_checkpoints", "log_every", "tensorboard", "wandb",
+    "Saving and logging": ("run_dir", "init_from", "save_every", "keep_checkpoints", "log_every", "print_every", "tensorboard", "wandb",
                            "wandb_project"),
     "Hardware": ("device", "compile", "cuda_graph", "tf32"),
 }

@@ -49,8 +49,20 @@ class EpochBar:
                           f"{chars_per_second:,.0f} chars/s")
         self.reported_at = time.monotonic()
 
+    def write(self, log, message: str) -> None:
+        """``log(message)`` with the bar cleared first and drawn again after it."""
+        with self.bar.external_write_mode():
+            log(message)
+
     def close(self) -> None:
         self.bar.close()
+
+
+def step_line(epoch: int, step: int, window: int, windows: int, loss: float, bpc: float, lr: float,
+              chars_per_second: float) -> str:
+    """``--print-every``'s line: this step's training loss (nats per token) and bpc."""
+    return (f"step {step:,}  epoch {epoch}  window {window:,}/{windows:,}  loss {loss:.4f}  train {bpc:.4f} bpc  "
+            f"lr {lr:.2e}  {chars_per_second:,.0f} chars/s")
 
 
 def check_fields(check) -> dict:

@@ -253,6 +253,9 @@ class Trainer:
                 if progress.step % config.log_every == 0:
                     run.record("step", epoch=progress.epoch + 1, step=progress.step, loss=result.loss, bpc=bpc, lr=self.lr,
                                grad_norm=result.grad_norms)
+                if config.print_every and progress.step % config.print_every == 0 and self.world.is_main:
+                    bar.write(run.log, reporting.step_line(progress.epoch + 1, progress.step, progress.window,
+                                                           len(self.train_streams), result.loss, bpc, self.lr, speed))
                 self.scheduler.after_step()  # the step record above has the rate the step trained with
                 if config.eval_every and progress.step % config.eval_every == 0:
                     valid = self.scorer("valid")

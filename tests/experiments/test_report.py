@@ -179,11 +179,13 @@ def test_a_plans_nominal_budget_groups_runs_sized_by_hidden(sweep, tmp_path):
     assert budget_label(None, 948_050, "≈0.9M per layer") == ("≈0.9M per layer", 9e5)
     assert budget_label("10M", 9_998_123, "≈0.9M per layer") == ("10M", 1e7)  # --params wins
     copied = tmp_path / "depth"
-    for name in ("tiny-lstm-f1-s1", "tiny-gru-f1-s1"):
+    for name, parameters in (("tiny-lstm-f1-s1", 3_000), ("tiny-gru-f1-s1", 5_000)):
         shutil.copytree(sweep / name, copied / name)
         settings = json.loads((copied / name / "config.json").read_text())
-        settings["train"]["params"] = None
+        settings["train"]["params"] = None  # sized by --hidden, to counts that differ
         (copied / name / "config.json").write_text(json.dumps(settings))
+        rows = [{**row, "parameters": parameters} if "parameters" in row else row for row in records(copied / name)]
+        (copied / name / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert len({run.budget for run in read_runs([copied])}) == 2  # ≈ their own, different counts
     (copied / "sweep.json").write_text(json.dumps({"plan": "depth", "budget": "≈3k per layer"}))
     assert {run.budget for run in read_runs([copied])} == {"≈3k per layer"}

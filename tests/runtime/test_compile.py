@@ -40,7 +40,7 @@ def test_no_compiler_falls_back_in_one_line_and_trains_the_same(tiny_corpus, tmp
     Trainer(tiny_config(tiny_corpus, tmp_path / "eager", epochs=1)).fit()
     result = cli("train", "--corpus", "tiny", "--data-dir", str(tiny_corpus), "--cell", "lstm", "--hidden", "24",
                  "--batch-size", "8", "--bptt", "16", "--epochs", "1", "--log-every", "5", "--eval-batch-size", "4",
-                 "--run-dir", str(tmp_path / "compiled"), "--compile")
+                 "--lr", "1e-3", "--run-dir", str(tmp_path / "compiled"), "--compile")
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "--compile" in line]
     assert len(warnings) == 1

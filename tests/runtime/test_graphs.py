@@ -101,7 +101,7 @@ def test_a_failed_capture_falls_back_in_one_line_and_trains_the_same(tiny_corpus
     graph_on_the_cpu(monkeypatch, capture_fails)
     result = cli("train", "--corpus", "tiny", "--data-dir", str(tiny_corpus), "--cell", "gru", "--hidden", "24",
                  "--batch-size", "8", "--bptt", "16", "--epochs", "1", "--log-every", "5", "--eval-batch-size", "4",
-                 "--run-dir", str(tmp_path / "graphed"), "--cuda-graph")
+                 "--lr", "1e-3", "--run-dir", str(tmp_path / "graphed"), "--cuda-graph")
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "--cuda-graph" in line]
     assert warnings == ["warning: --cuda-graph: the training window's graphs are not used (RuntimeError: CUDA error: "

@@ -193,3 +193,21 @@ def test_the_status_line_shows_the_running_train_bpc_and_the_last_validation(tin
     assert first_epoch and "bpc (epoch so far)" in first_epoch[0] and "last valid" not in first_epoch[0]
     valid = records(tmp_path / "run", "epoch")[0]["valid_bpc"]
     assert second_epoch and f"last valid {valid:.4f} bpc" in second_epoch[0]
+
+
+def test_print_every_writes_a_loss_line_per_k_steps_to_the_terminal_and_the_log(tiny_corpus, tmp_path):
+    """char-rnn's habit: a training-loss line every K steps; the figures are the step records'."""
+    run = tmp_path / "printed"
+    cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--cell", "gru", "--hidden", "8", "--batch-size", "8",
+        "--bptt", "16", "--epochs", "1", "--train-fraction", "0.2", "--eval-batch-size", "4", "--log-every", "5",
+        "--print-every", "5", "--run-dir", run, check_code=0)
+    lines = [line for line in (run / "train.log").read_text().splitlines() if line.startswith("step ")]
+    steps = records(run, "step")
+    assert len(lines) == len(steps) > 3
+    for line, step in zip(lines, steps):
+        assert line.startswith(f"step {step['step']:,}  epoch 1  window {step['step']:,}/")
+        assert f"loss {step['loss']:.4f}  train {step['bpc']:.4f} bpc  lr {step['lr']:.2e}" in line
+    quiet = tmp_path / "quiet"  # the default: no such lines
+    cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--cell", "gru", "--hidden", "8", "--batch-size", "8",
+        "--bptt", "16", "--epochs", "1", "--train-fraction", "0.2", "--eval-batch-size", "4", "--run-dir", quiet, check_code=0)
+    assert not [line for line in (quiet / "train.log").read_text().splitlines() if line.startswith("step ")]
