@@ -10,7 +10,7 @@ from charlm.errors import CharlmError
 from helpers import assert_one_line_error, cli, prepare_tiny_corpus, readme_cell_source, run_cli
 
 
-def test_readme_cell_trains_evaluates_and_samples(tmp_path):
+def test_readme_cell_trains_evaluates_and_samples(tmp_path, monkeypatch):
     (tmp_path / "mycells.py").write_text(readme_cell_source(), encoding="utf-8")
     data_dir = tmp_path / "data"
     prepare_tiny_corpus(data_dir, characters=12_000)
@@ -22,8 +22,9 @@ def test_readme_cell_trains_evaluates_and_samples(tmp_path):
     assert "best valid bpc" in result.stdout
     # loading imports the checkpoint's module:Class only when the cell is named (or --trust-code)
     assert_one_line_error(cli("eval", run), "asks to import module 'mycells'", "--cell mycells:LeakyTanh")
-    run_cli("eval", run, "--cell", "mycells:LeakyTanh", env=env, check_code=0)
-    sample = run_cli("sample", run, "--cell", "mycells:LeakyTanh", "--length", "20", "--seed", "1", env=env, check_code=0)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the training above was a real process; these run in this one
+    cli("eval", run, "--cell", "mycells:LeakyTanh", "--data-dir", data_dir, check_code=0)
+    sample = cli("sample", run, "--cell", "mycells:LeakyTanh", "--length", "20", "--seed", "1", check_code=0)
     assert len(sample.stdout) == 1 + 20 + 1  # default prime "\n", 20 symbols, final newline
 
 

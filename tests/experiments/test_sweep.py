@@ -30,11 +30,11 @@ bptt = 16
 epochs = 2
 eval_batch_size = 8
 log_every = 1
-save_every = "4"
+save_every = "20"
 
 [axes]
 cell = ["gru", "lstm"]
-train_fraction = [0.15, 0.3]
+train_fraction = [0.05, 0.1]
 
 [[eval]]
 split = "valid"
@@ -60,7 +60,7 @@ def test_sweep_survives_kill_9_and_a_rerun_skips_finished_and_resumes_interrupte
     killed = tmp_path / "killed"
     process = subprocess.Popen([sys.executable, "-m", "charlm", *map(str, sweep_args(plan_file, killed, tiny_corpus))],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    second = killed / "cell-gru_train_fraction-0.3"
+    second = killed / "cell-gru_train_fraction-0.1"
 
     def second_run_saved_mid_epoch():
         return bool(records(second, "checkpoint"))
@@ -73,12 +73,12 @@ def test_sweep_survives_kill_9_and_a_rerun_skips_finished_and_resumes_interrupte
         process.communicate(timeout=60)
     finally:
         process.kill()
-    assert Run(killed / "cell-gru_train_fraction-0.15").status() == "finished"
+    assert Run(killed / "cell-gru_train_fraction-0.05").status() == "finished"
     assert Run(second).status() == "interrupted"
 
     rerun = cli(*sweep_args(plan_file, killed, tiny_corpus), check_code=0)
-    assert "[1/4] cell-gru_train_fraction-0.15: finished earlier; skipped" in rerun.stderr
-    assert "[2/4] cell-gru_train_fraction-0.3: resuming" in rerun.stderr
+    assert "[1/4] cell-gru_train_fraction-0.05: finished earlier; skipped" in rerun.stderr
+    assert "[2/4] cell-gru_train_fraction-0.1: resuming" in rerun.stderr
     assert "sweep " in rerun.stdout and "4 finished" in rerun.stdout
 
     straight = tmp_path / "straight"
@@ -99,8 +99,8 @@ def test_shards_cover_every_point_exactly_once(plan_file):
         shares = [select(points, shard=(index, count)) for index in range(count)]
         names = sorted(point.name for share in shares for point in share)
         assert names == sorted(point.name for point in points)
-    assert [p.name for p in select(points, ["cell=lstm"])] == ["cell-lstm_train_fraction-0.15", "cell-lstm_train_fraction-0.3"]
-    assert [p.name for p in select(points, ["cell=lstm", "train_fraction=0.3"])] == ["cell-lstm_train_fraction-0.3"]
+    assert [p.name for p in select(points, ["cell=lstm"])] == ["cell-lstm_train_fraction-0.05", "cell-lstm_train_fraction-0.1"]
+    assert [p.name for p in select(points, ["cell=lstm", "train_fraction=0.1"])] == ["cell-lstm_train_fraction-0.1"]
 
 
 def test_dry_run_lists_sizes_without_training(plan_file, tiny_corpus, tmp_path):

@@ -184,10 +184,11 @@ def test_provenance_of_a_run(runs_root):
 def test_command_line_records_its_command(runs_root, tmp_path):
     run = tmp_path / "run"
     run_cli("train", "--corpus", "tiny", "--data-dir", runs_root / "data", "--run-dir", run, "--hidden", "8",
-            "--batch-size", "8", "--bptt", "16", "--epochs", "1", "--eval-batch-size", "4", check_code=0)
+            "--batch-size", "8", "--bptt", "16", "--epochs", "1", "--eval-batch-size", "4", "--train-fraction", "0.1",
+            check_code=0)
     provenance = json.loads((run / "provenance.json").read_text(encoding="utf-8"))
     assert provenance["command"].startswith("charlm train --corpus tiny --data-dir ")
-    assert provenance["command"].endswith("--eval-batch-size 4")
+    assert provenance["command"].endswith("--eval-batch-size 4 --train-fraction 0.1")
     assert provenance["pid"] != os.getpid()
 
 

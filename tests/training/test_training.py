@@ -98,7 +98,7 @@ def test_test_split_is_scored_once_with_the_best_validation_weights(tiny_corpus,
     from charlm.api import load
 
     run = tmp_path / "run"
-    summary = Trainer(tiny_config(tiny_corpus, run, epochs=3)).fit()
+    summary = Trainer(tiny_config(tiny_corpus, run, epochs=3, train_fraction=0.3)).fit()
     rows = records(run)
     tests = [row for row in rows if row["event"] == "test"]
     assert len(tests) == 1 and tests[0]["epoch"] == summary["best_epoch"]
@@ -111,7 +111,7 @@ def test_test_split_is_scored_once_with_the_best_validation_weights(tiny_corpus,
     assert wall["train"] == pytest.approx(sum(row["train_seconds"] for row in rows if row["event"] == "epoch"), rel=1e-3)
 
     every = tmp_path / "every"
-    Trainer(tiny_config(tiny_corpus, every, epochs=2, test_every_epoch=True)).fit()
+    Trainer(tiny_config(tiny_corpus, every, epochs=2, test_every_epoch=True, train_fraction=0.3)).fit()
     rows = records(every)
     assert all("test_bpc" in row for row in rows if row["event"] == "epoch")
     assert not any(row["event"] == "test" for row in rows)
