@@ -53,19 +53,18 @@ def sample(
         pieces = model.stream(prime, config.length, config.temperature, config.top_k, config.top_p, seed,
                               stop=config.stop, beam=config.beam, length_penalty=config.length_penalty)
         if index:
-            _write("\n\n")
+            _write("\n")  # a blank line between samples
         _write(model.sample(prime, length=0) if prime is None else prime)
         for piece in pieces:
             _write(piece)
+        _write("\n")  # before the log probability, so that the two never share a line where stderr joins stdout
         if logprob:
             _report_log_prob(pieces, f"sample {index + 1}: " if config.num_samples > 1 else "")
-    _write("\n")
 
 
 def _report_log_prob(generation, which: str) -> None:
-    """One line on stderr; on a terminal shared with stdout, on a line of its own after the text."""
-    apart = "\n" if sys.stdout.isatty() and sys.stderr.isatty() else ""
-    sys.stderr.write(f"{apart}{which}log probability {generation.log_prob:.4f} nats = {generation.log2_prob:.4f} bits "
+    """One line on stderr, after the sample's last line."""
+    sys.stderr.write(f"{which}log probability {generation.log_prob:.4f} nats = {generation.log2_prob:.4f} bits "
                      f"over {len(generation.ids)} symbols ({generation.bits_per_symbol:.4f} bits per symbol)\n")
     sys.stderr.flush()
 

@@ -19,7 +19,8 @@ def sweep(
     directory: Optional[Path] = typer.Option(None, "--dir", help="The sweep directory (default: sweeps/PLAN-PROFILE)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the runs (settings, hidden size, parameters, state) without training."),
     only: Optional[List[str]] = typer.Option(None, "--only", help="Only the runs with KEY=VALUE (repeatable), e.g. --only cell=lru."),
-    shard: Optional[str] = typer.Option(None, "--shard", help="Run the I-th of N disjoint shares, I from 0 (e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="Run the I-th of N disjoint shares, written I/N with I from 0 (e.g. 0/4; in a Slurm array "
+                                                             "of 4 tasks: $SLURM_ARRAY_TASK_ID/4)."),
     list_plans: bool = typer.Option(False, "--list", help="List the plans shipped with charlm and exit."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Root of prepared corpora (default: $CHARLM_DATA, else ./data)."),
     trust_code: bool = typer.Option(False, "--trust-code", help="Allow the plan's module:Class cells to be imported."),
