@@ -259,13 +259,11 @@ def from_dict(cls, values: dict):
 
 def read_config_file(path: str | Path) -> dict:
     """A JSON object of training settings (keys as in TrainConfig, e.g. "cell_options": {...})."""
+    from charlm.files import read_bytes
+
     path = Path(path)
     try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CharlmError(f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise CharlmError(f"config file {path} is a directory") from None
+        values = json.loads(read_bytes(path, "config file").decode("utf-8"))  # a FIFO is refused, not waited on
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CharlmError(f"config file {path} is not valid JSON: {error}") from None
     if not isinstance(values, dict):
@@ -312,6 +310,24 @@ class SampleConfig:
 
 
 DEFAULT_PRIME = "\n"  # what sampling starts from when no prime is given (a line break)
+
+
+@dataclasses.dataclass
+class ServeConfig:
+    """`charlm serve`: where it listens and the limits every request is held to."""
+
+    host: str = setting("127.0.0.1", "Address to listen on (0.0.0.0: every interface; anyone who can reach the "
+                                     "machine can use the models).")
+    port: int = setting(8000, "Port to listen on (0: any free port, printed at start).", min=0, max=65535)
+    api_key: str | None = setting(None, "Require 'Authorization: Bearer KEY' on every /v1 request (also read from "
+                                        "CHARLM_API_KEY).", show_default="none, or $CHARLM_API_KEY")
+    max_body: int = setting(1_000_000, "Largest request body, in bytes.", min=1024)
+    max_prompt: int = setting(2_000, "Longest sampling prompt, in characters.", min=1)
+    max_text: int = setting(20_000, "Longest text to score or look inside, in characters.", min=2)
+    max_length: int = setting(2_000, "Most symbols one sample may ask for.", min=1)
+    max_samples: int = setting(4, "Most samples one request may ask for.", min=1)
+    concurrency: int = setting(2, "Requests computed at once (sampling, scoring, activations).", min=1)
+    queue: int = setting(8, "Requests that may wait for a turn; beyond them the server answers 503 busy.", min=0)
 
 
 @dataclasses.dataclass

@@ -1,51 +1,242 @@
-"""Files: reading a text file the user named, and writing files atomically (a temporary file
+"""Files: reading a file the user named (a regular file only: a FIFO is refused, never waited on),
+the plain names that files may give to paths, and writing files atomically (a temporary file
 beside the target, flushed to disk, then a rename).
 
 At every moment a target being written is either its old or its new complete contents, whatever
 kills the process (``kill -9``, a full disk, a power cut once the data reached the disk).
+
+A write that fails (a full disk, a file-size limit, a read-only file system, an I/O error, or
+PyTorch's zip writer failing for one of them) becomes one ``WriteError`` naming the file meant,
+never its temporary file: ``writing`` is the one place that decides, and every writer goes through
+it (``atomic_write``, ``append_text``, prepared corpora, downloads, the run directory's lock).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno as errnos
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from charlm.errors import CharlmError
+
+BAD_PATH = {errnos.ENOENT, errnos.ENOTDIR, errnos.EISDIR, errnos.EEXIST, errnos.ENAMETOOLONG, errnos.ELOOP}
+TORCH_WRITER = ("inline_container", "PytorchStreamWriter", "file write failed")  # its zip writer's failures
+NEARLY_FULL = 1 << 20  # bytes: a write that failed with less than this left on its disk ran out of space
+
+
+# --- write failures: one line naming the file meant ---------------------------------------------
+
+class WriteError(CharlmError, OSError):
+    """A file could not be written; ``filename`` is the file meant and ``strerror`` the reason.
+    Exit code 1 (the machine: a full disk, a file-size limit, a read-only file system, an I/O
+    error), or 2 where the path itself is wrong (a missing directory, a directory in the way).
+    An ``OSError`` too, so that code catching the ``OSError`` of a write catches this one."""
+
+    def __init__(self, target: str | Path, reason: str, errno: int | None = None, action: str = "write"):
+        super().__init__(f"cannot {action} {target}: {reason}")
+        self.errno, self.strerror, self.filename = errno, reason, str(target)
+        self.exit_code = 2 if errno in BAD_PATH else 1
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+@contextlib.contextmanager
+def writing(target: str | Path, partial: str | Path | None = None) -> Iterator[None]:
+    """Writing ``target`` (through ``partial``, a temporary file or directory, when given): a write
+    that fails inside the block raises ``WriteError`` naming ``target``; other errors pass as they are.
+    Leave ``partial`` in place until the block has ended: the reason is read from it."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except (OSError, RuntimeError) as error:
+        if not is_write_failure(error, partial):
+            raise
+        raise write_error(target, error, partial) from error
+
+
+def is_write_failure(error: BaseException, partial: str | Path | None = None) -> bool:
+    """An ``OSError``; or a ``RuntimeError`` of PyTorch's writer, or one raised on a full disk or
+    with ``partial`` at the file-size limit (a writer's own message may say neither)."""
+    if isinstance(error, OSError):
+        return True
+    return isinstance(error, RuntimeError) and (any(mark in str(error) for mark in TORCH_WRITER)
+                                                or _errno_of(error, partial) is not None)
+
+
+def write_error(target: str | Path, error: BaseException, partial: str | Path | None = None) -> WriteError:
+    """The ``WriteError`` that says why writing ``target`` failed with ``error``."""
+    number = _errno_of(error, partial)
+    if number is None:
+        text = str(error.strerror if isinstance(error, OSError) and error.strerror else error).strip()
+        return WriteError(target, f"the write failed ({text.splitlines()[0] if text else type(error).__name__})")
+    reason = os.strerror(number)
+    limit = file_size_limit()
+    if number == errnos.EFBIG and limit is not None:
+        reason += f" (this process may write files of at most {limit:,} bytes: see ulimit -f)"
+    return WriteError(target, reason, number)
+
+
+def _errno_of(error: BaseException, partial: str | Path | None) -> int | None:
+    """The errno that ``error`` or an exception behind it carries; else the one its circumstances
+    say (PyTorch and numpy lose it): no space left on the disk, ``partial`` at the file-size limit."""
+    seen, chain = error, 0
+    while seen is not None and chain < 8:
+        if isinstance(seen, OSError) and seen.errno:
+            return seen.errno
+        seen, chain = seen.__cause__ or seen.__context__, chain + 1
+    if partial is None:
+        return None
+    partial = Path(partial)
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: no statvfs or geteuid (Windows)
+        disk = os.statvfs(partial.parent)
+        free = (disk.f_bfree if os.geteuid() == 0 else disk.f_bavail) * disk.f_frsize
+        if free < NEARLY_FULL:
+            return errnos.ENOSPC
+    limit = file_size_limit()
+    if limit is not None:
+        files = partial.rglob("*") if partial.is_dir() else [partial]
+        if any(_size(path) >= limit for path in files):
+            return errnos.EFBIG
+    return None
+
+
+def file_size_limit() -> int | None:
+    """This process's file-size limit in bytes (``ulimit -f``), or None when there is none. (Past it
+    the kernel sends SIGXFSZ, which CPython ignores from startup, as it does SIGPIPE: the write then
+    fails with EFBIG, and charlm says so in one line rather than being killed.)"""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+# --- writing --------------------------------------------------------------------------------------
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     """Call ``write(temporary_path)``, then rename the result onto ``path``; a failure leaves
-    ``path`` as it was and no temporary file behind."""
+    ``path`` as it was and no temporary file behind; a failed write raises ``WriteError``."""
     path = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with writing(path):
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(handle)
     try:
-        write(Path(temporary))
-        try:
-            os.chmod(temporary, 0o666 & ~UMASK)  # mkstemp makes files owner-only; give the usual mode
-        except OSError:  # file systems without modes (vfat, some network mounts)
-            pass
-        _flush_to_disk(temporary)
-        os.replace(temporary, path)
-        _flush_directory(path.parent)
+        with writing(path, partial=temporary):
+            write(Path(temporary))
+            try:
+                os.chmod(temporary, 0o666 & ~UMASK)  # mkstemp makes files owner-only; give the usual mode
+            except OSError:  # file systems without modes (vfat, some network mounts)
+                pass
+            _flush_to_disk(temporary)
+            os.replace(temporary, path)
+            _flush_directory(path.parent)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def append_text(path: str | Path, text: str) -> None:
+    """Append ``text`` (UTF-8) to ``path``, made if absent; a failed write cuts the file back to
+    its length before, so no half line is left, and raises ``WriteError``."""
+    path, data = Path(path), text.encode("utf-8")
+    with writing(path):
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            start = os.fstat(descriptor).st_size
+            try:
+                while data:
+                    data = data[os.write(descriptor, data):]
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(descriptor, start)
+                raise
+        finally:
+            os.close(descriptor)
 
 
 def read_text(path: str | Path, what: str) -> str:
     """A UTF-8 text file the user named; one-line errors say which ``what`` ("prime file") is wrong."""
     path = Path(path)
     try:
-        return path.read_text(encoding="utf-8")
+        return read_bytes(path, what).decode("utf-8")
+    except UnicodeDecodeError:
+        raise CharlmError(f"{what} {path} is not UTF-8 text") from None
+
+
+def read_bytes(path: str | Path, what: str) -> bytes:
+    """The bytes of a regular file. Anything else (a FIFO, a device, a socket, a directory) is refused
+    at once, without waiting on it: the file is opened non-blocking and judged by what it is."""
+    path = Path(path)
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         raise CharlmError(f"{what} {path} does not exist") from None
     except IsADirectoryError:
         raise CharlmError(f"{what} {path} is a directory") from None
-    except UnicodeDecodeError:
-        raise CharlmError(f"{what} {path} is not UTF-8 text") from None
+    except OSError as error:  # a socket (ENXIO), no permission, a loop of links
+        raise CharlmError(f"cannot read {what} {path}: {error.strerror or error}") from None
+    kind = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(kind):  # judged before open() wraps it: that refuses a directory with an OSError
+        os.close(descriptor)
+        raise CharlmError(f"{what} {path} is a directory" if stat.S_ISDIR(kind)
+                          else f"{what} {path} is {file_kind(kind)}, not a regular file")
+    with open(descriptor, "rb") as file:
+        try:
+            return file.read()
+        except OSError as error:
+            raise CharlmError(f"cannot read {what} {path}: {error.strerror or error}") from None
+
+
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # one path component: never '..', '/', hidden or an option
+
+
+def is_plain_name(value) -> bool:
+    """Whether ``value`` (read from a file: a plan's name, a corpus's) may become a path component."""
+    return isinstance(value, str) and PLAIN_NAME.fullmatch(value) is not None
+
+
+def plain_name(value, what: str) -> str:
+    """``value`` when it is a plain name; else a one-line error saying that ``what`` ("plan name") must be one."""
+    if not is_plain_name(value):
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise CharlmError(f"{what} {shown} is not a plain name (letters, digits, '.', '_' and '-', starting with a "
+                          "letter or a digit, at most 200 characters)")
+    return value
+
+
+def file_kind(mode: int) -> str:
+    """What a file whose ``st_mode`` is ``mode`` is, in words ("a FIFO")."""
+    for test, words in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                        (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return words
+    return "a special file"
+
+
+def regular_or_directory(path: Path, what: str) -> None:
+    """Refuse ``path`` when it exists and is neither a regular file nor a directory (a FIFO would hang a reader)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # missing: the caller says so in its own words
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise CharlmError(f"{what} {path} is {file_kind(mode)}, not a regular file or a directory")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

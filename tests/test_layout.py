@@ -19,7 +19,7 @@ LAYERS = [
     {"inference"},
     {"training", "tasks"},
     {"api"},
-    {"experiments", "tools"},
+    {"experiments", "tools", "serve"},
     {"cli", "__main__"},
 ]
 

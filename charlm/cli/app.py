@@ -60,10 +60,10 @@ def _root(
 
 
 def _register_commands():
-    from charlm.cli import (bench, cells, check, demo, evaluate, export, prepare, report, runs, sample, score, sweep, task,
-                            train)
+    from charlm.cli import (bench, cells, check, demo, evaluate, export, prepare, report, runs, sample, score, serve, sweep,
+                            task, train)
 
-    for module in (prepare, cells, train, task, evaluate, score, sample, runs, report, export, demo, bench, check, sweep):
+    for module in (prepare, cells, train, task, evaluate, score, sample, runs, report, export, demo, bench, check, sweep, serve):
         module.register(app)
 
 
@@ -86,6 +86,7 @@ def run(argv: list[str] | None = None) -> int:
     from charlm.logs import use_default_handler
 
     use_default_handler()  # follows sys.stderr, also when a caller redirects it around run()
+    _replace_what_cannot_be_encoded()
     if not (sys.argv[1:] if argv is None else argv):  # bare `charlm`: the help, and nothing wrong
         argv = ["--help"]
     try:
@@ -109,6 +110,17 @@ def run(argv: list[str] | None = None) -> int:
         print(f"charlm: error: {error_line(error)}", file=sys.stderr)
         return error.exit_code
     return result if isinstance(result, int) else 0
+
+
+def _replace_what_cannot_be_encoded() -> None:
+    """Where stdout or stderr cannot encode a character (PYTHONIOENCODING=ascii, a Latin-1 terminal),
+    print a replacement (``?``) instead of failing: sampled text and file names hold any character."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="replace")
+            except (ValueError, OSError):  # closed, or a stream that cannot change
+                pass
 
 
 def _is_click_error(error: BaseException) -> bool:

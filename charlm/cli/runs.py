@@ -13,6 +13,7 @@ import typer
 
 from charlm.cli.output import print_plain, print_table, stdout
 from charlm.errors import CharlmError
+from charlm.logs import get_logger
 
 # The columns left out first when the terminal is narrow; run, cell, the scores and the status stay.
 DROP_ORDER = ("disk", "dynamic bpc", "corpus", "best", "params", "tokens", "time", "fraction", "epochs", "size")
@@ -59,11 +60,17 @@ def runs(
     key = COLUMNS[sort.value]
     rows.sort(key=lambda row: _sort_key(row.get(key)), reverse=reverse)
     rows = [row for row in rows if row.get(key) is not None] + [row for row in rows if row.get(key) is None]  # blanks last
+    for row in rows:  # listed (status damaged) with the others; why, on stderr (and in --json's "damage")
+        if row.get("damage"):
+            get_logger().warning(f"warning: {row['run']} is damaged, its figures are not shown: {row['damage']}")
     if as_json:
         stdout.print_json(json.dumps(rows, default=str))
         return
     table = []
     for row in rows:
+        if row.get("damage"):
+            table.append([row["run"], *["-"] * 12, human_bytes(row["disk_bytes"]), row["status"]])
+            continue
         size = "-" if row["hidden"] is None else f"{row['layers']}×{row['hidden']}"
         dynamic = ", ".join(f"{name} {value:.4f}" for name, value in row["dynamic"].items() if value is not None)
         if row.get("task_accuracy") is not None:  # a `charlm task` run

@@ -69,13 +69,10 @@ def _read(text_file: str) -> str:
         data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
         where = "standard input"
     else:
+        from charlm.files import read_bytes
+
         path = Path(text_file)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise CharlmError(f"text file {path} does not exist") from None
-        except IsADirectoryError:
-            raise CharlmError(f"text file {path} is a directory") from None
+        data = read_bytes(path, "text file")  # a FIFO or a device is refused, not waited on
         where = f"text file {path}"
     try:
         return data.decode("utf-8")
@@ -91,12 +88,12 @@ def _write_per_char(path: Path, result) -> None:
     if str(path) == "-":
         sys.stdout.write(text)
         return
-    from charlm.files import atomic_write_text
+    from charlm.files import WriteError, atomic_write_text
 
     try:
         atomic_write_text(path, text)
-    except OSError as error:
-        raise CharlmError(f"cannot write --per-char {path}: {error.strerror}") from None
+    except WriteError as error:  # exit 1 for a full disk, 2 for a missing directory
+        raise WriteError(f"--per-char {path}", error.strerror, error.errno) from None
     stdout.print(f"per-character   {path} ({len(rows) - 1:,} rows: position, symbol, logprob in nats, bits)")
 
 

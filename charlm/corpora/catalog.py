@@ -7,6 +7,7 @@ from pathlib import Path
 from charlm.corpora.recipes import RECIPES, Recipe
 from charlm.corpora.store import META, PreparedCorpus, data_root, open_prepared
 from charlm.errors import CharlmError
+from charlm.files import is_plain_name
 
 
 def get_recipe(name: str) -> Recipe:
@@ -17,6 +18,8 @@ def get_recipe(name: str) -> Recipe:
 
 def load_corpus(name: str, data_dir: str | Path | None = None) -> PreparedCorpus:
     """The prepared corpus ``name``; a CharlmError saying which `charlm prepare` to run when it is missing."""
+    if not is_plain_name(name):  # a name from a checkpoint, a config file or a plan: never a path
+        raise CharlmError(f"{name!r} is not a corpus name (letters, digits, '.', '_' or '-', not starting with one)")
     root = data_root(data_dir)
     if (root / name / META).exists():
         return open_prepared(root / name)

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from charlm import __version__
 from charlm.logs import info as log_info
 from charlm.errors import CharlmError
+from charlm.files import WriteError, writing
 
 BLOCK = 1 << 16
 DOWNLOAD_SCHEMES = ("http", "https")
@@ -147,6 +148,8 @@ def _download_with_retries(url: str, part: Path, policy: DownloadPolicy, progres
         try:
             _transfer(url, part, policy.timeout, progress)
             return
+        except WriteError:  # an OSError too, but no retry fills a full disk
+            raise
         except urllib.error.HTTPError as error:
             if error.code < 500:
                 raise CharlmError(
@@ -189,14 +192,20 @@ def _transfer(url: str, part: Path, timeout: float, progress: bool) -> None:
         announced = response.headers.get("Content-Length")
         total = offset + int(announced) if announced is not None else None
         received = 0
-        with open(part, "ab" if resumed else "wb") as file, tqdm(
+        target = part.with_name(part.name.removesuffix(".part"))  # the file meant, in a failed write's line
+        with writing(target, partial=part):
+            file = open(part, "ab" if resumed else "wb")
+        with file, tqdm(
             total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
             desc=part.name.removesuffix(".part"), disable=not progress, file=sys.stderr, leave=False,
         ) as bar:
             while block := response.read(BLOCK):
-                file.write(block)
+                with writing(target, partial=part):  # the disk, not the network: no retry
+                    file.write(block)
                 received += len(block)
                 bar.update(len(block))
+            with writing(target, partial=part):
+                file.flush()
         if announced is not None and received < int(announced):
             raise _Incomplete(f"got {offset + received:,} of {total:,} bytes")
 

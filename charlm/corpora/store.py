@@ -21,6 +21,7 @@ import numpy as np
 from charlm.corpora.splits import SPLITS
 from charlm.corpora.tokenizer import Tokenizer
 from charlm.errors import CharlmError
+from charlm.files import read_bytes, writing
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -64,7 +65,10 @@ class PreparedCorpus:
 
     def split(self, which: str) -> np.ndarray:
         """The token ids of split ``which`` ("train", "valid" or "test"), memory-mapped."""
-        return np.load(self.path / f"{_check_split(which)}.npy", mmap_mode="r")
+        path = self.path / f"{_check_split(which)}.npy"
+        if path.exists() and not path.is_file():  # a FIFO would be waited on for ever
+            raise CharlmError(f"{path} is not a regular file: prepare the corpus again")
+        return np.load(path, mmap_mode="r")
 
     def tokens(self, which: str) -> int:
         return self.meta["splits"][_check_split(which)]["tokens"]
@@ -86,9 +90,9 @@ def _check_split(which: str) -> str:
 
 def read_meta(path: Path) -> dict | None:
     """The metadata of the prepared corpus at ``path``, or None if there is none (or it is unreadable)."""
-    try:
-        return json.loads((Path(path) / META).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # a FIFO is refused, not waited on
+        return json.loads(read_bytes(Path(path) / META, "corpus metadata").decode("utf-8"))
+    except (CharlmError, ValueError):
         return None
 
 
@@ -103,7 +107,7 @@ def open_prepared(path: Path) -> PreparedCorpus:
                           f"format {FORMAT_VERSION}: prepare it again")
     state = dict(meta["tokenizer"])
     if state["kind"] == "subword":
-        state["model"] = (path / SUBWORD_MODEL).read_bytes()
+        state["model"] = read_bytes(path / SUBWORD_MODEL, "subword model")
     return PreparedCorpus(path, meta, Tokenizer.from_state(state))
 
 
@@ -111,23 +115,24 @@ def write_prepared(root: Path, name: str, arrays: dict[str, np.ndarray], meta: d
     """Write a corpus to ``root/name`` atomically, replacing any earlier version; returns its path."""
     meta = {**meta, "tokenizer": tokenizer.plain_state()}
     extra_files = {SUBWORD_MODEL: tokenizer.model} if tokenizer.model is not None else {}
-    root.mkdir(parents=True, exist_ok=True)
-    staging = staging_path(root, name, "partial")
+    target, staging = root / name, staging_path(root, name, "partial")
+    with writing(target):
+        root.mkdir(parents=True, exist_ok=True)
     try:
-        staging.mkdir()
-        for which, array in arrays.items():
-            np.save(staging / f"{which}.npy", array)
-        for filename, data in extra_files.items():
-            (staging / filename).write_bytes(data)
-        (staging / META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        target = root / name
-        if target.exists():
-            previous = staging_path(root, name, "previous")
-            os.replace(target, previous)
-            os.replace(staging, target)
-            shutil.rmtree(previous)
-        else:
-            os.replace(staging, target)
+        with writing(target, partial=staging):  # a full disk or a file-size limit: one line naming the corpus
+            staging.mkdir()
+            for which, array in arrays.items():
+                np.save(staging / f"{which}.npy", array)
+            for filename, data in extra_files.items():
+                (staging / filename).write_bytes(data)
+            (staging / META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+            if target.exists():
+                previous = staging_path(root, name, "previous")
+                os.replace(target, previous)
+                os.replace(staging, target)
+                shutil.rmtree(previous)
+            else:
+                os.replace(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

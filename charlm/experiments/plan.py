@@ -48,7 +48,7 @@ except ImportError:  # Python 3.10
 
 from charlm.config import TrainConfig, from_dict
 from charlm.errors import CharlmError
-from charlm.files import read_text
+from charlm.files import plain_name, read_text
 
 PLAN_KEYS = {"name", "description", "base", "axes", "eval", "profiles", "paper", "paper_parameters", "task", "budget"}
 EVAL_KEYS = {"split", "dynamic", "adapt_on", "batch_size"}
@@ -139,6 +139,7 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
         if profile not in profiles:
             known = ", ".join(sorted(profiles)) or "none"
             raise CharlmError(f"plan {source} has no profile {profile!r} (its profiles: {known})")
+        plain_name(profile, f"plan {source}: profile")  # part of the sweep directory's name
         overrides = profiles[profile]
         if not isinstance(overrides, dict):
             raise CharlmError(f"plan {source}: profile {profile!r} must be a table")
@@ -151,7 +152,10 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
         axes.update(overrides.get("axes", {}))
         if "eval" in overrides:
             raw["eval"] = overrides["eval"]
-    plan = Plan(name=raw.get("name", Path(source).stem), description=raw.get("description", ""),
+    name = plain_name(raw.get("name", Path(source).stem), f"plan {source}: its name")  # sweeps/NAME-PROFILE
+    if not isinstance(raw.get("description", ""), str):
+        raise CharlmError(f"plan {source}: description must be a string, not {raw['description']!r}")
+    plan = Plan(name=name, description=raw.get("description", ""),
                 profile=profile or "paper", base=base, axes=axes, evals=_eval_steps(raw.get("eval", []), source),
                 paper_parameters=_paper_parameters(raw.get("paper_parameters", {}), source),
                 source=source, task=raw.get("task"), budget=raw.get("budget"))

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 
 from charlm.config import TrainConfig, from_dict
 from charlm.errors import CharlmError
-from charlm.files import atomic_write_text
+from charlm.files import WriteError, atomic_write_text, read_bytes
 from charlm.logs import get_logger
 from charlm.experiments.plan import EvalStep, Plan, Point, task_config
 from charlm.runs.directory import Run
@@ -96,7 +97,7 @@ class Sweep:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
             except OSError as error:
-                raise CharlmError(f"cannot create sweep directory {self.directory}: {error.strerror}") from None
+                raise WriteError(self.directory, error.strerror, error.errno, action="create sweep directory") from None
             record = {"plan": self.plan.name, "profile": self.plan.profile, "source": self.plan.source,
                       "fingerprint": self.plan.fingerprint(), "base": self.plan.base, "axes": self.plan.axes,
                       "eval": [dataclasses.asdict(step) for step in self.plan.evals],
@@ -104,12 +105,15 @@ class Sweep:
             atomic_write_text(self.record_file, json.dumps(record, indent=2, sort_keys=True) + "\n")
 
     def _read_record(self) -> dict | None:
-        if not self.record_file.exists():
+        if not os.path.lexists(self.record_file):
             return None
         try:
-            return json.loads(self.record_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise CharlmError(f"{self.record_file} is damaged: remove it to start the sweep afresh") from None
+            record = json.loads(read_bytes(self.record_file, "sweep record").decode("utf-8"))  # a FIFO: refused
+        except (CharlmError, ValueError):
+            record = None
+        if not isinstance(record, dict):
+            raise CharlmError(f"{self.record_file} is damaged: remove it to start the sweep afresh")
+        return record
 
     def config(self, point: Point) -> TrainConfig:
         settings = {**point.settings, "run_dir": str(self.directory / point.name)}
@@ -204,7 +208,7 @@ class Sweep:
     def run(self, points: list[Point], log=None) -> list[Outcome]:
         """Train (or resume, or skip) each point, then its evaluation steps; a diverged run does not
         stop the sweep, Ctrl-C does (re-running the command continues)."""
-        from charlm.training.trainer import Trainer, TrainingDiverged, TrainingInterrupted
+        from charlm.training.trainer import StorageError, Trainer, TrainingDiverged, TrainingInterrupted
 
         log = log or get_logger().info
         self.bind()
@@ -243,6 +247,8 @@ class Sweep:
             except TrainingInterrupted as error:
                 raise TrainingInterrupted(f"{error}; or run the same `charlm sweep` command again to go on with "
                                           f"the whole sweep ({number - 1} of {len(points)} runs done)") from None
+            except (WriteError, StorageError):  # a full disk or a file-size limit stops every point: stop here
+                raise
             except CharlmError as error:  # this point cannot run (in use, too large, corpus missing): go on
                 log(f"{prefix}: not run: {error}")
                 outcomes.append(Outcome(point.name, "in use" if "in use by another training" in str(error) else "failed"))

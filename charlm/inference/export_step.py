@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from charlm.errors import CharlmError
-from charlm.files import atomic_write, atomic_write_text
+from charlm.files import atomic_write, atomic_write_text, is_write_failure
 from charlm.inference.export_formats import check_available, description_path
 from charlm.model import LanguageModel
 
@@ -103,12 +103,16 @@ def write_step(model: LanguageModel, path: Path, format: str) -> float:
         warnings.simplefilter("ignore")  # torch.jit and the TorchScript-based ONNX exporter say they are deprecated
         try:
             if format == "torchscript":
-                torch.jit.save(torch.jit.trace(step, example, check_trace=False), str(path))
+                traced = torch.jit.trace(step, example, check_trace=False)
+                with open(path, "wb") as file:  # given a path, its C++ writer aborts the process on a full disk
+                    torch.jit.save(traced, file)
             else:
                 write_onnx(step, example, layout, path)
         except CharlmError:
             raise
         except Exception as error:  # an operation the tracer or the exporter cannot take
+            if is_write_failure(error, path):
+                raise  # a full disk or a file-size limit: atomic_write says so, naming the file meant
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise CharlmError(f"cannot export cell {model.config.cell!r} to {format}: {first}") from None
     difference = max_difference(model, layout, runner(format, path, layout))

@@ -7,7 +7,7 @@ object per line, typed and versioned by ``charlm.runs.records``) and to any extr
 One training at a time owns a run directory: it holds an advisory lock on ``lock`` (``flock``,
 released by the kernel when the process dies, so a killed run never blocks its resumption).
 Saving ``last.pt`` first keeps the one it replaces as ``previous.pt``, the fallback when a
-``last.pt`` cannot be read. Epoch checkpoints and `charlm runs --prune`: ``charlm.runs.retention``.
+``last.pt`` cannot be read (or a kill fell between the two renames of ``save_last``). Epoch checkpoints and `charlm runs --prune`: ``charlm.runs.retention``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 
@@ -24,12 +25,19 @@ except ImportError:  # Windows: no advisory locks, one training per directory is
     fcntl = None
 
 from charlm.errors import CharlmError
-from charlm.files import atomic_write_text
+from charlm.files import WriteError, append_text, atomic_write_text, read_bytes, writing
 from charlm.logs import get_logger
-from charlm.runs.records import RunHistory, encode, new_record
+from charlm.runs.records import KIND_WORDS, RunHistory, encode, is_of_kind, new_record
 from charlm.runs.retention import disk_usage
 
 STATUSES = ("finished", "interrupted", "diverged", "running", "created")
+SUMMARY_KEYS = ("run", "corpus", "task_accuracy", "task_samples", "cell", "layers", "hidden", "parameters", "epochs",
+                "train_fraction", "tokens_seen", "best_epoch", "best_valid_bpc", "test_bpc", "dynamic", "train_seconds",
+                "status", "disk_bytes", "provenance", "damage")  # of Run.summary()
+# The settings of config.json that listings and reports read, and the type each must have.
+CONFIG_FIELDS = {"train": {"corpus": str, "cell": str, "params": str, "layers": int, "hidden": int,
+                           "train_fraction": float, "seed": int, "keep_checkpoints": int},
+                 "model": {"cell": str, "layers": int, "hidden_size": int}}
 
 
 class Run:
@@ -56,7 +64,7 @@ class Run:
         try:
             run.path.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise CharlmError(f"cannot create run directory {run.path}: {error.strerror}") from None
+            raise WriteError(run.path, error.strerror, error.errno, action="create run directory") from None
         run._refuse_existing()
         run.acquire()
         run._refuse_existing()  # written by another process between the first look and the lock
@@ -106,13 +114,21 @@ class Run:
         if claim:
             handle.seek(0)
             handle.truncate()
-            handle.write(f"pid {os.getpid()} on {platform.node()}\n")
-            handle.flush()
+            try:
+                with writing(self.lock_file):
+                    handle.write(f"pid {os.getpid()} on {platform.node()}\n")
+                    handle.flush()
+            except BaseException:
+                try:
+                    handle.close()  # the lock goes with it (closing tries the failed write once more)
+                except OSError:
+                    pass
+                raise
         self._lock = handle
 
     def holder(self) -> str | None:
         """Who holds the directory's lock ("pid N on HOST"), when another process does."""
-        if fcntl is None or self._lock is not None or not self.lock_file.exists():
+        if fcntl is None or self._lock is not None or not self.lock_file.is_file():  # a FIFO would be waited on
             return None
         try:
             with open(self.lock_file, "r", encoding="utf-8") as handle:
@@ -131,25 +147,53 @@ class Run:
             self._lock = None
 
     def save_last(self, checkpoint) -> None:
-        """Write ``last.pt``, keeping the one it replaces as ``previous.pt`` (a hard link, no copy)."""
+        """Write ``last.pt``, keeping the one it replaces as ``previous.pt``: the new checkpoint is
+        written whole under a temporary name first, then two renames rotate it in (never a link).
+        A failed write changes nothing; a kill between the renames leaves ``previous.pt`` and no
+        ``last.pt``, which a resume falls back to (and the temporary file, which it removes)."""
+        pending = self.path / ".last.pt.pending.tmp"
+        try:
+            checkpoint.save(pending)
+        except OSError as error:  # name the file being saved, not its temporary stand-in (WriteError is an OSError)
+            raise WriteError(self.last, error.strerror or str(error), error.errno) from None
         if self.last.exists():
-            keep = self.path / f".previous.{os.getpid()}.tmp"
-            try:
-                os.link(self.last, keep)
-            except OSError:  # a file system without hard links: keep no previous
-                keep = None
-            if keep is not None:
-                os.replace(keep, self.previous)
-        checkpoint.save(self.last)
+            os.replace(self.last, self.previous)
+        os.replace(pending, self.last)
+        _flush_directory(self.path)
 
     def write_provenance(self, provenance: dict) -> None:
         atomic_write_text(self.provenance_file, json.dumps(provenance, indent=2, sort_keys=True) + "\n")
 
     def read_json(self, path: Path) -> dict:
+        """A JSON object from a file of the run; {} when it is missing, unreadable, not an object, or
+        not a regular file (a FIFO is never waited on)."""
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            value = json.loads(read_bytes(path, "run file").decode("utf-8"))
+        except (CharlmError, ValueError):
             return {}
+        return value if isinstance(value, dict) else {}
+
+    def read_config(self) -> dict:
+        """``config.json`` checked: an object, its ``train`` and ``model`` objects, and the settings that
+        `charlm runs` and `charlm report` read of their types; a ``CharlmError`` saying what is wrong
+        otherwise. A run without a config.json (only a last.pt) reads as {}."""
+        if not os.path.lexists(self.config_file):
+            return {}
+        try:
+            config = json.loads(read_bytes(self.config_file, "run settings file").decode("utf-8"))
+        except ValueError as error:
+            raise CharlmError(f"{self.config_file} is not valid JSON ({error})") from None
+        if not isinstance(config, dict):
+            raise CharlmError(f"{self.config_file} must hold a JSON object, not {_json_kind(config)}")
+        for section, fields in CONFIG_FIELDS.items():
+            values = config.get(section, {})
+            if not isinstance(values, dict):
+                raise CharlmError(f"{self.config_file}: {section} must be an object, not {_json_kind(values)}")
+            for name, kind in fields.items():
+                if values.get(name) is not None and not is_of_kind(values[name], kind):
+                    raise CharlmError(f"{self.config_file}: {section}.{name} must be {KIND_WORDS[kind]}, "
+                                      f"not {json.dumps(values[name])[:60]}")
+        return config
 
     # --- what happens during a run ---------------------------------------------------------------
     def record(self, event: str, **fields) -> None:
@@ -157,16 +201,14 @@ class Run:
         record = new_record(event, round(time.time(), 3), fields)
         line = encode(record)
         prefix = "\n" if _ends_without_newline(self.metrics) else ""
-        with self.metrics.open("a", encoding="utf-8") as handle:
-            handle.write(prefix + line + "\n")
+        append_text(self.metrics, prefix + line + "\n")
         for sink in self.sinks:
             sink.write(event, record.to_dict())
 
     def log(self, message: str) -> None:
         """A line for the person watching (the charlm logger) and for the run's train.log."""
         get_logger().info(message)
-        with self.log_file.open("a", encoding="utf-8") as handle:
-            handle.write(message + "\n")
+        append_text(self.log_file, message + "\n")
 
     def mark_running(self) -> None:
         atomic_write_text(self.running_file, json.dumps({"pid": os.getpid(), "host": platform.node(), "since": time.time()}))
@@ -195,8 +237,17 @@ class Run:
         return (self.history() if history is None else history).status
 
     def summary(self) -> dict:
-        """One row of `charlm runs`: settings, size, progress, scores, time, status."""
-        config = self.read_json(self.config_file)
+        """One row of `charlm runs`: settings, size, progress, scores, time, status. A damaged run
+        (config.json or metrics.jsonl unreadable, or of the wrong types) is a row with status
+        ``damaged``, the reason in ``damage`` and every figure None: the other runs still show."""
+        try:
+            return self._summary()
+        except CharlmError as error:
+            return {**{key: None for key in SUMMARY_KEYS}, "run": str(self.path), "dynamic": {}, "status": "damaged",
+                    "damage": str(error), "disk_bytes": disk_usage(self.path), "provenance": self.read_json(self.provenance_file)}
+
+    def _summary(self) -> dict:
+        config = self.read_config()
         train, model = config.get("train", {}), config.get("model", {})
         history = self.history()
         best = history.best
@@ -227,6 +278,7 @@ class Run:
             "status": self.status(history),
             "disk_bytes": disk_usage(self.path),
             "provenance": self.read_json(self.provenance_file),
+            "damage": None,
         }
 
 
@@ -274,8 +326,13 @@ class FollowerRun(Run):
 
 
 def default_run_dir(corpus: str, cell: str) -> Path:
-    safe_cell = cell.replace(":", "-").replace(".", "-").replace("/", "-")
-    return Path("runs") / f"{corpus}-{safe_cell}-{time.strftime('%Y%m%d-%H%M%S')}"
+    safe_corpus = re.sub(r"[^A-Za-z0-9._-]+", "-", str(corpus)).lstrip(".-")  # one plain component, whatever the corpus
+    safe_cell = re.sub(r"[^A-Za-z0-9_-]+", "-", str(cell))
+    return Path("runs") / f"{safe_corpus}-{safe_cell}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _json_kind(value) -> str:
+    return {list: "a list", str: "a string", bool: "true or false", type(None): "null"}.get(type(value), "a number")
 
 
 def _alive(pid) -> bool:
@@ -288,6 +345,20 @@ def _alive(pid) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _flush_directory(directory: Path) -> None:
+    """Make renames in ``directory`` durable (POSIX; elsewhere a directory cannot be opened)."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
 
 
 def _ends_without_newline(path: Path) -> bool:

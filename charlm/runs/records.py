@@ -16,7 +16,10 @@ events it does not know, are kept (``extra``, :class:`OtherRecord`), never dropp
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import os
+import typing
 from pathlib import Path
 from typing import ClassVar
 
@@ -71,7 +74,7 @@ _SCORE_KEYS = tuple(field for field, _ in _score_fields(""))
 
 StartRecord = _record_class("StartRecord", "start", [
     ("parameters", int), ("hidden_size", int), ("device", str), ("resumed_at", dict)],
-    ("parameters",), "A training session began (``resumed_at``: the epoch and window it began at).")
+    ("parameters",), "A training session began (``resumed_at``: the epoch, window and step it began at).")
 StepRecord = _record_class("StepRecord", "step", [
     ("epoch", int), ("step", int), ("loss", float), ("bpc", float), ("lr", float), ("grad_norm", dict)],
     ("epoch", "step", "loss"), "Every ``log_every`` steps: the step's loss (nats per token), bpc, lr, "
@@ -174,6 +177,45 @@ def record_from_dict(row: dict) -> Record:
     return cls(**values, extra=extra, keys=tuple(key for key in row if key != "event"))
 
 
+def record_type_problem(row: dict) -> str | None:
+    """What is wrong with the types of a record's JSON object (its event not a string, a field of
+    its event not of the field's type), or None. Unknown events and fields are not checked."""
+    event = row.get("event")
+    if not isinstance(event, str):
+        return f"a record's event must be a string, not {_shown(event)}"
+    for name, kind in _field_kinds(RECORDS.get(event)).items():
+        value = row.get(name)
+        if value is not None and not is_of_kind(value, kind):
+            return f"the {event} record's {name} must be {KIND_WORDS[kind]}, not {_shown(value)}"
+    return None
+
+
+@functools.cache
+def _field_kinds(cls) -> dict[str, type]:
+    """Field name → the type its value must have, for a record class (None: only time and schema)."""
+    kinds = {"time": float, "schema": int}
+    if cls is not None:
+        kinds.update({field.name: next(kind for kind in typing.get_args(field.type) if kind is not type(None))
+                      for field in dataclasses.fields(cls) if field.name in _field_names(cls) - set(kinds)})
+    return kinds
+
+
+KIND_WORDS = {float: "a number", int: "a whole number", str: "a string", bool: "true or false", dict: "an object"}
+
+
+def is_of_kind(value, kind: type) -> bool:
+    if isinstance(value, bool):
+        return kind is bool
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
+
+
+def _shown(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) or len(value) <= 40 else json.dumps(value[:37] + "...")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def encode(record: Record) -> str:
     """One line of metrics.jsonl (tensors as lists, paths as strings)."""
     return json.dumps(record.to_dict(), default=_plain)
@@ -187,27 +229,72 @@ def _plain(value):
     raise TypeError(f"cannot write {type(value).__name__} to metrics")
 
 
+REDONE_ON_RESUME = ("step", "valid", "epoch", "checkpoint")  # the training's records a resume writes again
+
+
+def committed(records) -> list[Record]:
+    """``records`` without those a resume superseded. A kill can fall after a record was appended
+    but before the checkpoint that commits its work was saved; the resumed run then trains that part
+    again and appends its records again. Each resumed session's ``start`` record names the position
+    it began at (``resumed_at``: ``epoch`` completed, ``step``): the step, valid, epoch and checkpoint
+    records written before it past that position (a later ``step``, or a full epoch beyond ``epoch``)
+    are work the resume redid, and are left out. Runs written before ``resumed_at`` had a ``step``
+    are read as written."""
+    kept = []
+    for record in records:
+        at = getattr(record, "resumed_at", None) if record.event == "start" else None
+        if isinstance(at, dict) and _is_count(at.get("step")) and _is_count(at.get("epoch")):
+            kept = [earlier for earlier in kept if not _past(earlier, at["epoch"], at["step"])]
+        kept.append(record)
+    return kept
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _past(record: Record, epoch: int, step: int) -> bool:
+    """Whether ``record`` is of work after the position (``epoch`` completed, ``step``) a resume began at."""
+    if record.event not in REDONE_ON_RESUME:
+        return False
+    if _is_count(record.step) and record.step > step:
+        return True
+    return record.event == "epoch" and not record.partial and _is_count(record.epoch) and record.epoch > epoch
+
+
 class RunHistory:
-    """A run's records, in the order they were written, and what is read from them."""
+    """A run's records, in the order they were written (less those a resume superseded:
+    ``committed``), and what is read from them."""
 
     def __init__(self, records):
-        self.records: tuple[Record, ...] = tuple(records)
+        """``records`` as written; ``self.records`` keeps those a later resume did not supersede
+        (``committed``), ``self.superseded`` counts the others."""
+        written = tuple(records)
+        self.records: tuple[Record, ...] = tuple(committed(written))
+        self.superseded = len(written) - len(self.records)
 
     @classmethod
     def read(cls, path: str | Path) -> "RunHistory":
         """The records of a metrics.jsonl (none when it is missing); a line cut short by a crash, or
-        one that is not a JSON object, is skipped."""
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError:
+        one that is not a JSON object, is skipped. A record whose event is not a string, or with a
+        field of the wrong type (a string where a number belongs), is damage, not a crash: a
+        ``CharlmError`` names the file and the line. So is a metrics.jsonl that is not a regular file."""
+        from charlm.errors import CharlmError
+        from charlm.files import read_bytes
+
+        if not os.path.lexists(path):
             return cls(())
+        text = read_bytes(path, "run record file").decode("utf-8", errors="replace")
         records = []
-        for line in text.splitlines():
+        for number, line in enumerate(text.splitlines(), start=1):
             try:
                 row = json.loads(line)
             except ValueError:
                 continue
             if isinstance(row, dict):
+                problem = record_type_problem(row)
+                if problem:
+                    raise CharlmError(f"{path} line {number}: {problem}")
                 records.append(record_from_dict(row))
         return cls(records)
 

@@ -16,7 +16,7 @@ import secrets
 from pathlib import Path
 
 from charlm.errors import CharlmError
-from charlm.files import atomic_write_text
+from charlm.files import atomic_write_text, read_bytes
 from charlm.runs.tensorboard import _scalars as numeric_fields
 
 EXTRA_HINT = "install the extra: python3 -m pip install 'charlm[wandb]' (or: pip install wandb)"
@@ -40,8 +40,8 @@ def project_name(project: str | None) -> str:
 def stored_run(run_dir: Path) -> dict:
     """The W&B run (``id``, ``project``) an earlier session of this run logged to; {} if none."""
     try:
-        stored = json.loads((run_dir / RUN_ID_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        stored = json.loads(read_bytes(run_dir / RUN_ID_FILE, "W&B run file").decode("utf-8"))  # a FIFO: refused
+    except (CharlmError, ValueError):
         return {}
     return stored if isinstance(stored, dict) else {}
 

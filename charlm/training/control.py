@@ -86,14 +86,20 @@ class StopRequest:
 
 
 class TimeBudget:
-    """``max_minutes`` of training from the moment this session of the run started (None: no limit)."""
+    """``max_minutes`` of training for the whole run (None: no limit). ``spent``: the seconds earlier
+    sessions spent up to the checkpoint this one resumed from (``Progress.budget_seconds``); the
+    time after a session's last save is not counted, as its work is done again."""
 
-    def __init__(self, max_minutes: float | None):
+    def __init__(self, max_minutes: float | None, spent: float = 0.0):
         self.max_minutes = max_minutes
-        self.started = time.monotonic()
+        self.started = time.monotonic() - spent
+
+    def spent(self) -> float:
+        """The run's seconds so far: earlier sessions' up to their last save, and this session's."""
+        return time.monotonic() - self.started
 
     def is_up(self) -> bool:
-        return self.max_minutes is not None and time.monotonic() - self.started > self.max_minutes * 60
+        return self.max_minutes is not None and self.spent() > self.max_minutes * 60
 
 
 class SaveSchedule:

@@ -44,6 +44,7 @@ class Progress:
     tokens_seen: int = 0  # training tokens of the whole run, every session (counted from charlm 0.3 on)
     stopped_by: str | None = None  # why training last stopped: epochs, patience, tokens, time
     finished: bool = False
+    budget_seconds: float = 0.0  # wall seconds counted against --max-minutes, every session up to this save
 
     def add_wall(self, part: str, seconds: float) -> None:
         self.wall_seconds[part] = self.wall_seconds.get(part, 0.0) + seconds
@@ -86,6 +87,27 @@ def last_good_checkpoint(run: Run) -> Checkpoint | None:
     if failures:
         raise CharlmError(f"{'; '.join(failures)}; no other checkpoint to resume from")
     return None
+
+
+def restore_best(run: Run, checkpoint: Checkpoint) -> bool:
+    """Finish an epoch's end that a kill cut short after its commit point: ``checkpoint`` (what the
+    run resumes from) saved at the end of the best epoch so far carries that epoch's scores; when
+    ``best.pt`` does not hold them (missing, unreadable, or another epoch's), ``best.pt`` is written
+    from it. Returns whether best.pt was written."""
+    scores, progress = checkpoint.scores or {}, checkpoint.training.progress
+    if scores.get("epoch") is None or scores.get("epoch") != progress.get("best_epoch") \
+            or scores.get("valid_bpc") != progress.get("best_valid_bpc"):
+        return False  # not saved at the end of its best epoch: best.pt was written before it
+    try:
+        held = Checkpoint.load(run.best).scores if run.best.exists() else {}
+    except CharlmError:
+        held = {}
+    if (held.get("epoch"), held.get("valid_bpc")) == (scores["epoch"], scores["valid_bpc"]):
+        return False
+    checkpoint.without_optimizer().save(run.best)
+    get_logger().warning(f"warning: {run.best} did not hold the best epoch ({scores['epoch']}) of "
+                         f"{checkpoint.path or run.last} (a kill cut its save short): written from it")
+    return True
 
 
 def resumed_config(run: Run, checkpoint: Checkpoint | None, changes: dict) -> TrainConfig:

@@ -22,7 +22,6 @@ optimization step is ``step.TrainingStep``, stopping is ``control``, what it sho
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 
@@ -43,7 +42,7 @@ from charlm.training import reporting
 from charlm.training.control import (Interrupted, LossNotFinite, OutOfTime, OutOfTokens, ProcessLost, SaveSchedule, StopRequest,
                                      StorageError, TimeBudget, TrainingDiverged, TrainingInterrupted, owning)
 from charlm.training.evaluation import Scorer
-from charlm.training.resume import (Progress, check_resumable, last_good_checkpoint, restore, resumed_config,
+from charlm.training.resume import (Progress, check_resumable, last_good_checkpoint, restore, restore_best, resumed_config,
                                     seed_this_process, training_checkpoint)
 from charlm.training.setup import (cell_class_for, check_model_fits, forward_pass, gradient_sync_pause, load_initial_weights,
                                    model_config_for, optimizer_and_schedule, placement, training_streams)
@@ -115,6 +114,9 @@ class Trainer:
             else:
                 self.run = FollowerRun(run_dir)
         self._fast_path_reported = not (config.compile or config.cuda_graph)
+        self._budget = None  # the time budget of the session fit() runs
+        if checkpoint is not None and self.world.is_main:
+            restore_best(self.run, checkpoint)
 
     @classmethod
     def resume(cls, run_dir, *, cells=(), trust_code: bool = False, **changes) -> "Trainer":
@@ -137,6 +139,8 @@ class Trainer:
 
     def checkpoint(self, scores: dict | None = None) -> Checkpoint:
         """The run as it stands, as a checkpoint (weights shared with the live model)."""
+        if self._budget is not None:  # the time budget is part of the saved progress
+            self.progress.budget_seconds = self._budget.spent()
         return training_checkpoint(self, scores)
 
     def summary(self) -> dict:
@@ -154,6 +158,10 @@ class Trainer:
             if progress.finished and (progress.epoch >= config.epochs or progress.epochs_without_improvement >= config.patience):
                 return self._complete()
             progress.finished = False
+            budget = self._budget = TimeBudget(config.max_minutes, progress.budget_seconds)  # the run's, not the session's
+            if progress.stopped_by == "time" and budget.is_up():  # stopped by this budget before (its end unwritten?)
+                return self._complete(f"its --max-minutes budget of {config.max_minutes:g} min is used up; pass a larger "
+                                      "--max-minutes to go on")
             if config.tensorboard and self.world.is_main:
                 from charlm.runs.tensorboard import TensorBoardSink
 
@@ -173,8 +181,8 @@ class Trainer:
                 run.log(f"resuming at epoch {progress.epoch + 1}, window {progress.window:,}, step {progress.step:,}: "
                         f"{progress.tokens_seen:,} tokens trained so far{best}")
             run.record("start", parameters=parameters, hidden_size=self.model_config.hidden_size, device=str(self.device),
-                       resumed_at={"epoch": progress.epoch, "window": progress.window})
-            budget, out_of_budget = TimeBudget(config.max_minutes), None
+                       resumed_at={"epoch": progress.epoch, "window": progress.window, "step": progress.step})
+            out_of_budget = None
             progress.stopped_by = None
             with StopRequest() as stop:
                 while progress.epoch < config.epochs:
@@ -186,6 +194,7 @@ class Trainer:
                         out_of_budget = "time"
                     except OutOfTokens:
                         out_of_budget = "tokens"
+                    progress.stopped_by = out_of_budget  # saved with the partial epoch: a resume knows why it stopped
                     if self._end_epoch(partial=out_of_budget is not None):
                         progress.stopped_by = "patience"
                         break
@@ -266,8 +275,9 @@ class Trainer:
                 if result.stop_requested:
                     raise Interrupted
                 if self.world.any(saves.due(progress.step)):
-                    run.save_last(self.checkpoint())
+                    # the record before its commit: a kill between them is superseded by the resume
                     run.record("checkpoint", epoch=progress.epoch + 1, window=progress.window, step=progress.step)
+                    run.save_last(self.checkpoint())
                     saves.saved()
                 bar.status_line(progress.window, running, speed, self.last_valid_bpc)
                 if result.out_of_time:
@@ -316,17 +326,19 @@ class Trainer:
         stop_early = progress.epochs_without_improvement >= config.patience
         if stop_early:
             progress.finished = True
-        checkpoint = self.checkpoint()
-        run.save_last(checkpoint)
         scores = {"valid_bpc": valid.bpc, "epoch": epoch_number}
         if test is not None:
             scores.update(test_bpc=test.bpc, test_loss=test.loss)
-        if improved and self.world.is_main:  # best.pt and the epoch checkpoints keep no optimizer state
-            dataclasses.replace(checkpoint, scores=scores).without_optimizer().save(run.best)
+        checkpoint = self.checkpoint(scores)
+        # One commit point, last.pt: the epoch record (above) and the epoch checkpoint come before it
+        # (a resume trains the epoch again and supersedes them), best.pt after it (a resume restores
+        # it from last.pt: ``resume.restore_best``). best.pt and epoch checkpoints keep no optimizer state.
         if not partial and self.world.is_main:
             name = epoch_checkpoint_name(epoch_number, valid.bpc, valid.perplexity, self.corpus.unit)
-            save_epoch_checkpoint(run.path, dataclasses.replace(checkpoint, scores=scores), epoch_number, name,
-                                  config.keep_checkpoints)
+            save_epoch_checkpoint(run.path, checkpoint, epoch_number, name, config.keep_checkpoints)
+        run.save_last(checkpoint)
+        if improved and self.world.is_main:
+            checkpoint.without_optimizer().save(run.best)
         if stop_early:
             run.log(f"no improvement for {config.patience} epochs: stopping early")
         return stop_early
@@ -348,14 +360,17 @@ class Trainer:
         raise TrainingDiverged(f"training stopped: loss became {value} at epoch {self.progress.epoch + 1}, "
                                f"step {self.progress.step + 1}; {where}")
 
-    def _complete(self) -> dict:
-        """A run that has ended: finish what a stop during its last steps left undone (the test
-        score, the ``end`` record), then say so."""
+    def _complete(self, why: str | None = None) -> dict:
+        """A run that has ended (``why``: how, when not by its epochs or early stopping): finish what
+        a stop during its last steps left undone (the test score, the ``end`` record), then say so."""
         run = self.run
         if self.progress.best_test_bpc is None and run.best.exists():
             self.scorer.test_best(self.run)
             run.save_last(self.checkpoint())
         if not run.history().ended:
             run.record("end", **self.summary())
+        if why:
+            run.log(f"run {run.path} has nothing left to train: {why}")
+            return self.summary()
         run.log(f"run {run.path} is already complete ({self.progress.epoch} epoch{'s' if self.progress.epoch != 1 else ''}); pass a larger --epochs to go on")
         return self.summary()

@@ -85,6 +85,7 @@ CASES = [
     Case("config file with a wrong type", "train --config FILES/wrong-type.json"),
     Case("config file that is a directory", "train --config FILES/empty-dir"),
     Case("config file naming a module", "train --config FILES/module-cell.json"),
+    Case("config file that is a FIFO", "train --config FILES/fifo"),
     Case("run directory already used", "train --run-dir RUN"),
     Case("resume a missing directory", "train --resume FILES/absent"),
     Case("resume a directory that is no run", "train --resume FILES/empty-dir"),
@@ -110,6 +111,7 @@ CASES = [
     Case("prime outside the vocabulary", "sample RUN --prime 中文"),
     Case("prime file not UTF-8", "sample RUN --prime-file FILES/latin-1.txt"),
     Case("prime and prime file", "sample RUN --prime a --prime-file FILES/latin-1.txt"),
+    Case("prime file that is a FIFO", "sample RUN --prime-file FILES/fifo"),
     Case("beam search with a temperature", "sample RUN --beam 4 --temperature 0.8"),
     Case("beam search with several samples", "sample RUN --beam 4 --num-samples 2"),
     Case("length penalty without a beam", "sample RUN --length-penalty 0.7"),
@@ -129,12 +131,14 @@ CASES = [
     Case("prepare text that is not UTF-8", "prepare text FILES/latin-1.txt --name mine"),
     Case("download from a non-address", "prepare wp --url 'not a url'"),
     Case("download from a local file URL", "prepare wp --url file:///etc/passwd"),
+    Case("local copy that is a FIFO", "prepare ptb --source FILES/fifo"),
     # --- other commands ---
     Case("export into a missing directory", "export RUN FILES/absent/model.pt"),
     Case("export over an existing file", "export RUN FILES/latin-1.txt"),
     Case("export to an unknown format", "export RUN FILES/step.bin --format tflite"),
     Case("list runs of a missing directory", "runs FILES/absent"),
     Case("prune options without --prune", "runs RUN --dry-run"),
+    Case("plan named outside its sweep directory", "sweep FILES/climbing-plan.toml"),
     Case("benchmark zero steps", "bench --steps 0"),
     Case("benchmark an unknown cell", "bench --cells nope"),
     Case("demo with no time", "demo --minutes 0"),
@@ -165,6 +169,8 @@ def places(trained_run, tiny_corpus, tmp_path_factory) -> dict[str, Path]:
     (files / "latin-1.txt").write_bytes("café".encode("latin-1"))
     (files / "chinese.txt").write_text("中文", encoding="utf-8")
     (files / "empty-dir").mkdir()
+    os.mkfifo(files / "fifo")  # a reader that opened it would wait for a writer for ever
+    (files / "climbing-plan.toml").write_text('name = "../elsewhere"\n[axes]\ncell = ["lru"]\n', encoding="utf-8")
     prepare_tiny_corpus(files / "other-data", characters=3000)  # `tiny` again, with fewer symbols
     return {"DATA": tiny_corpus, "RUN": trained_run, "FILES": files}
 

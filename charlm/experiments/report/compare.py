@@ -31,6 +31,7 @@ import statistics
 from pathlib import Path
 
 from charlm.errors import CharlmError
+from charlm.logs import get_logger
 from charlm.model import parse_budget
 from charlm.runs.directory import STATUSES, Run, find_runs
 from charlm.runs.records import EpochRecord, EvalRecord, StepRecord
@@ -107,8 +108,11 @@ class Group:
 
 # --- reading runs ------------------------------------------------------------------------------------
 
-def read_runs(directories: list[str | Path]) -> list[RunRecord]:
-    """Every run at or below the directories, named by its path relative to their common parent."""
+def read_runs(directories: list[str | Path], skipped: list | None = None) -> list[RunRecord]:
+    """Every run at or below the directories, named by its path relative to their common parent.
+
+    A damaged run (its config.json or metrics.jsonl unreadable, or of the wrong types) is left out
+    with a warning, and (name, reason) appended to ``skipped``: it does not hide the others."""
     found = {}
     for directory in directories:
         runs = [run for run in find_runs(directory) if "task" not in run.read_json(run.config_file)]  # `charlm task` runs: report/tasks.py
@@ -118,13 +122,26 @@ def read_runs(directories: list[str | Path]) -> list[RunRecord]:
     base = Path(os.path.commonpath([Path(directory).resolve() for directory in directories]))
     if base in found:
         base = base.parent
-    return sorted((read_run(run, Path(os.path.relpath(path, base)).as_posix()) for path, run in found.items()),
-                  key=lambda record: record.name)
+    records, damaged = [], []
+    for path, run in found.items():
+        name = Path(os.path.relpath(path, base)).as_posix()
+        try:
+            records.append(read_run(run, name))
+        except CharlmError as error:
+            damaged.append((name, str(error)))
+    if not records:
+        raise CharlmError(f"no readable runs under {', '.join(map(str, directories))}: "
+                          + "; ".join(f"{name}: {reason}" for name, reason in sorted(damaged)))
+    for name, reason in sorted(damaged):
+        get_logger().warning(f"warning: skipped the damaged run {name}: {reason}")
+    if skipped is not None:
+        skipped.extend(sorted(damaged))
+    return sorted(records, key=lambda record: record.name)
 
 
 def read_run(run: Run, name: str) -> RunRecord:
-    """A run's settings from config.json and its records from metrics.jsonl."""
-    config = run.read_json(run.config_file)
+    """A run's settings from config.json and its records from metrics.jsonl (a ``CharlmError`` when either is damaged)."""
+    config = run.read_config()
     train, model = config.get("train", {}), config.get("model", {})
     history = run.history()
     parameters = history.parameters

@@ -11,7 +11,9 @@ import os
 import statistics
 from pathlib import Path
 
+from charlm.errors import CharlmError
 from charlm.experiments.report import figures
+from charlm.logs import get_logger
 from charlm.experiments.report.markdown import markdown_table
 from charlm.files import atomic_write_text
 from charlm.runs.directory import Run, find_runs
@@ -50,12 +52,20 @@ def read_task_runs(directories) -> list[TaskRun]:
     base = Path(os.path.commonpath([Path(directory).resolve() for directory in directories]))
     if base in found:
         base = base.parent
-    return sorted((read_task_run(run, Path(os.path.relpath(path, base)).as_posix()) for path, run in found.items()),
-                  key=lambda run: (run.task, run.network, run.layers, run.seed or 0, run.name))
+    read = []
+    for path, run in found.items():
+        name = Path(os.path.relpath(path, base)).as_posix()
+        try:
+            read.append(read_task_run(run, name))
+        except CharlmError as error:  # a damaged run does not hide the others
+            get_logger().warning(f"warning: skipped the damaged run {name}: {error}")
+    return sorted(read, key=lambda run: (run.task, run.network, run.layers, run.seed or 0, run.name))
 
 
 def read_task_run(run: Run, name: str) -> TaskRun:
-    config = run.read_json(run.config_file)
+    config = run.read_config()
+    if not isinstance(config.get("task"), dict):
+        raise CharlmError(f"{run.config_file}: task must be an object")
     train, model = config.get("train", {}), config.get("model", {})
     history = run.history()
     evaluations, ends = history.of("task_eval"), history.of("task_end")

@@ -20,7 +20,7 @@ from charlm.experiments.report.compare import (Group, RunRecord, Stat, best_of, 
 from charlm.experiments.report.markdown import display as _display
 from charlm.experiments.report.markdown import markdown_table as _markdown
 from charlm.experiments.report.tasks import is_task_run, read_task_runs, write_task_report
-from charlm.files import atomic_write_text
+from charlm.files import WriteError, atomic_write_text
 from charlm.runs.directory import find_runs
 
 DEFAULT_REFERENCE = "gru"
@@ -354,12 +354,14 @@ def build_report(directories: list[str | Path], out: str | Path | None = None, r
         files, tables = write_task_report(out, task_runs, directories)
         _remove_stale(out, files)
         return Report(out, files, tables)
-    records = read_runs(directories)
+    skipped = []
+    records = read_runs(directories, skipped)
     cells = sorted({record.cell for record in records})
     if reference is not None and reference not in cells:
         raise CharlmError(f"reference cell {reference} has no run here (cells: {', '.join(cells)})")
     out = _report_directory(directories, out)
     writer = ReportWriter(out, records, reference or DEFAULT_REFERENCE, [str(directory) for directory in directories])
+    writer.notes.extend(f"Skipped the damaged run {name}: {reason}" for name, reason in skipped)
     writer.write_all()
     _remove_stale(out, writer.files)
     return Report(out, writer.files, writer.tables)
@@ -371,7 +373,7 @@ def _report_directory(directories, out) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise CharlmError(f"cannot create report directory {out}: {error.strerror}") from None
+        raise WriteError(out, error.strerror, error.errno, action="create report directory") from None
     return out
 
 

@@ -1,0 +1,183 @@
+"""Files are untrusted input: names read from them stay names, readers refuse what is not a regular
+file (a FIFO) at once, a damaged run does not hide the others, and an output that cannot encode a
+character gets a replacement instead of a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from charlm.errors import CharlmError
+from helpers import cli, run_cli
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
+
+PLAN = 'name = {name}\n[base]\nepochs = 1\nhidden = 8\ncorpus = "tiny"\n[axes]\ncell = ["lru"]\n'
+
+
+def assert_one_line(result, *fragments: str, code: int = 2) -> None:
+    assert result.returncode == code, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("charlm: error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+# --- names from files -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ['"../elsewhere"', '["a"]', '"a/b"', '".hidden"', '"-x"'])
+def test_a_plan_whose_name_is_not_a_plain_name_is_refused_and_nothing_is_written(name, tmp_path, monkeypatch, tiny_corpus):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "plan.toml").write_text(PLAN.format(name=name), encoding="utf-8")
+    monkeypatch.chdir(work)
+    result = cli("sweep", "plan.toml", "--data-dir", tiny_corpus)
+    assert_one_line(result, "plan plan.toml: its name", "is not a plain name")
+    assert sorted(os.listdir(tmp_path)) == ["work"] and os.listdir(work) == ["plan.toml"]  # no sweeps/, no elsewhere-paper
+
+
+def test_a_profile_whose_name_climbs_out_is_refused(tmp_path):
+    from charlm.experiments.plan import load_plan
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN.format(name='"fine"') + '[profiles."../up"]\nbase = { epochs = 2 }\n', encoding="utf-8")
+    assert load_plan(plan).name == "fine"
+    with pytest.raises(CharlmError, match=r"profile '\.\./up' is not a plain name"):
+        load_plan(plan, "../up")
+
+
+def test_a_corpus_name_is_never_a_path(tiny_corpus, tmp_path):
+    from charlm.corpora import load_corpus
+    from charlm.runs.directory import default_run_dir
+
+    nested = tiny_corpus / "nested"  # "../tiny" from here is the real, prepared corpus: refused all the same
+    assert load_corpus("tiny", tiny_corpus).name == "tiny"
+    with pytest.raises(CharlmError, match=r"'\.\./tiny' is not a corpus name"):
+        load_corpus("../tiny", nested)
+    for corpus, cell in (("../../x", "lru"), ("tiny", "../../m:C"), ("/etc", "a/b")):
+        path = default_run_dir(corpus, cell)
+        assert path.parent == Path("runs") and "/" not in path.name and not path.name.startswith(".")
+
+
+# --- readers refuse what is not a regular file, at once ---------------------------------------------
+
+def within_a_second(fifo: Path, call, seconds: float = 1.0):
+    """``call()``'s result; fails (and frees the reader by opening the FIFO for writing) if it waits on ``fifo``."""
+    result, started = {}, time.monotonic()
+    thread = threading.Thread(target=lambda: result.setdefault("value", call()), daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the blocked open returns; the reader sees EOF
+        thread.join(10)
+        pytest.fail(f"waited on the FIFO {fifo}")
+    assert time.monotonic() - started < seconds
+    return result["value"]
+
+
+@pytest.fixture
+def fifo(tmp_path) -> Path:
+    path = tmp_path / "input.toml"  # .toml: a plan file too
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("sample", "{run}", "--prime-file", "{fifo}"), "prime file {fifo} is a FIFO, not a regular file"),
+    (("score", "{run}", "{fifo}"), "text file {fifo} is a FIFO, not a regular file"),
+    (("train", "--config", "{fifo}"), "config file {fifo} is a FIFO, not a regular file"),
+    (("sweep", "{fifo}", "--dry-run"), "plan file {fifo} is a FIFO, not a regular file"),
+    (("prepare", "ptb", "--source", "{fifo}", "--data-dir", "{tmp}"), "--source {fifo} is a FIFO, not a regular file or a directory"),
+    (("prepare", "text", "{fifo}", "--name", "mine", "--data-dir", "{tmp}"), "input {fifo} is a FIFO, not a regular file or a directory"),
+])
+def test_a_fifo_given_as_a_file_is_refused_at_once(args, fragment, fifo, trained_run, tmp_path):
+    values = {"run": trained_run, "fifo": fifo, "tmp": tmp_path / "data"}
+    result = within_a_second(fifo, lambda: cli(*(arg.format(**values) for arg in args)))
+    assert_one_line(result, fragment.format(**values))
+    assert not (tmp_path / "data").exists()
+
+
+# --- a damaged run among good ones ------------------------------------------------------------------
+
+@pytest.fixture
+def runs_with_damage(trained_run, tmp_path) -> Path:
+    """runs/good (the trained run), runs/bad-config (config.json a list), runs/bad-record (a string
+    where valid_bpc's number belongs, on line 3 of 2+ records) and runs/fifo (metrics.jsonl a FIFO)."""
+    root = tmp_path / "runs"
+    for name in ("good", "bad-config", "bad-record", "fifo"):
+        shutil.copytree(trained_run, root / name, ignore=shutil.ignore_patterns("*.pt"))
+    (root / "bad-config" / "config.json").write_text("[1, 2]\n", encoding="utf-8")
+    lines = (root / "bad-record" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    first_epoch = next(index for index, line in enumerate(lines) if json.loads(line)["event"] == "epoch")
+    lines[first_epoch] = json.dumps({**json.loads(lines[first_epoch]), "valid_bpc": "abc"})
+    (root / "bad-record" / "metrics.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (root / "bad-record" / "line").write_text(str(first_epoch + 1))
+    (root / "fifo" / "metrics.jsonl").unlink()
+    os.mkfifo(root / "fifo" / "metrics.jsonl")
+    return root
+
+
+def best_valid_bpc(run: Path) -> float:
+    """By hand: the valid_bpc of the last epoch record flagged best."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    return [r for r in records if r["event"] == "epoch" and r.get("best")][-1]["valid_bpc"]
+
+
+def test_runs_lists_a_damaged_run_with_its_reason_and_the_good_ones(runs_with_damage, trained_run):
+    root = runs_with_damage
+    cli("runs", root / "good", check_code=0)  # the first listing imports what listings need: not timed
+    result = within_a_second(root / "fifo" / "metrics.jsonl", lambda: cli("runs", root, "--json", check_code=0))
+    rows = {Path(row["run"]).name: row for row in json.loads(result.stdout)}
+    assert set(rows) == {"good", "bad-config", "bad-record", "fifo"}
+    assert rows["good"]["status"] == "finished" and rows["good"]["damage"] is None
+    assert rows["good"]["best_valid_bpc"] == best_valid_bpc(trained_run) and rows["good"]["epochs"] == 2
+    line = (root / "bad-record" / "line").read_text()
+    reasons = {
+        "bad-config": f"{root / 'bad-config' / 'config.json'} must hold a JSON object, not a list",
+        "bad-record": f"{root / 'bad-record' / 'metrics.jsonl'} line {line}: the epoch record's valid_bpc must be a "
+                      'number, not "abc"',
+        "fifo": f"run record file {root / 'fifo' / 'metrics.jsonl'} is a FIFO, not a regular file",
+    }
+    for name, reason in reasons.items():
+        assert rows[name]["status"] == "damaged" and rows[name]["damage"] == reason
+        assert rows[name]["best_valid_bpc"] is None and rows[name]["epochs"] is None
+        assert f"warning: {root / name} is damaged, its figures are not shown: {reason}" in result.stderr
+
+    table = cli("runs", root, "--plain", check_code=0).stdout.splitlines()
+    statuses = {Path(row.split("\t")[0]).name: row.split("\t")[-1] for row in table[1:]}
+    assert statuses == {"good": "finished", "bad-config": "damaged", "bad-record": "damaged", "fifo": "damaged"}
+
+
+def test_report_reports_the_good_runs_and_says_which_it_skipped(runs_with_damage):
+    root = runs_with_damage
+    shutil.rmtree(root / "fifo")  # the FIFO's case is the listing's; the report's point is the skipping
+    result = cli("report", root, check_code=0)
+    assert "skipped the damaged run bad-config: " in result.stderr and "skipped the damaged run bad-record: " in result.stderr
+    index = (root / "report" / "index.md").read_text(encoding="utf-8")
+    assert "Skipped the damaged run bad-config: " in index and "must hold a JSON object, not a list" in index
+    assert "Skipped the damaged run bad-record: " in index and "valid_bpc must be a number" in index
+    summary = (root / "report" / "summary.csv").read_text(encoding="utf-8")  # one readable run: its summary
+    assert "good" in summary and "bad-" not in summary
+
+
+def test_report_of_nothing_but_damaged_runs_says_why(runs_with_damage):
+    root = runs_with_damage
+    for name in ("good", "fifo"):
+        shutil.rmtree(root / name)
+    result = cli("report", root)
+    assert_one_line(result, "no readable runs under", "bad-config: ", "bad-record: ")
+
+
+# --- an output that cannot encode a character -------------------------------------------------------
+
+def test_sample_on_an_ascii_stdout_replaces_what_it_cannot_encode(trained_run):
+    result = run_cli("sample", trained_run, "--prime", "“x”", "--length", "5", "--seed", "1",
+                     env={"PYTHONIOENCODING": "ascii"}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("?x?") and "Traceback" not in result.stderr
