@@ -5,6 +5,8 @@ rotation consistent. Not by timing: the kill falls exactly between two writes.""
 
 from __future__ import annotations
 
+import logging
+
 import os
 import types
 
@@ -131,7 +133,13 @@ def test_a_kill_between_last_and_best_is_repaired_on_resume(tiny_corpus, tmp_pat
         Trainer(settings(tiny_corpus, run)).fit()
     monkeypatch.undo()
     assert not (run / "best.pt").exists()  # the first epoch's end was committed, its best.pt not written
-    Trainer.resume(run)
+    logger = logging.getLogger("charlm")  # charlm's logger does not propagate once the CLI has run: listen on it
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="charlm"):
+            Trainer.resume(run)
+    finally:
+        logger.removeHandler(caplog.handler)
     assert "did not hold the best epoch (1)" in caplog.text
     held = Checkpoint.load(run / "best.pt")
     assert held.scores["epoch"] == 1 and held.training.optimizer is None

@@ -234,9 +234,10 @@ def test_init_from_starts_from_checkpoint_weights(tiny_corpus, tmp_path):
 def test_init_from_takes_the_model_from_the_checkpoint(tiny_corpus, tmp_path):
     """Issue 24: --init-from alone is enough; the cell, size, layers and corpus come from the checkpoint."""
     source = tmp_path / "source"
-    Trainer(tiny_config(tiny_corpus, source, epochs=1, cell="gru", hidden=12, layers=2)).fit()
+    Trainer(tiny_config(tiny_corpus, source, epochs=1, cell="gru", hidden=12, layers=2, train_fraction=0.2)).fit()
     cli("train", "--init-from", source / "best.pt", "--data-dir", tiny_corpus, "--epochs", "1", "--batch-size", "8",
-        "--bptt", "16", "--eval-batch-size", "4", "--run-dir", tmp_path / "tuned", check_code=0)
+        "--bptt", "16", "--eval-batch-size", "4", "--train-fraction", "0.2", "--eval-fraction", "0.2",
+        "--run-dir", tmp_path / "tuned", check_code=0)
     tuned = Checkpoint.load(tmp_path / "tuned" / "last.pt")
     assert (tuned.model_config.cell, tuned.model_config.hidden_size, tuned.model_config.layers) == ("gru", 12, 2)
     assert tuned.train_config.corpus == "tiny"
@@ -280,8 +281,8 @@ def test_resume_refuses_settings_that_define_the_run(tiny_corpus, tmp_path):
 def test_bf16_training_matches_fp32_and_resumes_across_precisions(tiny_corpus, tmp_path):
     """bf16 autocast on the CPU: the loss is float32, the carried state is saved in float32, the
     result is within noise of fp32, and a bf16 run resumes in fp32."""
-    fp32 = Trainer(tiny_config(tiny_corpus, tmp_path / "fp32", epochs=1, cell="gru")).fit()
-    bf16 = Trainer(tiny_config(tiny_corpus, tmp_path / "bf16", epochs=1, cell="gru", precision="bf16")).fit()
+    fp32 = Trainer(tiny_config(tiny_corpus, tmp_path / "fp32", epochs=1, cell="gru", train_fraction=0.4)).fit()
+    bf16 = Trainer(tiny_config(tiny_corpus, tmp_path / "bf16", epochs=1, cell="gru", precision="bf16", train_fraction=0.4)).fit()
     assert abs(bf16["best_valid_bpc"] - fp32["best_valid_bpc"]) < 0.05
     assert bf16["best_valid_bpc"] != fp32["best_valid_bpc"]  # the low precision was really used
     saved = Checkpoint.load(tmp_path / "bf16" / "last.pt")
