@@ -198,6 +198,9 @@ class Model:
         """``text`` as the model's corpus was prepared: a byte-order mark stripped and CRLF or CR line
         ends turned into LF, unless the vocabulary holds those characters (a byte model reads bytes
         as they are)."""
+        if not isinstance(text, str):
+            hint = ": decode it first, e.g. text.decode('utf-8')" if isinstance(text, (bytes, bytearray)) else ""
+            raise CharlmError(f"text must be a str, not {type(text).__name__}{hint}")
         if self.unit == "byte":
             return text
         vocabulary = set(self.tokenizer.vocab)
@@ -268,8 +271,7 @@ class Model:
         dynamic figures (a ``DynamicReport``; the weights stay adapted until ``restore()``).
         ``progress``: for static, ``callback(tokens)``; for dynamic, an object with ``stage``.
         ``record``: append an ``eval`` record to the run's metrics.jsonl, if the checkpoint is in one."""
-        if split not in ("train", "valid", "test"):
-            raise CharlmError(f"split must be train, valid or test, not {split!r}")
+        validate(EvalConfig(split=split))  # valid or test, as `charlm eval`: the training split is not a score
         corpus = self.corpus(data_dir)
         if dynamic is None:
             config = EvalConfig(split="test", batch_size=batch_size or _EVAL.batch_size, bptt=bptt)

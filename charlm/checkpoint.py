@@ -143,7 +143,13 @@ class Checkpoint:
         return CELLS.resolve(self.model_config.cell, cells=cells, trust_code=trust_code, source=str(self.path or "the checkpoint"))
 
     def build_model(self, device="cpu", *, cells=(), trust_code: bool = False) -> LanguageModel:
-        """The model with these weights, in eval mode, on ``device``."""
+        """The model with these weights, in eval mode, on ``device``; refused where a weight is NaN or
+        infinite (it would score ``nan`` and export without a word)."""
+        broken = next((name for name, tensor in self.weights.items()
+                       if torch.is_tensor(tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all()), None)
+        if broken is not None:
+            raise CharlmError(f"{self.path}: its weights are not all finite numbers ({broken} holds NaN or infinity): "
+                              "it cannot score, sample or export")
         model = LanguageModel(self.model_config, cell_class=self.cell_class(cells, trust_code))
         try:
             model.load_state_dict(self.weights)

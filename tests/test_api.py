@@ -343,3 +343,25 @@ def test_progress_goes_through_the_charlm_logger(small_data, tmp_path, charlm_lo
     charlm.train(small_config(small_data, tmp_path / "quiet"))
     assert handler.messages == []
     assert "epoch" in (tmp_path / "quiet" / "train.log").read_text(encoding="utf-8")  # the run's log is kept
+
+
+def test_the_api_refuses_what_the_cli_refuses(model):
+    """One set of checks (issue 27): bytes are not text, and the training split is not a score."""
+    with pytest.raises(CharlmError, match=r"text must be a str, not bytes: decode it first"):
+        model.score(b"hello world")
+    with pytest.raises(CharlmError, match="text must be a str, not int"):
+        model.sample(3, length=5, seed=1)
+    with pytest.raises(CharlmError, match="split must be one of valid, test, not 'train'"):
+        model.evaluate("train", record=False)
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(trained_run, tmp_path):
+    """It used to evaluate to `bpc nan` with exit code 0 and export without a word."""
+    checkpoint = Checkpoint.load(trained_run / "best.pt")
+    name = next(iter(checkpoint.weights))
+    checkpoint.weights[name] = checkpoint.weights[name].clone().fill_(float("nan"))
+    checkpoint.save(tmp_path / "nan.pt")
+    for command in (["eval", tmp_path / "nan.pt"], ["export", tmp_path / "nan.pt", tmp_path / "out.pt"],
+                    ["sample", tmp_path / "nan.pt", "--length", "5"]):
+        assert_one_line_error(cli(*command), f"({name} holds NaN or infinity): it cannot score, sample or export")
+    assert not (tmp_path / "out.pt").exists()
