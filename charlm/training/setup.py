@@ -69,6 +69,17 @@ def check_streams_per_process(config: TrainConfig, world: World) -> None:
                                                  "give each process at least one")
 
 
+def check_evaluation_streams(config: TrainConfig, corpus) -> None:
+    """Refuse, before anything is written, an ``--eval-batch-size`` with more streams than a split
+    it scores has predictions (found otherwise at the first epoch's end, after the run directory exists)."""
+    for split in ("valid", "test"):
+        predictions = len(corpus.split(split)) - 1
+        if config.eval_batch_size > predictions:
+            raise ConfigError(TrainConfig, "eval_batch_size", f"is {config.eval_batch_size:,}, more streams than the "
+                                                              f"{predictions:,} predictions of the {split} split of "
+                                                              f"{config.corpus!r}: give at most {predictions:,}")
+
+
 def model_config_for(config: TrainConfig, vocab_size: int, cell_class=None, device: torch.device | None = None) -> ModelConfig:
     """The model a training config describes: its hidden size given, or sized to its budget.
     With ``device``, a budget whose optimizer state alone cannot fit there is refused first."""

@@ -48,6 +48,7 @@ CASES = [
     Case("learning rate not a number", "train --lr fast"),
     Case("infinite learning rate", "train --lr inf"),
     Case("zero learning-rate decay", "train --lr-decay 0"),
+    Case("more evaluation streams than the split has symbols", "train --eval-batch-size 100000"),
     Case("unknown optimizer", "train --optimizer lion"),
     Case("momentum with Adam", "train --momentum 0.9"),
     Case("zero accumulation", "train --accumulate 0"),
