@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import typing
 
 from charlm.cells.base import RecurrentCell
@@ -107,13 +108,15 @@ def parse_cell_options(cell: type[RecurrentCell], options: dict) -> object:
 
 
 def _convert(raw, kind, key: str):
-    if not isinstance(raw, str):
-        return raw
+    """``raw`` (text from the command line, or a value from a JSON or TOML file) as the option's type:
+    an integer option takes whole numbers only, a number option finite numbers only."""
     if typing.get_origin(kind) is typing.Union or type(kind).__name__ == "UnionType":
         choices = [k for k in typing.get_args(kind) if k is not type(None)]
-        if raw.lower() in ("none", "null"):
+        if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null")):
             return None
         kind = choices[0]
+    if not isinstance(raw, str):
+        return _checked(raw, kind, key)
     try:
         if kind is bool:
             if raw.lower() in _TRUE:
@@ -122,10 +125,25 @@ def _convert(raw, kind, key: str):
                 return False
             raise ValueError
         if kind in (int, float):
-            return kind(raw)
+            return _checked(kind(raw), kind, key)
     except ValueError:
         raise CharlmError(f"option {key}={raw!r} is not a valid {kind.__name__}") from None
     return raw
+
+
+def _checked(value, kind, key: str):
+    """A value of the option's own type: no 2.5 for an integer, no NaN or infinity for a number."""
+    if kind is bool and not isinstance(value, bool):
+        raise CharlmError(f"option {key}={value!r} must be true or false")
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise CharlmError(f"option {key}={value!r} must be a whole number")
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CharlmError(f"option {key}={value!r} must be a number")
+        if not math.isfinite(value):
+            raise CharlmError(f"option {key}={value!r} must be a finite number")
+        return float(value)
+    return value
 
 
 def parse_key_values(pairs: list[str]) -> dict[str, str]:

@@ -40,3 +40,19 @@ def test_registry_resolves_module_class(tmp_path, monkeypatch):
 def test_unknown_cell_lists_the_registry(tmp_path):
     result = cli("train", "--cell", "lsmt", "--corpus", "pydoc", "--data-dir", tmp_path)
     assert_one_line_error(result, "unknown cell 'lsmt'", "lstm", "module:Class")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"depth": 2.5}, "option depth=2.5 must be a whole number"),
+    ({"depth": True}, "option depth=True must be a whole number"),
+    ({"gate_bias": float("inf")}, "option gate_bias=inf must be a finite number"),
+    ({"gate_bias": "nan"}, "option gate_bias=nan must be a finite number"),
+    ({"gate_bias": [1]}, "option gate_bias=[1] must be a number"),
+])
+def test_cell_options_from_files_are_checked_against_their_types(options, message):
+    """A config file or plan gives typed values, the command line text: both are held to the option's type."""
+    from charlm.cells.registry import parse_cell_options
+
+    with pytest.raises(CharlmError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse_cell_options(CELLS.get("rhn"), options)
+    assert parse_cell_options(CELLS.get("rhn"), {"depth": 3, "gate_bias": -4}).gate_bias == -4.0

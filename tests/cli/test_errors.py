@@ -49,6 +49,7 @@ CASES = [
     Case("infinite learning rate", "train --lr inf"),
     Case("zero learning-rate decay", "train --lr-decay 0"),
     Case("more evaluation streams than the split has symbols", "train --eval-batch-size 100000"),
+    Case("a cell option that is not a number", "train --cell rhn --cell-opt gate_bias=nan"),
     Case("unknown optimizer", "train --optimizer lion"),
     Case("momentum with Adam", "train --momentum 0.9"),
     Case("zero accumulation", "train --accumulate 0"),
