@@ -21,7 +21,8 @@ from typing import Iterator
 import numpy as np
 
 from charlm.checkpoint import Checkpoint
-from charlm.config import DEFAULT_PRIME, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig, TrainConfig, validate
+from charlm.config import DEFAULT_PRIME, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig, TrainConfig
+from charlm.settings import validate
 from charlm.runtime.devices import resolve_device
 from charlm.errors import CharlmError, OutOfVocabulary
 from charlm.inference.scoring import LN2, Score, score_split, score_tokens

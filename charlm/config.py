@@ -1,7 +1,7 @@
 """Every default of charlm, in one visible place: the settings of each job as a typed dataclass.
 
-Each field carries its help text and its bounds (``setting(...)``). ``validate`` checks the bounds
-for Python callers; the command line builds its options, their help and their range checks from
+Each field carries its help text and its bounds (``setting(...)``, ``charlm.settings``). ``validate``
+checks the bounds for Python callers; the command line builds its options, their help and their range checks from
 the same fields (``charlm.cli.options``), so a default or a bound is written once, here.
 
 Names: a ``*Config`` is the settings of one job (TrainConfig, EvalConfig, BenchmarkConfig, ...);
@@ -11,82 +11,17 @@ Names: a ``*Config`` is the settings of one job (TrainConfig, EvalConfig, Benchm
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import json
 import math
 import re
-import typing
-from pathlib import Path
 
-from charlm.errors import CharlmError, ConfigError
+from charlm.errors import ConfigError
+from charlm.settings import from_dict, setting, validate
 
 DEFAULT_HIDDEN = 256  # hidden size when neither a hidden size nor a parameter budget is given
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")  # --optimizer; built by charlm.training.optimizers
 DEFAULT_MOMENTUM = {"sgd": 0.9, "rmsprop": 0.0}  # --momentum when not given, for the optimizers that have one
 DEFAULT_WEIGHT_DECAY = {"adamw": 0.01}  # --weight-decay when not given (torch's AdamW default); 0 for the others
-
-
-def setting(default, help: str, *, flag: str | None = None, min=None, max=None, min_open: bool = False,
-            max_open: bool = False, choices: tuple | None = None, show_default: str | None = None, cli: bool = True):
-    """A dataclass field with its help text and bounds; ``flag`` overrides ``--field-name``.
-
-    ``show_default`` replaces the default in the help text (for defaults that depend on others);
-    ``cli=False`` keeps the field off the command line.
-    """
-    metadata = {"help": help, "flag": flag, "min": min, "max": max, "min_open": min_open, "max_open": max_open,
-                "choices": choices, "show_default": show_default, "cli": cli}
-    if isinstance(default, (dict, list)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-def flag_of(owner, name: str) -> str:
-    """The command-line flag of field ``name`` of dataclass ``owner``."""
-    for field in dataclasses.fields(owner):
-        if field.name == name:
-            return field.metadata.get("flag") or "--" + name.replace("_", "-")
-    return "--" + name.replace("_", "-")
-
-
-def bound_text(metadata) -> str:
-    """``at least 1``, ``in (0, 1]``, ``positive``... from a field's bounds."""
-    low, high = metadata.get("min"), metadata.get("max")
-    if low is not None and high is not None:
-        return f"in {'(' if metadata['min_open'] else '['}{low}, {high}{')' if metadata['max_open'] else ']'}"
-    if low is not None:
-        if metadata["min_open"]:
-            return "positive" if low == 0 else f"greater than {low}"
-        return "zero or positive" if low == 0 else f"at least {low}"
-    if high is not None:
-        return f"less than {high}" if metadata["max_open"] else f"at most {high}"
-    return ""
-
-
-def validate(settings) -> None:
-    """Check every field of a settings dataclass against its bounds and choices (None is 'unset')."""
-    for field in dataclasses.fields(settings):
-        value = getattr(settings, field.name)
-        meta = field.metadata
-        if value is None or not meta:
-            continue
-        choices = meta.get("choices")
-        if choices and value not in choices:
-            raise ConfigError(type(settings), field.name, f"must be one of {', '.join(map(str, choices))}, not {value!r}")
-        low, high = meta.get("min"), meta.get("max")
-        if low is None and high is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(type(settings), field.name, f"must be a number, not {value!r}")
-        if math.isinf(value):
-            raise ConfigError(type(settings), field.name, f"must be finite, not {value}")
-        ok = not math.isnan(value)
-        if low is not None:
-            ok = ok and (value > low if meta["min_open"] else value >= low)
-        if high is not None:
-            ok = ok and (value < high if meta["max_open"] else value <= high)
-        if not ok:
-            raise ConfigError(type(settings), field.name, f"must be {bound_text(meta)}, not {value}")
 
 
 @dataclasses.dataclass
@@ -223,52 +158,6 @@ def save_interval(text: str) -> tuple[str, float] | None:
 # Settings that may differ between a run and its resumption; the rest define the run.
 RESUMABLE_SETTINGS = ("epochs", "max_minutes", "max_tokens", "device", "precision", "compile", "cuda_graph", "tf32", "patience", "eval_every", "log_every", "print_every", "save_every",
                       "keep_checkpoints", "test_every_epoch", "tensorboard", "wandb", "wandb_project", "data_dir")
-
-
-_KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "an object"}
-
-
-def from_dict(cls, values: dict):
-    """``cls(**values)`` with each value checked against the field's type (numbers for a text field,
-    such as a budget of 1000000, are taken as text; ints are floats)."""
-    known = {field.name for field in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise CharlmError(f"unknown {cls.__name__} setting{'s' if len(unknown) > 1 else ''}: "
-                          f"{', '.join(map(repr, unknown))}{hint}")
-    hints = typing.get_type_hints(cls)
-    checked = {}
-    for name, value in values.items():
-        kinds = typing.get_args(hints[name]) or (hints[name],)
-        allowed = tuple(typing.get_origin(kind) or kind for kind in kinds if kind is not type(None))
-        if value is None and type(None) in kinds:
-            pass
-        elif isinstance(value, bool) and bool not in allowed:
-            raise ConfigError(cls, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {value!r}")
-        elif str in allowed and isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = str(value)
-        elif float in allowed and isinstance(value, int):
-            value = float(value)
-        elif not isinstance(value, allowed):
-            raise ConfigError(cls, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {value!r}")
-        checked[name] = value
-    return cls(**checked)
-
-
-def read_config_file(path: str | Path) -> dict:
-    """A JSON object of training settings (keys as in TrainConfig, e.g. "cell_options": {...})."""
-    from charlm.files import read_bytes
-
-    path = Path(path)
-    try:
-        values = json.loads(read_bytes(path, "config file").decode("utf-8"))  # a FIFO is refused, not waited on
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CharlmError(f"config file {path} is not valid JSON: {error}") from None
-    if not isinstance(values, dict):
-        raise CharlmError(f"config file {path} must hold a JSON object")
-    return {key.replace("-", "_"): value for key, value in values.items()}
 
 
 @dataclasses.dataclass

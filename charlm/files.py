@@ -145,7 +145,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
                 pass
             _flush_to_disk(temporary)
             os.replace(temporary, path)
-            _flush_directory(path.parent)
+            flush_directory(path.parent)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
@@ -251,8 +251,8 @@ def _flush_to_disk(path: str) -> None:
         os.close(descriptor)
 
 
-def _flush_directory(directory: Path) -> None:
-    """Make the rename itself durable (POSIX; elsewhere directories cannot be opened)."""
+def flush_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX; elsewhere directories cannot be opened)."""
     try:
         descriptor = os.open(directory, os.O_RDONLY)
     except OSError:

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from charlm.cells import CELLS, glorot_uniform_, parse_cell_options
 from charlm.cells.base import EmbeddingLookup
-from charlm.config import from_dict
+from charlm.settings import from_dict
 from charlm.errors import CharlmError
 
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import charlm
-from charlm.config import (BenchmarkConfig, DemoConfig, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig,
-                           TrainConfig, validate)
+from charlm.config import BenchmarkConfig, DemoConfig, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig, TrainConfig
+from charlm.settings import validate
 from charlm.errors import CharlmError, ConfigError
 from helpers import assert_one_line_error, cli, prepare_tiny_corpus
 

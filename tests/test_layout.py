@@ -11,7 +11,7 @@ PACKAGE = REPO / "charlm"
 
 # Bottom to top. A module may import from its own layer or from below, never from above.
 LAYERS = [
-    {"errors", "logs", "files", "config"},
+    {"errors", "logs", "files", "settings", "config"},
     {"cells", "corpora"},
     {"model", "checkpoint"},
     {"runtime"},

@@ -73,7 +73,7 @@ _register_commands()
 def error_line(error: BaseException) -> str:
     """The one line a user sees; library field names become the flags of the command line."""
     if isinstance(error, ConfigError):
-        from charlm.config import flag_of
+        from charlm.settings import flag_of
 
         return f"{flag_of(error.owner, error.field)} {error.reason}"
     if _is_click_error(error):

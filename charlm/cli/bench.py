@@ -20,7 +20,7 @@ def bench(given: dict = None):
 
     from charlm.tools.benchmark import benchmark_cells, disturbances, machine_load
     from charlm.cells import CELLS
-    from charlm.config import validate
+    from charlm.settings import validate
     from charlm.runtime.distributed import launched_by_torchrun
     from charlm.runtime.devices import resolve_device
     from charlm.model import parse_budget

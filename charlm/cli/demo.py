@@ -20,7 +20,7 @@ def demo(
     given: dict = None,
 ):
     """Prepare the embedded `pydoc` corpus, size a small LRU to this machine and train it for the budget, report bits per character, sample."""
-    from charlm.config import validate
+    from charlm.settings import validate
     from charlm.tools.demo import run_demo
 
     def write(text: str) -> None:

@@ -14,7 +14,8 @@ from charlm.errors import CharlmError
 from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_table, stdout
-from charlm.config import DEFAULT_SEARCH_PREFIX, DynamicOptions, EvalConfig, flag_of, validate
+from charlm.config import DEFAULT_SEARCH_PREFIX, DynamicOptions, EvalConfig
+from charlm.settings import flag_of, validate
 
 
 @settings_options(DynamicOptions, into="dyn")

@@ -18,7 +18,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from charlm.config import bound_text, flag_of
+from charlm.settings import bound_text, flag_of
 
 
 def help_text(owner, name: str) -> str:

@@ -10,7 +10,8 @@ import typer
 
 from charlm.cli.loading import CELL, CHECKPOINT, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
-from charlm.config import SampleConfig, validate
+from charlm.config import SampleConfig
+from charlm.settings import validate
 from charlm.errors import CharlmError
 from charlm.files import read_text
 from charlm.inference.beam import check_beam_settings

@@ -12,7 +12,8 @@ import typer
 from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_table, stdout
-from charlm.config import DynamicOptions, ScoreConfig, flag_of, validate
+from charlm.config import DynamicOptions, ScoreConfig
+from charlm.settings import flag_of, validate
 from charlm.errors import CharlmError
 
 

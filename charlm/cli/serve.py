@@ -11,7 +11,8 @@ import typer
 
 from charlm.cli.loading import CELL, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
-from charlm.config import ServeConfig, validate
+from charlm.config import ServeConfig
+from charlm.settings import validate
 from charlm.errors import CharlmError
 from charlm.logs import get_logger
 

@@ -23,7 +23,8 @@ def train(
 ):
     """Train a recurrent language model with truncated BPTT; keeps best.pt and last.pt."""
     from charlm.cells import parse_key_values
-    from charlm.config import RESUMABLE_SETTINGS, read_config_file
+    from charlm.config import RESUMABLE_SETTINGS
+    from charlm.settings import read_config_file
     from charlm.training.resume import fixed_settings, run_to_go_on_with
     from charlm.training.setup import settings_from_init
     from charlm.training.trainer import Trainer

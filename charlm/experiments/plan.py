@@ -46,7 +46,8 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-from charlm.config import TrainConfig, from_dict
+from charlm.config import TrainConfig
+from charlm.settings import from_dict
 from charlm.errors import CharlmError
 from charlm.files import plain_name, read_text
 

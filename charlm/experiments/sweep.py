@@ -16,7 +16,8 @@ import os
 import time
 from pathlib import Path
 
-from charlm.config import TrainConfig, from_dict
+from charlm.config import TrainConfig
+from charlm.settings import from_dict
 from charlm.errors import CharlmError
 from charlm.files import WriteError, atomic_write_text, read_bytes
 from charlm.logs import get_logger

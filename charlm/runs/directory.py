@@ -25,7 +25,7 @@ except ImportError:  # Windows: no advisory locks, one training per directory is
     fcntl = None
 
 from charlm.errors import CharlmError
-from charlm.files import WriteError, append_text, atomic_write_text, read_bytes, writing
+from charlm.files import WriteError, append_text, atomic_write_text, flush_directory, read_bytes, writing
 from charlm.logs import get_logger
 from charlm.runs.records import KIND_WORDS, RunHistory, encode, is_of_kind, new_record
 from charlm.runs.retention import disk_usage
@@ -159,7 +159,7 @@ class Run:
         if self.last.exists():
             os.replace(self.last, self.previous)
         os.replace(pending, self.last)
-        _flush_directory(self.path)
+        flush_directory(self.path)
 
     def write_provenance(self, provenance: dict) -> None:
         atomic_write_text(self.provenance_file, json.dumps(provenance, indent=2, sort_keys=True) + "\n")
@@ -345,20 +345,6 @@ def _alive(pid) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _flush_directory(directory: Path) -> None:
-    """Make renames in ``directory`` durable (POSIX; elsewhere a directory cannot be opened)."""
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
 
 
 def _ends_without_newline(path: Path) -> bool:

@@ -19,7 +19,8 @@ from starlette.exceptions import HTTPException
 
 from charlm import __version__
 from charlm.api import Model
-from charlm.config import SampleConfig, ServeConfig, validate
+from charlm.config import SampleConfig, ServeConfig
+from charlm.settings import validate
 from charlm.errors import CharlmError, ConfigError
 from charlm.logs import get_logger
 from charlm.serve.analysis import activations, score_text

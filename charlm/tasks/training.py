@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from charlm.config import from_dict
+from charlm.settings import from_dict
 from charlm.errors import CharlmError
 from charlm.files import atomic_write
 from charlm.model import count_parameters
