@@ -36,6 +36,7 @@ def serve(
     validate(config)
     try:
         import fastapi  # noqa: F401
+        import fastapi_offline  # noqa: F401
         import uvicorn
     except ImportError:
         raise CharlmError(INSTALL) from None

@@ -14,8 +14,10 @@ from pathlib import Path
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi_offline import FastAPIOffline  # FastAPI whose /docs page ships its scripts: no CDN
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from charlm import __version__
 from charlm.api import Model
@@ -43,7 +45,7 @@ class Refused(Exception):
 
 def create_app(models: dict[str, Model], config: ServeConfig = ServeConfig(), api_key: str | None = None):
     """The ASGI application serving ``models`` (by name) under ``config``'s limits."""
-    app = FastAPI(title="charlm", version=__version__, description="Character-level language models: sample, "
+    app = FastAPIOffline(title="charlm", version=__version__, description="Character-level language models: sample, "
                   "score, and look inside. Errors are {\"error\": \"one line\"}.")
     app.state.models, app.state.config, app.state.gate = models, config, Gate(config.concurrency, config.queue)
     _add_error_handlers(app)
@@ -143,8 +145,7 @@ def _add_routes(app: FastAPI, models: dict[str, Model], config: ServeConfig, gat
         first = _start(model, body, base_seed)  # checks the settings and the prompt before anything is sent
         if body.stream:
             gate.admit()
-            events = _events(model, body, base_seed, prompt, first, gate, request)
-            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+            return GatedStream(gate, first, _events(model, body, base_seed, prompt, first, gate, request))
         samples = await _compute(gate, _draw_all, model, body, base_seed, prompt, first)
         return {"model": name, "samples": samples}
 
@@ -161,6 +162,26 @@ def _add_routes(app: FastAPI, models: dict[str, Model], config: ServeConfig, gat
         units = None if body.units is None else list(body.units)
         return {"model": name, **await _compute(gate, activations, model, body.text, body.layer, units, body.top,
                                                 body.unknown)}
+
+
+class GatedStream(StreamingResponse):
+    """Server-sent events that give the request's turn back however the response ends: finished,
+    stopped by the client, or never started because the client left first (then the events are
+    never iterated, so their own ``finally`` would not run)."""
+
+    def __init__(self, gate: Gate, generation, events):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+        self.gate, self.generation = gate, generation
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:  # nobody is left to answer
+            get_logger().info("the client left before its stream began")
+        finally:
+            await self.body_iterator.aclose()
+            self.generation.close()
+            self.gate.leave()
 
 
 def _seed(base_seed: int | None, index: int) -> int | None:
@@ -219,5 +240,4 @@ async def _events(model: Model, body: SampleRequest, base_seed, prompt: str, fir
     except CharlmError as error:
         yield _event({"type": "error", "error": " ".join(str(error).split())})
     finally:
-        generation.close()
-        gate.leave()
+        generation.close()  # the first is closed again by GatedStream, which also gives the turn back

@@ -120,3 +120,12 @@ def test_the_page_writes_reads_and_looks_inside(server, browser, tmp_path):
     assert len(first) == len(second) == len(PARAGRAPH) and first != second
     assert find("#inside-status").text.startswith("layer 0, unit ")
     assert shoot(browser, "inside", tmp_path).stat().st_size > 1000
+
+
+def test_the_api_documentation_renders_without_the_internet(server, browser):
+    """FastAPI's /docs (Swagger UI) from the scripts charlm's server ships; this machine has no CDN."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(server + "docs")
+    paths = wait_for(lambda: [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")], 20)
+    assert {"/v1/models", "/v1/sample", "/v1/score", "/v1/activations"} <= set(paths)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import logging
 import math
 
@@ -107,6 +108,37 @@ def test_a_client_that_disconnects_stops_the_generation(model, monkeypatch):
     asyncio.run(asyncio.wait_for(app(scope, receive, send), 20))
     assert 1 <= len(drawn) < 200
     assert app.app.state.gate.admitted == 0  # the turn was given back
+
+
+@pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
+def test_a_client_gone_before_the_first_event_gives_its_turn_back(model, spec_version):
+    """The client leaves before the response starts (the stream is never iterated, or its first
+    send fails): the admitted request must still leave the queue."""
+    app = create_app({"tiny": model}, ServeConfig(concurrency=1, queue=0))
+    body = json.dumps({"prompt": "a", "length": 500, "seed": 1, "stream": True}).encode()
+    received = []
+
+    async def receive():
+        received.append(1)
+        if len(received) == 1:
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        raise OSError("the client has gone")
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": spec_version}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/sample", "raw_path": b"/v1/sample", "query_string": b"",
+             "root_path": "", "headers": [(b"content-type", b"application/json"),
+                                          (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000)}
+    for _ in range(3):  # with one turn and no queue, a leaked turn would refuse the second request
+        try:
+            asyncio.run(asyncio.wait_for(app(scope, receive, send), 20))
+        except Exception:  # the server may report the vanished client; it must not keep the turn
+            pass
+        received.clear()
+        assert app.app.state.gate.admitted == 0
 
 
 def test_score_gives_the_numbers_charlm_score_prints_and_the_models_alternatives(client, model, trained_run, tmp_path):
@@ -252,6 +284,19 @@ def test_the_page_and_its_script_ship_in_the_package_and_fetch_nothing_elsewhere
     for text in (page.text, script.text):
         assert "http://" not in text and "https://" not in text and "//cdn" not in text
     assert all(view in page.text for view in ('data-view="write"', 'data-view="read"', 'data-view="inside"'))
+
+
+def test_the_api_pages_load_their_scripts_from_this_server(client):
+    """/docs (Swagger UI) and /redoc must work on a machine without the internet."""
+    for path in ("/docs", "/redoc"):
+        page = client.get(path)
+        assert page.status_code == 200 and "cdn." not in page.text
+        sources = re.findall(r'(?:src|href)="([^"]+)"', page.text) + re.findall(r"url: '([^']+)'", page.text)
+        assert sources and all(source.startswith("/") for source in sources), sources
+        for source in sources:
+            fetched = client.get(source)
+            assert fetched.status_code == 200 and len(fetched.content) > 0, source
+    assert "/v1/score" in client.get("/openapi.json").json()["paths"]
 
 
 def test_each_request_is_logged_in_one_line(client, caplog):
