@@ -129,3 +129,22 @@ def test_the_api_documentation_renders_without_the_internet(server, browser):
     browser.get(server + "docs")
     paths = wait_for(lambda: [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")], 20)
     assert {"/v1/models", "/v1/sample", "/v1/score", "/v1/activations"} <= set(paths)
+
+
+def test_the_page_fits_a_phone_screen(server, browser, tmp_path):
+    """At a phone's width (390 CSS pixels) nothing runs off the side and every view's controls show."""
+    from selenium.webdriver.common.by import By
+
+    browser.set_window_size(390, 844)
+    try:
+        browser.get(server)
+        wait_for(lambda: "lru" in browser.find_element(By.CSS_SELECTOR, "#about").text)
+        for view in ("write", "read", "inside"):
+            browser.find_element(By.CSS_SELECTOR, f'nav button[data-view="{view}"]').click()
+            width = browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+            assert width[0] <= width[1], f"the {view} view is {width[0]} px wide on a {width[1]} px screen"
+            buttons = [b for b in browser.find_elements(By.CSS_SELECTOR, "main button") if b.is_displayed()]
+            assert buttons and all(b.rect["x"] + b.rect["width"] <= width[1] for b in buttons)
+        assert shoot(browser, "phone", tmp_path).stat().st_size > 1000
+    finally:
+        browser.set_window_size(900, 640)
