@@ -39,7 +39,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from charlm.runtime.compiling import CompiledForward
 from charlm.config import BenchmarkConfig, SampleConfig
-from charlm.runtime.cuda_graphs import GraphedCall, GraphedWindow, failed_check
+from charlm.runtime.cuda_graphs import GraphedCall, failed_check
+from charlm.runtime.training_graphs import GraphedWindow
 from charlm.runtime.fast_path_check import graphs_disabled
 from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
 from charlm.runtime.precision import autocast, float32_state, grad_scaler, layer_output_dtypes, wrong_layer_dtypes

@@ -223,7 +223,7 @@ def sampling_graph_against_eager(cell: str, device: torch.device, symbols: int =
 def training_graph_against_eager(cell: str, device: torch.device, windows: int = 3) -> CheckRow:
     """The training window's graphs (forward and backward) against eager on the same weights, state
     carried, logits and gradients compared at every window."""
-    from charlm.runtime.cuda_graphs import GraphedWindow
+    from charlm.runtime.training_graphs import GraphedWindow
 
     model = small_model(cell, device).train()
     graphed = GraphedWindow(model, device, window_shape=(BATCH, STEPS))

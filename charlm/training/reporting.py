@@ -13,7 +13,7 @@ from charlm.inference.scoring import LN2
 from charlm.logs import get_logger
 from charlm.model import count_parameters
 from charlm.runtime.compiling import CompiledForward
-from charlm.runtime.cuda_graphs import GraphedWindow
+from charlm.runtime.training_graphs import GraphedWindow
 
 STATUS_INTERVAL = 60.0  # seconds between plain status lines when stderr is not a terminal
 

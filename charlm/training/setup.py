@@ -21,7 +21,7 @@ from charlm.corpora.streams import TokenStreams
 from charlm.errors import CharlmError, ConfigError
 from charlm.model import LanguageModel, ModelConfig, budget_of, count_parameters, size_for_budget
 from charlm.runtime.compiling import CompiledForward
-from charlm.runtime.cuda_graphs import graphed_window
+from charlm.runtime.training_graphs import graphed_window
 from charlm.runtime.devices import resolve_device
 from charlm.runtime.distributed import World, device_for_rank, world_from_environment
 from charlm.runtime.memory import check_budget_fits, check_fits, estimate_training_memory

@@ -12,7 +12,8 @@ import torch
 from charlm.cells import CELLS
 from charlm.inference.scoring import score_tokens
 from charlm.model import LanguageModel, ModelConfig
-from charlm.runtime.cuda_graphs import GraphedWindow, ScoringForward
+from charlm.runtime.cuda_graphs import ScoringForward
+from charlm.runtime.training_graphs import GraphedWindow
 from charlm.runtime.precision import layer_output_dtypes, wrong_layer_dtypes
 from charlm.tools.selfcheck import run_checks
 

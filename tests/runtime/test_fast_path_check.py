@@ -18,13 +18,14 @@ import torch
 import charlm.inference.scoring
 import charlm.runtime.compiling
 import charlm.runtime.cuda_graphs
+import charlm.runtime.training_graphs
 from charlm.inference.sampling import generate
 from charlm.inference.scoring import score_tokens
 from charlm.config import SampleConfig
 from charlm.model import LanguageModel, ModelConfig
 from charlm.runtime.compiling import CompiledForward
-from charlm.runtime.cuda_graphs import (CudaGraph, GraphedCall, GraphedWindow, ReplayByCalling, ScoringForward,
-                                        graphed_step, graphed_window)
+from charlm.runtime.cuda_graphs import CudaGraph, GraphedCall, ReplayByCalling, ScoringForward, graphed_step
+from charlm.runtime.training_graphs import GraphedWindow, graphed_window
 from charlm.runtime.fast_path_check import (ENVIRONMENT_SWITCH, FastPathCheck, FastPathMismatch, largest_difference,
                                             tolerance_for)
 from charlm.training.trainer import Trainer
@@ -76,6 +77,7 @@ def warnings(monkeypatch) -> list[str]:
             messages.append(message)
 
     monkeypatch.setattr(charlm.runtime.cuda_graphs, "get_logger", Recorder)
+    monkeypatch.setattr(charlm.runtime.training_graphs, "get_logger", Recorder)
     monkeypatch.setattr(charlm.runtime.compiling, "get_logger", Recorder)
     return messages
 

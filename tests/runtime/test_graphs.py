@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import charlm.runtime.cuda_graphs
+import charlm.runtime.training_graphs
 import charlm.training.setup
-from charlm.runtime.cuda_graphs import GraphedWindow, graphed_window
+from charlm.runtime.training_graphs import GraphedWindow, graphed_window
 from charlm.model import LanguageModel, ModelConfig
 from charlm.training.trainer import Trainer
 from helpers import assert_one_line_error, assert_same_weights, cli, records, tiny_config, weights
@@ -61,12 +62,12 @@ def graph_on_the_cpu(monkeypatch, capture=replayed_by_calling):
     """Let ``--cuda-graph`` run on the CPU, capturing with ``capture``."""
     replayed_by_calling.captures.clear()
     monkeypatch.setattr(charlm.training.setup, "check_cuda_graph", lambda wanted, device: None)
-    monkeypatch.setattr(charlm.runtime.cuda_graphs, "make_graphed_callables", capture)
+    monkeypatch.setattr(charlm.runtime.training_graphs, "make_graphed_callables", capture)
 
 
 @pytest.fixture
 def warnings(monkeypatch) -> list[str]:
-    """The warnings charlm.runtime.cuda_graphs logs, as a list."""
+    """The warnings the CUDA-graph modules log, as a list."""
     messages = []
 
     class Recorder:
@@ -74,6 +75,7 @@ def warnings(monkeypatch) -> list[str]:
             messages.append(message)
 
     monkeypatch.setattr(charlm.runtime.cuda_graphs, "get_logger", Recorder)
+    monkeypatch.setattr(charlm.runtime.training_graphs, "get_logger", Recorder)
     return messages
 
 
@@ -232,7 +234,7 @@ def test_a_state_handed_on_to_another_slot_replays_as_it_runs_eagerly():
 
 
 def test_the_training_window_gives_the_graph_outputs_of_their_own():
-    from charlm.runtime.cuda_graphs import FlatWindow
+    from charlm.runtime.training_graphs import FlatWindow
 
     h, g = torch.ones(2, 3), torch.zeros(2, 3)
     logits, new_h, new_g = FlatWindow(lambda tokens, state: handing_on(tokens, state), [2])(torch.zeros(2, 1), h, g)
