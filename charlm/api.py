@@ -24,6 +24,7 @@ from charlm.checkpoint import Checkpoint
 from charlm.config import DEFAULT_PRIME, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig, TrainConfig
 from charlm.settings import validate
 from charlm.runtime.devices import resolve_device
+from charlm.runs.best_weights import best_of_run
 from charlm.errors import CharlmError, OutOfVocabulary
 from charlm.inference.scoring import LN2, Score, score_split, score_tokens
 from charlm.logs import get_logger
@@ -37,11 +38,16 @@ _SCORE = ScoreConfig()
 _EVAL = EvalConfig()
 
 
-def train(config: TrainConfig) -> dict:
+def train(config: TrainConfig | None = None, **settings) -> dict:
     """Train a new run under ``config`` and return its summary (``charlm.Trainer(config).fit()``;
-    ``Trainer.resume(run_dir).fit()`` continues a run)."""
+    ``Trainer.resume(run_dir).fit()`` continues a run). Settings may also be given as keywords,
+    alone or over ``config``: ``charlm.train(corpus="pydoc", cell="lru", hidden=128, epochs=1)``;
+    each is checked as a ``--config`` file's values are (``layers=1.5`` is refused)."""
     from charlm.training.trainer import Trainer
 
+    if settings or config is None:
+        config = TrainConfig.from_dict({**(config or TrainConfig()).to_dict(), **settings})
+    config.validate()  # every setting, before anything is made (the Trainer checks again)
     return Trainer(config).fit()
 
 
@@ -53,6 +59,8 @@ def load(reference: str | Path, device: str = "auto", *, cells=(), trust_code: b
     ``cuda_graphs=False``: on a GPU, score and sample without CUDA graphs (``--no-cuda-graph``)."""
     target = resolve_device(device)
     checkpoint = Checkpoint.load(reference, prefer=prefer, map_location="cpu")
+    if prefer == "best" and Path(reference).is_dir():  # the run's best weights, or a warning saying which are used
+        checkpoint = best_of_run(Path(reference), checkpoint, lambda file: Checkpoint.load(file, map_location="cpu"))
     return Model(checkpoint, target, cells=cells, trust_code=trust_code, cuda_graphs=cuda_graphs)
 
 
@@ -275,7 +283,7 @@ class Model:
         validate(EvalConfig(split=split))  # valid or test, as `charlm eval`: the training split is not a score
         corpus = self.corpus(data_dir)
         if dynamic is None:
-            config = EvalConfig(split="test", batch_size=batch_size or _EVAL.batch_size, bptt=bptt)
+            config = EvalConfig(split="test", batch_size=_EVAL.batch_size if batch_size is None else batch_size, bptt=bptt)
             validate(config)
             started = time.perf_counter()
             score = score_split(self.network, corpus, split, batch_size=config.batch_size,

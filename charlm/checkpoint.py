@@ -8,7 +8,11 @@ checkpoints only ``last.pt`` (and ``previous.pt``) keep the optimizer's state, w
 ``best.pt`` and the epoch checkpoints are written ``without_optimizer``.
 
 Loading never runs code named in the file: a checkpoint of a user cell (``module:Class``) builds
-its model only when the caller names that cell or trusts the file (see ``build_model``).
+its model only when the caller names that cell or trusts the file (see ``build_model``). What is
+read is untrusted input: ``charlm.checkpoint_checks`` checks its types, bounds and consistency at
+every load, and its shapes against the model it describes (on the meta device) and the memory that
+model needs before one is built. A run directory's ``best.pt`` is checked against the run's own
+account of its best epoch (``charlm.runs.best_weights``).
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ import torch
 
 from charlm import __version__
 from charlm.cells import CELLS
+from charlm.checkpoint_checks import check_against_model, check_consistency, check_parts
 from charlm.config import TrainConfig
 from charlm.errors import CharlmError
 from charlm.files import atomic_write
-from charlm.model import LanguageModel, ModelConfig
+from charlm.model import LanguageModel, ModelConfig, count_parameters
+from charlm.runtime.memory import check_weights_fit
 
 FORMAT = "charlm-checkpoint"
 FORMAT_VERSION = 2
@@ -112,6 +118,7 @@ class Checkpoint:
                               f"{version}; this charlm {__version__} reads formats {', '.join(map(str, READABLE_VERSIONS))}")
         if version == 1:
             payload = _from_format_1(payload)
+        check_parts(payload, path)
         training = payload["training"]
         kind = payload.get("kind", "training")
         if kind not in KINDS:
@@ -121,7 +128,7 @@ class Checkpoint:
             train_config = TrainConfig.from_dict(payload["train_config"])
         except CharlmError as error:  # a bad or unknown setting: say it is the file's, not a flag
             raise CharlmError(f"{path} holds settings this charlm {__version__} cannot read ({error})") from None
-        return cls(
+        checkpoint = cls(
             model_config=model_config,
             train_config=train_config,
             tokenizer=payload["tokenizer"],
@@ -134,6 +141,8 @@ class Checkpoint:
             charlm_version=payload.get("charlm_version", "?"),
             path=path,
         )
+        check_consistency(checkpoint)
+        return checkpoint
 
     # --- what a checkpoint makes --------------------------------------------------------------
 
@@ -150,7 +159,11 @@ class Checkpoint:
         if broken is not None:
             raise CharlmError(f"{self.path}: its weights are not all finite numbers ({broken} holds NaN or infinity): "
                               "it cannot score, sample or export")
-        model = LanguageModel(self.model_config, cell_class=self.cell_class(cells, trust_code))
+        cell_class = self.cell_class(cells, trust_code)
+        shape = check_against_model(self, cell_class)  # on the meta device: every weight's shape, nothing allocated
+        device = torch.device(device)
+        check_weights_fit(count_parameters(shape), device, str(self.path or "the checkpoint"))
+        model = LanguageModel(self.model_config, cell_class=cell_class)
         try:
             model.load_state_dict(self.weights)
         except RuntimeError as error:
@@ -161,9 +174,12 @@ class Checkpoint:
         from charlm.corpora import Tokenizer
 
         try:
-            return Tokenizer.from_state(self.tokenizer)
-        except (KeyError, TypeError, ValueError) as error:
+            tokenizer = Tokenizer.from_state(self.tokenizer)
+        except (KeyError, TypeError, ValueError, RuntimeError, OSError) as error:  # sentencepiece: RuntimeError, OSError
             raise CharlmError(f"{self.path}: its vocabulary is damaged ({_first_line(error)})") from None
+        if list(tokenizer.vocab) != list(self.tokenizer["vocab"]):  # a subword vocabulary is its model's pieces
+            raise CharlmError(f"{self.path}: its vocabulary differs from the pieces of its own subword model")
+        return tokenizer
 
     def corpus(self, data_dir=None):
         """The prepared corpus the model was trained on, checked to have the same vocabulary."""

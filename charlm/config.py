@@ -15,9 +15,14 @@ import math
 import re
 
 from charlm.errors import ConfigError
+from charlm.files import not_a_directory
 from charlm.settings import from_dict, setting, validate
 
 DEFAULT_HIDDEN = 256  # hidden size when neither a hidden size nor a parameter budget is given
+MAX_LAYERS = 1024  # a model is built layer by layer (on the meta device too, to size it): 2**31 would never end
+MAX_WIDTH = 2**20  # --hidden, --embed-size: terabytes of weights already, and no weight's size overflows int64
+FLOAT32_MAX = 3.4028234663852886e38  # --weight-decay: torch's optimizers hold it as a float32
+DIST_TIMEOUT_MINUTES = 10.0  # --dist-timeout: how long a torchrun process waits for the others
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")  # --optimizer; built by charlm.training.optimizers
 DEFAULT_MOMENTUM = {"sgd": 0.9, "rmsprop": 0.0}  # --momentum when not given, for the optimizers that have one
@@ -33,10 +38,10 @@ class TrainConfig:
 
     corpus: str = setting("pydoc", "Prepared corpus to train on (see `charlm corpora`).")
     cell: str = setting("lstm", "Recurrent cell (see `charlm cells`), or module:Class for your own.")
-    layers: int = setting(1, "Number of stacked recurrent layers.", min=1)
-    hidden: int | None = setting(None, "Hidden size n.", min=1, show_default=f"{DEFAULT_HIDDEN} when neither --hidden nor --params is given")
+    layers: int = setting(1, "Number of stacked recurrent layers.", min=1, limit=MAX_LAYERS)
+    hidden: int | None = setting(None, "Hidden size n.", min=1, limit=MAX_WIDTH, show_default=f"{DEFAULT_HIDDEN} when neither --hidden nor --params is given")
     params: str | None = setting(None, "Parameter budget such as 1M or 2.5e6, or the size of a reference model such as lstm@100 (an LSTM of 100 units on this corpus; with options: lstm[peephole=full]@100): chooses the hidden size whose total count is closest.", show_default="none")
-    embed_size: int | None = setting(None, "Embedding width; 0 feeds one-hot symbols.", min=0, show_default="what the cell needs, else n")
+    embed_size: int | None = setting(None, "Embedding width; 0 feeds one-hot symbols.", min=0, limit=MAX_WIDTH, show_default="what the cell needs, else n")
     dropout: float = setting(0.0, "Dropout between layers and on the softmax input.", min=0, max=1, max_open=True)
     cell_options: dict = setting({}, "Options of the cell (--cell-opt key=value).", cli=False)
     batch_size: int = setting(32, "Parallel streams per step (the LRU paper's protocol: 250).", min=1)
@@ -54,7 +59,7 @@ class TrainConfig:
     optimizer: str = setting("adam", "Optimizer: adam (β = 0.9, 0.999), adamw (Adam with decoupled weight decay), sgd (with --momentum, --nesterov; wants a far larger --lr than Adam, 0.1 to 1) or rmsprop (α = 0.99).",
                              choices=OPTIMIZERS)
     weight_decay: float | None = setting(None, "Weight decay of every weight: adamw's is decoupled (each update also multiplies the weights by 1 − lr × decay); adam's, sgd's and rmsprop's is L2 (decay × weight added to the gradient).",
-                                         min=0, show_default="0.01 for adamw, else 0")
+                                         min=0, limit=FLOAT32_MAX, show_default="0.01 for adamw, else 0")
     momentum: float | None = setting(None, "Momentum of sgd and rmsprop (only those).", min=0, max=1, max_open=True, show_default="0.9 for sgd, 0 for rmsprop")
     nesterov: bool = setting(False, "sgd: Nesterov momentum (needs a positive --momentum).")
     accumulate: int = setting(1, "Windows (K) whose gradients are summed into each optimizer update (gradient accumulation: each window's loss is divided by K, so one update is a step on the K windows' mean loss, clipped as a whole; --log-every, --eval-every, --save-every and --warmup-steps count updates).", min=1)
@@ -82,16 +87,22 @@ class TrainConfig:
     tensorboard: bool = setting(False, "Also write every metrics record to TensorBoard (needs charlm[tensorboard]).")
     wandb: bool = setting(False, "Also log every metrics record to Weights & Biases (needs charlm[wandb]); the W&B run is named after the run directory and a resumed run goes on in the same W&B run. WANDB_MODE=offline logs to local files only.")
     wandb_project: str | None = setting(None, "The W&B project of --wandb.", show_default="$WANDB_PROJECT or charlm")
+    dist_timeout: float = setting(DIST_TIMEOUT_MINUTES, "Under torchrun: minutes a process waits for the others (to join, or at a collective) before it stops with a one-line error. Long enough for rank 0 to save a large model's checkpoint while the others wait; short enough that a frozen process is noticed in minutes, not PyTorch's 30. Raise it for models whose checkpoint takes longer to write.",
+                                  min=0, max=10080, min_open=True)
 
     def validate(self) -> None:
         validate(self)
         if self.hidden is not None and self.params is not None:
-            raise ConfigError(TrainConfig, "hidden", "and params are exclusive: give one, not both")
+            raise ConfigError(TrainConfig, "hidden", "and --params are exclusive: give one, not both")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise ConfigError(TrainConfig, "device", f"must be auto, cpu, cuda, cuda:N or mps, not {self.device!r}")
         if not isinstance(self.cell_options, dict):
             raise ConfigError(TrainConfig, "cell_options", "must be a mapping of option names to values")
         save_interval(self.save_every)
+        for name in ("data_dir", "run_dir"):  # a file where the directory belongs: said now, named by its flag
+            kind = not_a_directory(getattr(self, name)) if getattr(self, name) else None
+            if kind is not None:
+                raise ConfigError(TrainConfig, name, f"must be a directory: {getattr(self, name)} is {kind}")
         if self.cuda_graph and self.compile:
             raise ConfigError(TrainConfig, "cuda_graph", "and --compile are exclusive: give one, not both")
         if self.min_lr >= self.lr and self.schedule in ("plateau-halving", "warmup-cosine"):
@@ -157,7 +168,7 @@ def save_interval(text: str) -> tuple[str, float] | None:
 
 # Settings that may differ between a run and its resumption; the rest define the run.
 RESUMABLE_SETTINGS = ("epochs", "max_minutes", "max_tokens", "device", "precision", "compile", "cuda_graph", "tf32", "patience", "eval_every", "log_every", "print_every", "save_every",
-                      "keep_checkpoints", "test_every_epoch", "tensorboard", "wandb", "wandb_project", "data_dir")
+                      "keep_checkpoints", "test_every_epoch", "tensorboard", "wandb", "wandb_project", "data_dir", "dist_timeout")
 
 
 @dataclasses.dataclass
@@ -224,7 +235,7 @@ class DynamicOptions:
     """Every setting of a dynamic evaluation (see charlm.inference.dynamic), with its default."""
 
     method: str = setting("sgd", "sgd (Delta-RNN paper) or rms (Krause et al. 2018).", choices=("sgd", "rms"), cli=False)
-    lr: float | None = setting(None, "Step size η.", flag="--dyn-lr", min=0, show_default="0.01 sgd, 0.0001 rms")
+    lr: float | None = setting(None, "Step size η.", flag="--dyn-lr", min=0, limit=FLOAT32_MAX, show_default="0.01 sgd, 0.0001 rms")
     decay: float = setting(0.01, "rms: λ, the pull back towards the trained weights.", flag="--dyn-decay", min=0, max=1)
     eps: float = setting(1e-5, "rms: ε added to the RMS of the training gradients.", flag="--dyn-eps", min=0, min_open=True)
     segment: int = setting(20, "Steps per segment, one update after each; the static figure uses the same segments.", min=1)
@@ -259,7 +270,7 @@ class BenchmarkConfig:
 
     cells: str = setting("lstm,gru,lru", "Comma-separated cell names, or 'all'.")
     params: str = setting("1M", "Parameter budget every model is sized to.")
-    layers: int = setting(1, "Recurrent layers.", min=1)
+    layers: int = setting(1, "Recurrent layers.", min=1, limit=MAX_LAYERS)
     vocab_size: int = setting(82, "Vocabulary size of the synthetic data.", min=2)
     batch_size: int = setting(250, "Streams per step.", min=1)
     bptt: int = setting(50, "Window length.", min=1)
@@ -290,7 +301,7 @@ class DemoConfig:
                           "Hidden size → characters of training it needs for readable text.", cli=False)
     calibration_steps: int = setting(3, "Training steps timed per size measured (after one warm-up step).",
                                      min=1, cli=False)
-    layers: int = setting(1, "Layers.", cli=False)
+    layers: int = setting(1, "Layers.", min=1, limit=MAX_LAYERS, cli=False)
     batch_size: int = setting(32, "Streams.", cli=False)
     bptt: int = setting(50, "Window.", cli=False)
     lr: float = setting(3e-3, "Learning rate.", cli=False)

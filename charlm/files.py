@@ -239,6 +239,23 @@ def regular_or_directory(path: Path, what: str) -> None:
         raise CharlmError(f"{what} {path} is {file_kind(mode)}, not a regular file or a directory")
 
 
+def not_a_directory(path: str | Path) -> str | None:
+    """What ``path`` is ("a regular file", "a FIFO") when it exists and is not a directory; None when it
+    is one, or is missing (a directory that will be made)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing, or below a file: the reader or writer says so in its own words
+        return None
+    return None if stat.S_ISDIR(mode) else file_kind(mode)
+
+
+def check_directory(path: str | Path | None, flag: str) -> None:
+    """A directory option (``--data-dir``): a directory, or a path where one can be made; a file is bad input."""
+    kind = None if path is None else not_a_directory(path)
+    if kind is not None:
+        raise CharlmError(f"{flag} must be a directory: {path} is {kind}")
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
 

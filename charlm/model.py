@@ -226,8 +226,8 @@ def parse_budget(text: str) -> int:
         raise CharlmError(f"parameter budget {text!r} is not a number like 1M, 2.5e6 or 800k") from None
     if not math.isfinite(value):
         raise CharlmError(f"parameter budget {text!r} is not a finite number")
-    if value < 1:
-        raise CharlmError(f"parameter budget {text!r} must be positive")
+    if value < 1:  # 1e-3 is positive, but no model has a thousandth of a parameter
+        raise CharlmError(f"parameter budget {text!r} must be at least 1 parameter")
     return int(round(value))
 
 
@@ -255,6 +255,56 @@ def budget_of(text: str, config: ModelConfig) -> int:
         return count_parameters(LanguageModel(reference, cell_class))
 
 
+_META_COUNTS: dict[tuple, int] = {}  # a sweep sizes many points of one configuration at the same sizes
+
+
+def _meta_count(key: str, config: ModelConfig, cell_class) -> int:
+    """The parameter count of ``config``'s model, built on the meta device (``key``: the config's
+    repr, which stands for it in the cache: a config holds a dict and cannot be hashed)."""
+    if (key, cell_class) not in _META_COUNTS:
+        if len(_META_COUNTS) > 4096:
+            _META_COUNTS.clear()
+        with torch.device("meta"):
+            _META_COUNTS[key, cell_class] = count_parameters(LanguageModel(config, cell_class))
+    return _META_COUNTS[key, cell_class]
+
+
+def _solve_quadratic_count(total, budget: int, max_hidden_size: int) -> int | None:
+    """The hidden size closest to ``budget`` when the parameter count is a quadratic in it (every
+    built-in cell's is, at fixed depth and embedding): fitted from three real counts, checked on a
+    fourth, and the answer checked by real counts on both sides; None where any check fails (SCRN's
+    context width n // 10, a user's cell), and the caller searches instead."""
+    points = [64, 128, 256, 512]
+    if max_hidden_size < points[-1]:
+        return None
+    (x0, x1, x2), (y0, y1, y2) = points[:3], [total(x) for x in points[:3]]
+    # Newton's divided differences, exact in fractions: count(n) = y0 + d1 (n - x0) + d2 (n - x0)(n - x1)
+    from fractions import Fraction
+
+    d1 = Fraction(y1 - y0, x1 - x0)
+    d2 = (Fraction(y2 - y1, x2 - x1) - d1) / (x2 - x0)
+
+    def fitted(n: int) -> Fraction:
+        return y0 + d1 * (n - x0) + d2 * (n - x0) * (n - x1)
+
+    if fitted(points[3]) != total(points[3]):
+        return None
+    low, high = 1, max_hidden_size  # the fitted count rises with n on [1, max]: bisect it without building models
+    if fitted(high) < budget or d2 < 0:
+        return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fitted(middle) < budget:
+            low = middle
+        else:
+            high = middle
+    best = min((low, high), key=lambda n: abs(fitted(n) - budget))
+    neighbours = [n for n in (best - 1, best, best + 1) if 1 <= n <= max_hidden_size]
+    if any(total(n) != fitted(n) for n in neighbours):
+        return None
+    return best
+
+
 def size_for_budget(config: ModelConfig, budget: int, max_hidden_size: int = 16384, cell_class=None) -> tuple[int, int]:
     """The hidden size whose total parameter count is closest to ``budget``, and that count.
 
@@ -263,9 +313,12 @@ def size_for_budget(config: ModelConfig, budget: int, max_hidden_size: int = 163
     """
 
     def total(hidden_size: int) -> int:
-        with torch.device("meta"):
-            return count_parameters(LanguageModel(dataclasses.replace(config, hidden_size=hidden_size), cell_class))
+        sized = dataclasses.replace(config, hidden_size=hidden_size)
+        return _meta_count(repr(sized), sized, cell_class)
 
+    solved = _solve_quadratic_count(total, budget, max_hidden_size)
+    if solved is not None:
+        return solved, total(solved)
     if total(max_hidden_size) < budget:
         raise CharlmError(f"a parameter budget of {budget:,} is beyond the largest model charlm sizes "
                           f"(hidden {max_hidden_size:,}: {total(max_hidden_size):,} parameters)")

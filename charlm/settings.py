@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import math
+import numbers
 import typing
 from pathlib import Path
 
@@ -17,14 +19,18 @@ from charlm.errors import CharlmError, ConfigError
 
 
 def setting(default, help: str, *, flag: str | None = None, min=None, max=None, min_open: bool = False,
-            max_open: bool = False, choices: tuple | None = None, show_default: str | None = None, cli: bool = True):
+            max_open: bool = False, choices: tuple | None = None, show_default: str | None = None, cli: bool = True,
+            limit=None):
     """A dataclass field with its help text and bounds; ``flag`` overrides ``--field-name``.
+
+    ``limit``: the largest value the setting's type can take here, beyond any use (``--layers``
+    1024: a model is built layer by layer), checked with the type (``check_number``), not shown as a bound.
 
     ``show_default`` replaces the default in the help text (for defaults that depend on others);
     ``cli=False`` keeps the field off the command line.
     """
     metadata = {"help": help, "flag": flag, "min": min, "max": max, "min_open": min_open, "max_open": max_open,
-                "choices": choices, "show_default": show_default, "cli": cli}
+                "choices": choices, "show_default": show_default, "cli": cli, "limit": limit}
     if isinstance(default, (dict, list)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -52,8 +58,43 @@ def bound_text(metadata) -> str:
     return ""
 
 
+# Every integer setting is bounded by its type, whatever its own bounds: it must fit a signed 64-bit
+# integer, the type torch, numpy and the checkpoints hold it in (a seed, a size, a budget of tokens);
+# every number setting must be finite. Seeds are also at least 0 (``setting(..., min=0)``).
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
+
+def number_kind(owner, name: str) -> type | None:
+    """``int`` or ``float`` for a field annotated as one (optionally ``| None``), else None."""
+    hint = _type_hints(owner)[name]
+    kinds = [kind for kind in (typing.get_args(hint) or (hint,)) if kind is not type(None)]
+    return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _type_hints(owner) -> dict:
+    return typing.get_type_hints(owner)  # read once per class: evaluating the annotations is slow
+
+
+def check_number(owner, name: str, value, kind: type, limit=None) -> None:
+    """``value`` is a number of ``kind`` that its type can hold: a finite float, or an integer
+    (not a bool, not 1.5) within 64 bits; and at most ``limit`` where the setting has one."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral if kind is int else numbers.Real):
+        raise ConfigError(owner, name, f"must be {_KIND_NAMES[kind]}, not {value!r}")
+    if kind is float and not math.isfinite(value):
+        raise ConfigError(owner, name, f"must be a finite number, not {value}")
+    if kind is int and not INT64_MIN <= value <= INT64_MAX:
+        limit = f"at most {INT64_MAX}" if value > 0 else f"at least {INT64_MIN}"
+        raise ConfigError(owner, name, f"must be {limit} (a 64-bit integer), not {value}")
+    if limit is not None and value > limit:
+        raise ConfigError(owner, name, f"must be at most {limit:g}, not {value}" if kind is float
+                          else f"must be at most {limit}, not {value}")
+
+
 def validate(settings) -> None:
-    """Check every field of a settings dataclass against its bounds and choices (None is 'unset')."""
+    """Check every field of a settings dataclass against its type (``number_kind``), its bounds and
+    its choices (None is 'unset')."""
+    owner = type(settings)
     for field in dataclasses.fields(settings):
         value = getattr(settings, field.name)
         meta = field.metadata
@@ -61,21 +102,28 @@ def validate(settings) -> None:
             continue
         choices = meta.get("choices")
         if choices and value not in choices:
-            raise ConfigError(type(settings), field.name, f"must be one of {', '.join(map(str, choices))}, not {value!r}")
-        low, high = meta.get("min"), meta.get("max")
-        if low is None and high is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(type(settings), field.name, f"must be a number, not {value!r}")
-        if math.isinf(value):
-            raise ConfigError(type(settings), field.name, f"must be finite, not {value}")
-        ok = not math.isnan(value)
-        if low is not None:
-            ok = ok and (value > low if meta["min_open"] else value >= low)
-        if high is not None:
-            ok = ok and (value < high if meta["max_open"] else value <= high)
-        if not ok:
-            raise ConfigError(type(settings), field.name, f"must be {bound_text(meta)}, not {value}")
+            raise ConfigError(owner, field.name, f"must be one of {', '.join(map(str, choices))}, not {value!r}")
+        _check_bounds(owner, field.name, value, meta)
+        kind = number_kind(owner, field.name)
+        if kind is not None:  # after the bounds, which say more of a NaN ("must be positive, not nan")
+            check_number(owner, field.name, value, kind, meta.get("limit"))
+
+
+def _check_bounds(owner, name: str, value, meta) -> None:
+    low, high = meta.get("min"), meta.get("max")
+    if low is None and high is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(owner, name, f"must be a number, not {value!r}")
+    if math.isinf(value):
+        raise ConfigError(owner, name, f"must be finite, not {value}")
+    ok = not math.isnan(value)
+    if low is not None:
+        ok = ok and (value > low if meta["min_open"] else value >= low)
+    if high is not None:
+        ok = ok and (value < high if meta["max_open"] else value <= high)
+    if not ok:
+        raise ConfigError(owner, name, f"must be {bound_text(meta)}, not {value}")
 
 
 _KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "an object"}

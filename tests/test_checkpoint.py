@@ -234,7 +234,7 @@ def _wrong_shapes(payload):
     (_bad_model_config, "cannot read (hidden_size must be an integer"),
     (_unknown_setting, "cannot read (unknown TrainConfig setting: 'warp_drive')"),
     (_unknown_kind, "unknown kind 'mystery'"),
-    (_wrong_shapes, "the weights do not fit"),
+    (_wrong_shapes, "has shape [92, 32], the model it describes needs [92, 33]"),
 ])
 def test_damaged_checkpoint_is_one_line_error(trained_run, tmp_path, damage, fragment):
     payload = Checkpoint.load(trained_run).to_payload()
@@ -324,6 +324,9 @@ def test_resuming_a_run_that_names_a_module_is_refused(evil, small_runs, tmp_pat
     shutil.copytree(small_runs["epoch-end"], run)
     last = Checkpoint.load(run / "last.pt")
     dataclasses.replace(last, model_config=dataclasses.replace(last.model_config, cell="evilmod:Nope")).save(run / "last.pt")
+    recorded = json.loads((run / "config.json").read_text(encoding="utf-8"))
+    recorded["model"]["cell"] = "evilmod:Nope"  # the whole run names it (else: a checkpoint of another run, refused as such)
+    (run / "config.json").write_text(json.dumps(recorded), encoding="utf-8")
     assert_one_line_error(cli("train", "--resume", run, "--epochs", "3"), "'evilmod'", "--trust-code")
     with pytest.raises(CharlmError, match="'evilmod'"):
         Trainer.resume(run, epochs=3)

@@ -56,7 +56,7 @@ def test_defaults_are_valid():
     (TrainConfig(max_minutes=0.0), "max_minutes", "max_minutes must be positive"),
     (TrainConfig(max_minutes=NAN), "max_minutes", "max_minutes must be positive"),
     (TrainConfig(device="tpu"), "device", "device must be auto, cpu, cuda, cuda:N or mps, not 'tpu'"),
-    (TrainConfig(hidden=8, params="1M"), "hidden", "hidden and params are exclusive"),
+    (TrainConfig(hidden=8, params="1M"), "hidden", "hidden and --params are exclusive"),
     (TrainConfig(layers="2"), "layers", "layers must be a number, not '2'"),
     (SampleConfig(temperature=0.0), "temperature", "temperature must be positive"),
     (SampleConfig(top_p=0.0), "top_p", "top_p must be in (0, 1]"),
@@ -115,7 +115,7 @@ def test_from_dict_is_strict():
     (("train", "--dropout", "1"), ["--dropout must be in [0, 1)"]),
     (("train", "--train-fraction", "0"), ["--train-fraction must be in (0, 1]"]),
     (("train", "--max-minutes", "0"), ["--max-minutes must be positive"]),
-    (("train", "--hidden", "8", "--params", "1M"), ["--hidden and params are exclusive"]),
+    (("train", "--hidden", "8", "--params", "1M"), ["--hidden and --params are exclusive"]),
     (("train", "--layers", "0"), ["--layers", "1"]),  # a closed bound: checked by the option itself
     (("train", "--batch-size", "many"), ["--batch-size", "integer"]),
     (("train", "--tensorboard", "--layers", "0"), ["--layers"]),

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import torch
 
 import charlm.checkpoint
@@ -43,6 +45,8 @@ def checkpoint_events(run_dir):
     return records(run_dir, "checkpoint")
 
 
+@pytest.mark.slow  # about 25 s: real kill -9s of a training process; the kill-at-every-write tests of
+# tests/training/test_crash_consistency.py and the sweep kill -9 test stay in the default run
 def test_kill_9_inside_an_epoch_loses_at_most_save_every_and_the_lock_dies_with_the_process(tiny_corpus, tmp_path):
     killed = tmp_path / "killed"
     args = [*SMALL_RUN, "--data-dir", tiny_corpus, "--save-every", "3"]

@@ -12,9 +12,9 @@ PACKAGE = REPO / "charlm"
 # Bottom to top. A module may import from its own layer or from below, never from above.
 LAYERS = [
     {"errors", "logs", "files", "settings", "config"},
-    {"cells", "corpora"},
-    {"model", "checkpoint"},
     {"runtime"},
+    {"cells", "corpora"},
+    {"model", "checkpoint", "checkpoint_checks"},
     {"runs"},
     {"inference"},
     {"training", "tasks"},

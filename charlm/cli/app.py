@@ -43,6 +43,7 @@ def _show_version(value: bool):
 
 @app.callback()
 def _root(
+    context: typer.Context,
     version: bool = typer.Option(
         False, "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
     ),
@@ -52,11 +53,10 @@ def _root(
 ):
     """Prepare corpora, train recurrent cells, evaluate bits per character, sample text."""
     if threads is not None:
-        if threads < 1:
-            raise CharlmError(f"--threads must be at least 1, not {threads}")
-        import torch
+        from charlm.runtime.openmp import set_threads
 
-        torch.set_num_threads(threads)
+        source = context.get_parameter_source("threads")
+        set_threads(threads, "CHARLM_THREADS" if source is not None and source.name == "ENVIRONMENT" else "--threads")
 
 
 def _register_commands():
@@ -97,10 +97,10 @@ def run(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("charlm: error: interrupted", file=sys.stderr)
         return 130
-    except OSError as error:  # the disk, not the input: a full disk, a read-only directory
+    except OSError as error:  # writes fail as WriteError (a CharlmError): this is a path that cannot be used
         where = f" {error.filename}" if error.filename else ""
         print(f"charlm: error: cannot access{where}: {error.strerror or error}", file=sys.stderr)
-        return 1
+        return oserror_exit_code(error)
     except Exception as error:
         if type(error).__name__ == "Abort":
             print("charlm: error: interrupted", file=sys.stderr)
@@ -110,6 +110,17 @@ def run(argv: list[str] | None = None) -> int:
         print(f"charlm: error: {error_line(error)}", file=sys.stderr)
         return error.exit_code
     return result if isinstance(result, int) else 0
+
+
+def oserror_exit_code(error: OSError) -> int:
+    """2 for a path given as input that cannot be used (missing, a directory where a file belongs or the
+    other way round, no permission to read it): bad input, as the README says; 1 for the machine
+    (an I/O error, a full disk met outside charlm's writers)."""
+    import errno
+
+    from charlm.files import BAD_PATH
+
+    return 2 if error.errno in BAD_PATH | {errno.EACCES, errno.EPERM} else 1
 
 
 def _replace_what_cannot_be_encoded() -> None:

@@ -19,6 +19,7 @@ def bench(given: dict = None):
     import torch
 
     from charlm.tools.benchmark import benchmark_cells, disturbances, machine_load
+    from charlm.tools.benchmark_memory import check_benchmark_fits
     from charlm.cells import CELLS
     from charlm.settings import validate
     from charlm.runtime.distributed import launched_by_torchrun
@@ -41,6 +42,7 @@ def bench(given: dict = None):
     check_cuda_graph(config.cuda_graph, torch.device(config.device))
     if config.cuda_graph and config.compile:
         raise ConfigError(BenchmarkConfig, "cuda_graph", "and --compile are exclusive: give one, not both")
+    check_benchmark_fits(names, config, torch.device(config.device))  # before any model is allocated
     if launched_by_torchrun():
         _bench_scaling(names, config)
         return

@@ -8,15 +8,15 @@ from typing import Optional
 
 import typer
 
-from charlm.cli.options import settings_options
+from charlm.cli.options import directory_option, settings_options
 from charlm.cli.output import print_summary
 from charlm.config import DemoConfig
 
 
 @settings_options(DemoConfig)
 def demo(
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Root of prepared corpora (default: $CHARLM_DATA or ./data)."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where to write the run (default: runs/pydoc-lru-demo-TIME)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", callback=directory_option, help="Root of prepared corpora (default: $CHARLM_DATA or ./data)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", callback=directory_option, help="Where to write the run (default: runs/pydoc-lru-demo-TIME)."),
     given: dict = None,
 ):
     """Prepare the embedded `pydoc` corpus, size a small LRU to this machine and train it for the budget, report bits per character, sample."""

@@ -15,20 +15,20 @@ from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, NO_CUDA_GRAPH
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_table, stdout
 from charlm.config import DEFAULT_SEARCH_PREFIX, DynamicOptions, EvalConfig
-from charlm.settings import flag_of, validate
+from charlm.settings import INT64_MAX, flag_of, validate
 
 
 @settings_options(DynamicOptions, into="dyn")
 @settings_options(EvalConfig, into="static", exclude=("batch_size",))
 def evaluate(
     checkpoint: Path = CHECKPOINT,
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help=(
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", max=INT64_MAX, help=(
         "Parallel streams; every symbol is scored once whatever the value. Must be at least 1. (default: "
         f"{EvalConfig.batch_size} static, {DynamicOptions.batch_size} dynamic (exact, in text order)).")),
     dynamic: Optional[str] = typer.Option(None, "--dynamic", help="Also evaluate dynamically, adapting the weights test-then-train: sgd (Delta-RNN paper) or rms (Krause et al. 2018)."),
     adapt_on: Optional[str] = typer.Option(None, "--adapt-on", help="valid: adapt over the whole validation split first, then evaluate the test split from the adapted weights (#2)."),
     dyn_search: bool = typer.Option(False, "--dyn-search", help="Grid-search η (and λ for rms) on a validation prefix, then evaluate with the best."),
-    search_prefix: Optional[int] = typer.Option(None, "--search-prefix", help=f"Characters of the validation split the search scores (default: {DEFAULT_SEARCH_PREFIX})."),
+    search_prefix: Optional[int] = typer.Option(None, "--search-prefix", max=INT64_MAX, help=f"Characters of the validation split the search scores (default: {DEFAULT_SEARCH_PREFIX})."),
     save_adapted: Optional[Path] = typer.Option(None, "--save-adapted", help="Write the adapted weights to this checkpoint file."),
     data_dir: Optional[Path] = DATA_DIR,
     device: str = DEVICE,

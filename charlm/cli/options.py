@@ -45,7 +45,7 @@ PANELS = {
     "Evaluation": ("eval_batch_size", "eval_every", "eval_fraction", "test_every_epoch"),
     "Saving and logging": ("run_dir", "init_from", "save_every", "keep_checkpoints", "log_every", "print_every", "tensorboard", "wandb",
                            "wandb_project"),
-    "Hardware": ("device", "compile", "cuda_graph", "tf32"),
+    "Hardware": ("device", "compile", "cuda_graph", "tf32", "dist_timeout"),
 }
 PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
 
@@ -107,3 +107,12 @@ def _plain(value) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return str(value)
+
+
+def directory_option(param: typer.CallbackParam, value):
+    """The callback of a directory option (``--data-dir``): a file where the directory belongs is bad
+    input, said with the option's name as it is read (``charlm.files.check_directory``)."""
+    from charlm.files import check_directory
+
+    check_directory(value, param.opts[0])
+    return value

@@ -10,9 +10,10 @@ import typer
 from rich import box
 from rich.table import Table
 
-from charlm.cli.options import help_text
+from charlm.cli.options import directory_option, help_text
 from charlm.cli.output import stdout
 from charlm.config import PrepareConfig
+from charlm.settings import INT64_MAX
 from charlm.corpora import PreparedCorpus, data_root, list_corpora, prepare_corpus
 from charlm.corpora.splits import SPLITS, parse_fractions
 
@@ -26,11 +27,11 @@ def prepare(
                                           "the archive itself, or a directory or file holding its members."),
     url: Optional[str] = typer.Option(None, "--url", help="Download from this address (a mirror) instead of the "
                                       "canonical one."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Data root for prepared corpora and the "
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", callback=directory_option, help="Data root for prepared corpora and the "
                                             "download cache (default: $CHARLM_DATA, else ./data)."),
     subword: Optional[str] = typer.Option(None, "--subword", help="Train a sentencepiece model on the training "
                                           "split: bpe or unigram. A character corpus becomes <corpus>-<kind><N>."),
-    vocab_size: int = typer.Option(PrepareConfig.vocab_size, "--vocab-size", min=2, help=help_text(PrepareConfig, "vocab_size")),
+    vocab_size: int = typer.Option(PrepareConfig.vocab_size, "--vocab-size", min=2, max=INT64_MAX, help=help_text(PrepareConfig, "vocab_size")),
     name: Optional[str] = typer.Option(None, "--name", help="Name of the prepared corpus (required for `text`)."),
     split: Optional[str] = typer.Option(None, "--split", help="For `text`: train,valid,test fractions, contiguous "
                                         "(default 0.9,0.05,0.05)."),
@@ -61,7 +62,7 @@ def summary(corpus: PreparedCorpus) -> str:
 
 
 def corpora(
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Data root to look in (default: "
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", callback=directory_option, help="Data root to look in (default: "
                                             "$CHARLM_DATA, else ./data)."),
 ):
     """List the known corpora, and which are prepared with their split sizes and vocabulary.

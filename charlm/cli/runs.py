@@ -13,6 +13,7 @@ import typer
 
 from charlm.cli.output import print_plain, print_table, stdout
 from charlm.errors import CharlmError
+from charlm.settings import INT64_MAX
 from charlm.logs import get_logger
 
 # The columns left out first when the terminal is narrow; run, cell, the scores and the status stay.
@@ -34,7 +35,7 @@ def runs(
     plain: bool = typer.Option(False, "--plain", help="Print tab-separated values with a header line (every column), for scripts."),
     prune: bool = typer.Option(False, "--prune", help="Instead of listing: free what the runs need neither to resume nor to use their best model (previous.pt when last.pt loads, the optimizer state of a best.pt written by an older charlm, epoch checkpoints beyond --keep, leftovers of cut-short writes); last.pt and best.pt stay, a run being trained is skipped."),
     dry_run: bool = typer.Option(False, "--dry-run", help="With --prune: print what would be freed, remove nothing."),
-    keep: Optional[int] = typer.Option(None, "--keep", help="With --prune: epoch checkpoints to keep in each run. (default: the run's --keep-checkpoints)"),
+    keep: Optional[int] = typer.Option(None, "--keep", max=INT64_MAX, help="With --prune: epoch checkpoints to keep in each run. (default: the run's --keep-checkpoints)"),
 ):
     """List runs: corpus, cell, size, epochs, best validation and test bpc, dynamic figures, time, disk, status."""
     from charlm.runs.directory import find_runs

@@ -11,8 +11,8 @@ import typer
 from charlm.cli.loading import CELL, CHECKPOINT, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
 from charlm.config import SampleConfig
-from charlm.settings import validate
-from charlm.errors import CharlmError
+from charlm.settings import INT64_MAX, validate
+from charlm.errors import CharlmError, ConfigError
 from charlm.files import read_text
 from charlm.inference.beam import check_beam_settings
 from charlm.logs import get_logger
@@ -41,6 +41,9 @@ def sample(
     config = SampleConfig(**given)
     validate(config)
     check_beam_settings(config)
+    if config.seed is not None and config.seed + config.num_samples - 1 > INT64_MAX:  # sample i uses seed + i
+        raise ConfigError(SampleConfig, "seed", f"must be at most {INT64_MAX - config.num_samples + 1} for "
+                                                f"{config.num_samples} samples (sample i uses seed + i), not {config.seed}")
     model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
     base_seed = config.seed
     if base_seed is None and not config.beam:  # draw one, and say it, so that the text can be drawn again

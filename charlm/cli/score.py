@@ -39,6 +39,8 @@ def score(
     validate(config)
     check_method(dynamic, [flag_of(DynamicOptions, name) for name in dyn], purpose="scoring")
     dynamic_options = None if dynamic is None else DynamicOptions(method=dynamic, **dyn)
+    if dynamic_options is not None:
+        dynamic_options.validate()  # before the model is loaded, as eval does
     text = _read(text_file)
     model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
     static = model.score(text, per_char=per_char is not None and dynamic is None, unknown=config.unknown,

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from charlm.cli.options import directory_option
 from charlm.cli.output import print_table, stdout
 from charlm.errors import CharlmError
 from charlm.logs import get_logger
@@ -16,18 +17,22 @@ from charlm.logs import get_logger
 def sweep(
     plan: Optional[str] = typer.Argument(None, help="A plan: a .toml file, or the name of one shipped with charlm (see --list)."),
     profile: Optional[str] = typer.Option(None, "--profile", help="A profile of the plan, such as small (default: the plan as written, the papers' settings)."),
-    directory: Optional[Path] = typer.Option(None, "--dir", help="The sweep directory (default: sweeps/PLAN-PROFILE)."),
+    directory: Optional[Path] = typer.Option(None, "--dir", callback=directory_option, help="The sweep directory (default: sweeps/PLAN-PROFILE)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the runs (settings, hidden size, parameters, state) without training."),
     only: Optional[List[str]] = typer.Option(None, "--only", help="Only the runs with KEY=VALUE (repeatable), e.g. --only cell=lru."),
     shard: Optional[str] = typer.Option(None, "--shard", help="Run the I-th of N disjoint shares, written I/N with I from 0 (e.g. 0/4; in a Slurm array "
                                                              "of 4 tasks: $SLURM_ARRAY_TASK_ID/4)."),
     list_plans: bool = typer.Option(False, "--list", help="List the plans shipped with charlm and exit."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Root of prepared corpora (default: $CHARLM_DATA, else ./data)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", callback=directory_option, help="Root of prepared corpora (default: $CHARLM_DATA, else ./data)."),
     trust_code: bool = typer.Option(False, "--trust-code", help="Allow the plan's module:Class cells to be imported."),
 ):
-    """Run every point of a plan as its own run directory; re-running skips finished runs and resumes interrupted ones."""
+    """Run every point of a plan as its own run directory; re-running skips finished runs and resumes interrupted ones.
+
+    Exit code 0 when every point finished (or diverged, or another process is training it); 1 when a point could not run, its evaluation failed or its run directory is damaged (the last line names them; the reasons are in DIR/sweep.log); 2 for a bad plan or option, found before anything trains.
+    """
     from charlm.experiments.plan import load_plan, shipped_plans
-    from charlm.experiments.sweep import Sweep, parse_shard, select
+    from charlm.experiments.selection import parse_shard, select
+    from charlm.experiments.sweep import Sweep
 
     if list_plans:
         print_table(None, ["plan", "description"], [[name, text] for name, text in shipped_plans().items()])
@@ -42,6 +47,7 @@ def sweep(
     runner = Sweep(loaded, target, data_dir=data_dir, trust_code=trust_code)
     points = select(loaded.points(), only or [], parse_shard(shard))
     if dry_run:
+        runner.check(points)  # the values a prepared corpus judges, as the real run does before it writes
         rows = [runner.describe(point) for point in points]
         paper = loaded.paper_parameters if loaded.profile == "paper" else {}
         print_table(f"{len(rows)} run(s) of {loaded.name} ({loaded.profile}) in {target}",
@@ -60,15 +66,23 @@ def sweep(
         counts[outcome.status] = counts.get(outcome.status, 0) + 1
     stdout.print(f"sweep {target}: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
                  + f"; report with `charlm report {target}`")
-    if counts.get("failed"):
-        raise SweepIncomplete(f"{counts['failed']} of {len(outcomes)} runs failed (the messages above say why); "
-                              "fix them and run the same command again to go on")
+    unfinished = [outcome for outcome in outcomes if outcome.status in ("failed", "damaged")]
+    if unfinished:
+        raise SweepIncomplete(unfinished, len(outcomes), runner)
 
 
 class SweepIncomplete(CharlmError):
-    """Some points of a sweep could not run: the others are kept, the exit code says so."""
+    """Some points of a sweep were not run, not evaluated, or are damaged: the others are kept, and
+    the exit code is 1 (2 is for bad input, refused before anything trains)."""
 
     exit_code = 1
+    SHOWN = 5  # points named in the line; the others are counted
+
+    def __init__(self, unfinished: list, total: int, runner):
+        named = ", ".join(f"{outcome.point} ({outcome.detail})" for outcome in unfinished[: self.SHOWN])
+        more = f" and {len(unfinished) - self.SHOWN} more" if len(unfinished) > self.SHOWN else ""
+        super().__init__(f"{len(unfinished)} of {total} runs did not finish: {named}{more}; why: {runner.log_file} "
+                         f"(and each run's train.log); fix them and run the same command again to go on")
 
 
 def _paper_count(paper: dict, row: dict) -> str:

@@ -22,6 +22,7 @@ from charlm.corpora.recipes import Recipe
 from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS, check_fractions
 from charlm.corpora.store import (FORMAT_VERSION, PreparedCorpus, data_root, open_prepared, read_meta,
                                   remove_abandoned_staging, write_prepared)
+from charlm.corpora.store_reader import DamagedCorpus
 from charlm.corpora.subword import SUBWORD_KINDS, train_subword_tokenizer
 from charlm.corpora.tokenizer import UNK, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer
 from charlm.logs import info as log_info
@@ -98,6 +99,9 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
     target = root / options.name
     request = options.request()
     existing = read_meta(target)
+    if target.exists() and (damage := damage_of(target)) is not None:  # never "nothing to do" over a damaged corpus
+        log(f"{damage.file}: {damage.problem}: preparing {options.name} again")
+        existing = None
 
     if (existing and recipe.inputs.downloads and source is None and url is None
             and existing.get("request") == request and (existing.get("verified") or not verify)):
@@ -200,6 +204,16 @@ def sha256_of_json(value) -> str:
 def as_text(part) -> str:
     """A split as text: bytes of a byte corpus are decoded as UTF-8 (undecodable bytes become U+FFFD)."""
     return part if isinstance(part, str) else bytes(part).decode("utf-8", errors="replace")
+
+
+def damage_of(target: Path) -> DamagedCorpus | None:
+    """What is wrong with the prepared corpus at ``target`` (every split's ids and checksum
+    checked), or None when nothing is."""
+    try:
+        open_prepared(target).verify()
+    except DamagedCorpus as damage:
+        return damage
+    return None
 
 
 def _nothing_to_do(target: Path, log) -> PreparedCorpus:

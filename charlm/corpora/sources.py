@@ -7,12 +7,16 @@ both work. A pattern with ``*`` (``*/train/pos/*.txt``) matches any number of me
 Nothing is ever extracted: the members asked for are read into memory, one block at a time, and
 the rest are never touched. A wanted member that is not a regular file, or whose path is absolute
 or climbs out with ``..``, is refused; so is one larger than the recipe's ``SizeLimits``, before any
-of it is read when its header says so, else as soon as its bytes pass what it declared.
+of it is read when its header says so, else as soon as its bytes pass what it declared. A damaged
+archive (a corrupt or truncated stream, an encrypted zip member, a compression method that Python
+cannot read) is one line naming it; a compressed tar is read to its end, so its checksum is checked.
 """
 
 import fnmatch
+import lzma
 import re
 import stat
+import struct
 import tarfile
 import zipfile
 import zlib
@@ -27,6 +31,13 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
 BLOCK = 1 << 20
 WINDOWS_DRIVE = re.compile(r"[A-Za-z]:")
+ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2",
+               zipfile.ZIP_LZMA: "LZMA"}  # the compression methods Python reads
+TAR_COMPRESSIONS = {b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz"}  # first bytes → tarfile's method
+# What Python's readers raise on a damaged archive (struct.error and IndexError from a mangled zip
+# header, NotImplementedError from an unknown method or zip version, RuntimeError from encryption).
+ARCHIVE_ERRORS = (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError, OSError, ValueError,
+                  IndexError, KeyError, struct.error, NotImplementedError, RuntimeError)
 ZIP_FILE_TYPES = {stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device",
                   stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
 
@@ -147,9 +158,24 @@ def _matching_files(source: Path, wanted, reader: BoundedReader):
             yield from _zip_members(source, wanted, reader)
         else:
             yield from _tar_members(source, wanted, reader)
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError) as error:
-        reason = "; ".join(line.strip(" -") for line in str(error).splitlines() if line.strip())
-        raise CharlmError(f"{source} is a corrupt or truncated archive ({reason})") from None
+    except ARCHIVE_ERRORS as error:
+        raise CharlmError(f"{source} is a corrupt or truncated archive ({_archive_failure(source, error)})") from None
+
+
+def _archive_failure(source: Path, error: BaseException) -> str:
+    """Why reading the archive failed, in a phrase: for a tar that no method opened, what the method its
+    first bytes name said."""
+    lines = [line.strip(" -") for line in str(error).splitlines() if line.strip(" -")]
+    if isinstance(error, tarfile.ReadError) and lines and lines[0].startswith("file could not be opened"):
+        with open(source, "rb") as file:
+            head = file.read(6)
+        method = next((name for magic, name in TAR_COMPRESSIONS.items() if head.startswith(magic)), None)
+        said = next((line.split(":", 1)[1].strip() for line in lines if line.startswith(f"method {method}:")), None)
+        if method is None:
+            return "not a tar archive, plain or compressed with gzip, bzip2 or xz"
+        said = re.sub(r"^\w+\('(.*)'\)$", r"\1", said or "")
+        return f"damaged {method} data: {said}" if said else f"damaged {method} data"
+    return "; ".join(lines)[:200] or type(error).__name__
 
 
 def _member_path(name: str) -> str:
@@ -179,9 +205,21 @@ def _zip_members(source: Path, wanted, reader: BoundedReader):
             if info.is_dir() or not wanted(path):
                 continue
             _refuse_unsafe(source, info.filename, _zip_member_kind(info))
+            _refuse_unreadable(source, info)
             reader.check_declared(f"member {path}", info.file_size)
             with archive.open(info) as stream:  # stops at the declared size, then checks the CRC-32
                 yield path, reader.read(stream, f"member {path}", info.file_size)
+
+
+def _refuse_unreadable(source: Path, info: zipfile.ZipInfo) -> None:
+    """Refuse a wanted zip member that is encrypted, or compressed by a method Python cannot read."""
+    if info.flag_bits & 0x1:
+        raise CharlmError(f"{source}: member {info.filename!r} is encrypted; charlm reads only unencrypted "
+                          "archives: extract it with the password and pass the files with --source")
+    if info.compress_type not in ZIP_METHODS:
+        raise CharlmError(f"{source}: member {info.filename!r} is compressed with method {info.compress_type}, which "
+                          f"charlm cannot read (it reads {', '.join(ZIP_METHODS.values())}): extract it with "
+                          "another tool and pass the files with --source")
 
 
 def _zip_member_kind(info: zipfile.ZipInfo) -> str | None:
@@ -202,6 +240,15 @@ def _tar_members(source: Path, wanted, reader: BoundedReader):
             reader.check_declared(f"member {path}", member.size)
             with archive.extractfile(member) as stream:
                 yield path, reader.read(stream, f"member {path}", member.size)
+        _read_to_the_end(source, archive.fileobj)
+
+
+def _read_to_the_end(source: Path, stream) -> None:
+    """Read what follows a tar's last member (its end blocks and padding, a few kilobytes), so that
+    a compressed stream's checksum is checked; more than a block of it is refused."""
+    if stream.read(BLOCK) and stream.read(1):
+        raise CharlmError(f"{source}: more than {BLOCK:,} bytes follow the archive's end; refused as damaged or "
+                          "malicious")
 
 
 def _tar_member_kind(member: tarfile.TarInfo) -> str | None:

@@ -1,7 +1,10 @@
 """A prepared corpus on disk: ``<data root>/<name>/`` with ``meta.json`` and one ``.npy`` array per split.
 
-The directory is written under a temporary name inside the data root and renamed into place when
-complete, so a reader never sees half a corpus. Split arrays are memory-mapped when read.
+The directory is written under a temporary name inside the data root, every file flushed to disk,
+and renamed into place when complete, so a reader never sees half a corpus, even after a power cut.
+``meta.json`` records the size and sha256 of every array. Everything read is checked first
+(``charlm.corpora.store_reader``): the metadata and array headers when the corpus is opened, a
+split's ids and checksum when it is first used. Split arrays are memory-mapped when read.
 
 The temporary names (``.<name>.partial-<host>-<pid>-<token>``, and ``.previous-`` for the version
 being replaced) say which process made them, so that a later preparation can remove those of a
@@ -19,13 +22,13 @@ from pathlib import Path
 import numpy as np
 
 from charlm.corpora.splits import SPLITS
+from charlm.corpora.store_reader import (META, SUBWORD_MODEL, array_layout, build_tokenizer, check_ids,
+                                         file_record, read_checked_meta)
 from charlm.corpora.tokenizer import Tokenizer
 from charlm.errors import CharlmError
-from charlm.files import read_bytes, writing
+from charlm.files import flush_directory, read_bytes, writing
 
 FORMAT_VERSION = 1
-META = "meta.json"
-SUBWORD_MODEL = "tokenizer.model"  # the sentencepiece model of a subword corpus
 DEFAULT_DATA_ROOT = "data"
 STAGING_NAME = re.compile(r"\.(?P<name>.+)\.(?P<kind>partial|previous)-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}")
 
@@ -45,6 +48,7 @@ class PreparedCorpus:
         self.path = Path(path)
         self.meta = meta
         self.tokenizer = tokenizer
+        self._checked = set()  # the splits whose ids (and checksum) have been checked
 
     @property
     def vocab_size(self) -> int:
@@ -64,11 +68,22 @@ class PreparedCorpus:
         return self.meta.get("verified", True) is not False
 
     def split(self, which: str) -> np.ndarray:
-        """The token ids of split ``which`` ("train", "valid" or "test"), memory-mapped."""
+        """The token ids of split ``which`` ("train", "valid" or "test"), memory-mapped. The first
+        time, its ids are checked to be in the vocabulary and the file against its checksum."""
         path = self.path / f"{_check_split(which)}.npy"
-        if path.exists() and not path.is_file():  # a FIFO would be waited on for ever
-            raise CharlmError(f"{path} is not a regular file: prepare the corpus again")
-        return np.load(path, mmap_mode="r")
+        layout = array_layout(path, which, self.meta, self.path)  # again: the file may have changed since
+        if layout.length == 0:
+            return np.zeros(0, dtype=layout.dtype)
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        if which not in self._checked:
+            check_ids(path, array, layout, self.meta, self.path)
+            self._checked.add(which)
+        return array
+
+    def verify(self) -> None:
+        """Check every split's ids and checksum now (``split`` does it for each when first used)."""
+        for which in SPLITS:
+            self.split(which)
 
     def tokens(self, which: str) -> int:
         return self.meta["splits"][_check_split(which)]["tokens"]
@@ -89,31 +104,29 @@ def _check_split(which: str) -> str:
 
 
 def read_meta(path: Path) -> dict | None:
-    """The metadata of the prepared corpus at ``path``, or None if there is none (or it is unreadable)."""
+    """The metadata of the prepared corpus at ``path``, or None if there is none (or it is unreadable
+    or not a JSON object). Unchecked: ``open_prepared`` checks it."""
     try:  # a FIFO is refused, not waited on
-        return json.loads(read_bytes(Path(path) / META, "corpus metadata").decode("utf-8"))
-    except (CharlmError, ValueError):
+        meta = json.loads(read_bytes(Path(path) / META, "corpus metadata").decode("utf-8"))
+    except (CharlmError, ValueError, RecursionError):
         return None
+    return meta if isinstance(meta, dict) else None
 
 
 def open_prepared(path: Path) -> PreparedCorpus:
-    """The prepared corpus at ``path``."""
+    """The prepared corpus at ``path``, its metadata, tokenizer and array headers checked (a
+    ``DamagedCorpus`` error otherwise); each split's ids are checked when it is first used."""
     path = Path(path)
-    meta = read_meta(path)
-    if meta is None:
-        raise CharlmError(f"{path} is not a prepared corpus (no readable {META})")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CharlmError(f"{path} was prepared in format {meta.get('format_version')}, this charlm reads "
-                          f"format {FORMAT_VERSION}: prepare it again")
-    state = dict(meta["tokenizer"])
-    if state["kind"] == "subword":
-        state["model"] = read_bytes(path / SUBWORD_MODEL, "subword model")
-    return PreparedCorpus(path, meta, Tokenizer.from_state(state))
+    meta = read_checked_meta(path, FORMAT_VERSION)
+    tokenizer = build_tokenizer(meta, path)
+    for which in SPLITS:  # sizes only: a split's ids are read when it is used
+        array_layout(path / f"{which}.npy", which, meta, path)
+    return PreparedCorpus(path, meta, tokenizer)
 
 
 def write_prepared(root: Path, name: str, arrays: dict[str, np.ndarray], meta: dict, tokenizer: Tokenizer) -> Path:
     """Write a corpus to ``root/name`` atomically, replacing any earlier version; returns its path."""
-    meta = {**meta, "tokenizer": tokenizer.plain_state()}
+    meta = {**meta, "tokenizer": tokenizer.plain_state(), "files": {}}
     extra_files = {SUBWORD_MODEL: tokenizer.model} if tokenizer.model is not None else {}
     target, staging = root / name, staging_path(root, name, "partial")
     with writing(target):
@@ -125,18 +138,32 @@ def write_prepared(root: Path, name: str, arrays: dict[str, np.ndarray], meta: d
                 np.save(staging / f"{which}.npy", array)
             for filename, data in extra_files.items():
                 (staging / filename).write_bytes(data)
+            for filename in [f"{which}.npy" for which in arrays] + list(extra_files):
+                _flush_to_disk(staging / filename)  # before the rename: a power cut cannot leave it short
+                meta["files"][filename] = file_record(staging / filename)
             (staging / META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-            if target.exists():
-                previous = staging_path(root, name, "previous")
+            _flush_to_disk(staging / META)
+            flush_directory(staging)
+            previous = staging_path(root, name, "previous") if target.exists() else None
+            if previous:
                 os.replace(target, previous)
-                os.replace(staging, target)
+            os.replace(staging, target)
+            flush_directory(root)
+            if previous:
                 shutil.rmtree(previous)
-            else:
-                os.replace(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def _flush_to_disk(path: Path) -> None:
+    """Make what was written to ``path`` durable (fsync; Windows needs a handle open for writing)."""
+    descriptor = os.open(path, os.O_RDWR)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def staging_path(root: Path, name: str, kind: str) -> Path:

@@ -29,6 +29,9 @@ for a different scale (``small`` for a laptop; without ``--profile`` the plan ru
     axes = { corpus = ["pydoc"], params = ["200k"] }
 
 Plans shipped with charlm live in ``charlm/experiments/plans/`` and are named without their ``.toml``.
+A plan names no paths: its name and profile names are plain names (the sweep directory's), each
+point's directory is named from its values, and run_dir, init_from and data_dir are the sweep's
+(--dir, --data-dir). ``load_plan`` checks everything before anything trains (``plan_checks``).
 """
 
 from __future__ import annotations
@@ -46,15 +49,12 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-from charlm.config import TrainConfig
 from charlm.settings import from_dict
 from charlm.errors import CharlmError
+from charlm.experiments.plan_checks import CELL_OPTION, check_document, check_task_points, check_train_points, key_path
 from charlm.files import plain_name, read_text
 
-PLAN_KEYS = {"name", "description", "base", "axes", "eval", "profiles", "paper", "paper_parameters", "task", "budget"}
-EVAL_KEYS = {"split", "dynamic", "adapt_on", "batch_size"}
-SWEEP_OWNED = {"run_dir", "init_from"}  # settings a sweep chooses itself, per point
-CELL_OPTION = "cell_options."
+MAX_POINT_NAME = 200  # a longer run directory name is cut, with a digest of its values to keep it unique
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +93,7 @@ class Plan:
     paper_parameters: dict = dataclasses.field(default_factory=dict)  # cell → the count its paper gives
     task: str | None = None  # a plan of `charlm task` runs (base and axes: TaskConfig fields), not `charlm train`
     budget: str | None = None  # the nominal budget of runs sized by --hidden (reports group them under it)
+    origins: dict = dataclasses.field(default_factory=dict)  # ("base"|"axes", key) → the table a profile gave it in
 
     def points(self) -> list[Point]:
         """Every point of the grid, in a fixed order (the axes' product)."""
@@ -122,19 +123,18 @@ def shipped_plans() -> dict[str, str]:
 
 
 def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
-    """A plan from a TOML file, or a shipped plan by name, with ``profile``'s overrides applied."""
+    """A plan from a TOML file, or a shipped plan by name, with ``profile``'s overrides applied.
+
+    The one reader of plan files: the whole document is checked (``plan_checks.check_document``,
+    every profile included), then every point of the expanded plan as the training it will be
+    (``check_train_points``), so a bad value anywhere is one line before anything trains."""
     text, source = _plan_text(str(reference))
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise CharlmError(f"plan {source} is not valid TOML: {error}") from None
-    for key, kind in (("base", dict), ("axes", dict), ("profiles", dict), ("eval", list)):
-        if key in raw and not isinstance(raw[key], kind):
-            raise CharlmError(f"plan {source}: {key} must be a {'table' if kind is dict else 'list of tables'}")
-    unknown = sorted(set(raw) - PLAN_KEYS)
-    if unknown:
-        raise CharlmError(f"plan {source}: unknown key {unknown[0]!r} (a plan has {', '.join(sorted(PLAN_KEYS))})")
-    base, axes = dict(raw.get("base", {})), dict(raw.get("axes", {}))
+    check_document(raw, source)
+    base, axes, origins = dict(raw.get("base", {})), dict(raw.get("axes", {})), {}
     if profile is not None:
         profiles = raw.get("profiles", {})
         if profile not in profiles:
@@ -142,30 +142,23 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
             raise CharlmError(f"plan {source} has no profile {profile!r} (its profiles: {known})")
         plain_name(profile, f"plan {source}: profile")  # part of the sweep directory's name
         overrides = profiles[profile]
-        if not isinstance(overrides, dict):
-            raise CharlmError(f"plan {source}: profile {profile!r} must be a table")
-        extra = sorted(set(overrides) - {"base", "axes", "eval", "budget"})
-        if extra:
-            raise CharlmError(f"plan {source}: profile {profile!r} has unknown key {extra[0]!r} (base, axes, eval or budget)")
         if "budget" in overrides:
             raw["budget"] = overrides["budget"]
-        base.update(overrides.get("base", {}))
-        axes.update(overrides.get("axes", {}))
+        for table, merged in (("base", base), ("axes", axes)):
+            merged.update(overrides.get(table, {}))
+            origins.update({(table, key): key_path("profiles", profile, table) for key in overrides.get(table, {})})
         if "eval" in overrides:
             raw["eval"] = overrides["eval"]
+            origins[("eval", "")] = key_path("profiles", profile, "eval")
     name = plain_name(raw.get("name", Path(source).stem), f"plan {source}: its name")  # sweeps/NAME-PROFILE
-    if not isinstance(raw.get("description", ""), str):
-        raise CharlmError(f"plan {source}: description must be a string, not {raw['description']!r}")
-    plan = Plan(name=name, description=raw.get("description", ""),
-                profile=profile or "paper", base=base, axes=axes, evals=_eval_steps(raw.get("eval", []), source),
-                paper_parameters=_paper_parameters(raw.get("paper_parameters", {}), source),
-                source=source, task=raw.get("task"), budget=raw.get("budget"))
-    if plan.budget is not None and not (isinstance(plan.budget, str) and plan.budget.strip()):
-        raise CharlmError(f"plan {source}: budget must be a label such as \"0.9M per layer\", not {plan.budget!r}")
+    plan = Plan(name=name, description=raw.get("description", ""), profile=profile or "paper", base=base, axes=axes,
+                evals=tuple(EvalStep(**step) for step in raw.get("eval", [])),
+                paper_parameters=dict(raw.get("paper_parameters", {})), source=source, task=raw.get("task"),
+                budget=raw.get("budget"), origins=origins)
     if plan.task is not None:
-        _check_task_plan(plan)
+        check_task_points(plan, task_config)
     else:
-        _check(plan)
+        check_train_points(plan)
     return plan
 
 
@@ -179,108 +172,11 @@ def _plan_text(reference: str) -> tuple[str, str]:
     return resources.files("charlm.experiments.plans").joinpath(f"{reference}.toml").read_text(encoding="utf-8"), reference
 
 
-def _eval_steps(entries, source: str) -> tuple[EvalStep, ...]:
-    if not isinstance(entries, list):
-        raise CharlmError(f"plan {source}: eval must be a list of tables ([[eval]])")
-    steps = []
-    for entry in entries:
-        if not isinstance(entry, dict):
-            raise CharlmError(f"plan {source}: each eval step must be a table, not {entry!r}")
-        unknown = sorted(set(entry) - EVAL_KEYS)
-        if unknown:
-            raise CharlmError(f"plan {source}: eval step has unknown key {unknown[0]!r} ({', '.join(sorted(EVAL_KEYS))})")
-        step = EvalStep(**entry)
-        if step.split not in ("valid", "test"):
-            raise CharlmError(f"plan {source}: eval split must be valid or test, not {step.split!r}")
-        if step.dynamic not in (None, "sgd", "rms"):
-            raise CharlmError(f"plan {source}: eval dynamic must be sgd or rms, not {step.dynamic!r}")
-        if step.adapt_on not in (None, "valid"):
-            raise CharlmError(f"plan {source}: eval adapt_on must be valid, not {step.adapt_on!r}")
-        steps.append(step)
-    return tuple(steps)
-
-
-def _check(plan: Plan) -> None:
-    """Every setting a known training setting, every axis a non-empty list, every point a valid config."""
-    from charlm.cells import CELLS
-    from charlm.corpora import RECIPES
-
-    fields = {field.name for field in dataclasses.fields(TrainConfig)}
-    for key in _setting_keys(plan):
-        name = key if not key.startswith(CELL_OPTION) else "cell_options"
-        if name not in fields or name in SWEEP_OWNED:
-            raise CharlmError(f"plan {plan.source}: unknown setting {key!r} (any `charlm train` setting but "
-                              f"{', '.join(sorted(SWEEP_OWNED))}, or cell_options.NAME)")
-    _check_axes(plan)
-    for point in plan.points():
-        try:
-            config = from_dict(TrainConfig, point.settings)
-            config.validate()
-        except CharlmError as error:
-            raise CharlmError(f"plan {plan.source}, run {point.name}: {error}") from None
-        if ":" not in config.cell:  # a user cell is imported only when the sweep runs, and only if trusted
-            CELLS.get(config.cell)
-        if config.corpus not in RECIPES and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", config.corpus):
-            raise CharlmError(f"plan {plan.source}: {config.corpus!r} is not a corpus name")
-
-
-TASK_OWNED = {"task", "device"}  # a task plan names its task once; the device is the machine's
-
-
 def task_config(plan: Plan, point: Point):
     """The ``TaskConfig`` of a point of a task plan."""
     from charlm.tasks.training import TaskConfig
 
     return from_dict(TaskConfig, {**point.settings, "task": plan.task})
-
-
-def _check_task_plan(plan: Plan) -> None:
-    """Every setting a ``charlm task`` setting, and every point a network that can be built."""
-    import torch
-
-    from charlm.tasks.models import build_task_model
-    from charlm.tasks.training import TaskConfig
-
-    if plan.evals:
-        raise CharlmError(f"plan {plan.source}: a task plan has no [[eval]] steps (every run is scored as it trains)")
-    fields = {field.name for field in dataclasses.fields(TaskConfig)} - TASK_OWNED
-    for key in _setting_keys(plan):
-        if key not in fields and not key.startswith(CELL_OPTION):
-            raise CharlmError(f"plan {plan.source}: unknown setting {key!r} (any `charlm task` setting but "
-                              f"{', '.join(sorted(TASK_OWNED))})")
-    _check_axes(plan)
-    for point in plan.points():
-        try:
-            config = task_config(plan, point).resolved()
-            with torch.device("meta"):
-                build_task_model(config.make_task(), config.cell, config.hidden_size, config.layers, config.tied,
-                                 config.cell_options)
-        except CharlmError as error:
-            raise CharlmError(f"plan {plan.source}, run {point.name}: {error}") from None
-
-
-def _setting_keys(plan: Plan) -> list[str]:
-    """Every setting a plan names: in base, as an axis, or inside an axis of paired settings."""
-    paired = [key for values in plan.axes.values() if isinstance(values, list)
-              for value in values if isinstance(value, dict) for key in value]
-    return [*plan.base, *[k for k, v in plan.axes.items() if not _is_paired(v)], *paired]
-
-
-def _check_axes(plan: Plan) -> None:
-    for key, values in plan.axes.items():
-        if not isinstance(values, list) or not values:
-            raise CharlmError(f"plan {plan.source}: axis {key!r} must be a non-empty list of values")
-
-
-def _paper_parameters(table, source: str) -> dict:
-    """``[paper_parameters]``: a cell name (or ``corpus/cell``) → the parameter count the paper gives."""
-    if not isinstance(table, dict) or not all(isinstance(count, int) and count > 0 for count in table.values()):
-        raise CharlmError(f"plan {source}: paper_parameters must be a table of cell names and positive counts")
-    return dict(table)
-
-
-def _is_paired(values) -> bool:
-    return isinstance(values, list) and any(isinstance(value, dict) for value in values)
 
 
 def settings_for(base: dict, values: dict) -> dict:
@@ -299,7 +195,8 @@ def settings_for(base: dict, values: dict) -> dict:
                 raise CharlmError(f"cell_options values must be tables, not {value!r}")
             options.update(value)
         elif isinstance(value, dict):  # paired settings: {cell = "gru", hidden = 387}
-            settings.update(value)
+            settings.update({name: item for name, item in value.items() if name != "cell_options"})
+            options.update(value.get("cell_options", {}))
         else:
             settings[key] = value
     if options:
@@ -316,7 +213,11 @@ def point_name(values: dict) -> str:
         else:
             shown = _shown(value)
         parts.append(f"{key.removeprefix(CELL_OPTION)}-{shown}")
-    return re.sub(r"[^A-Za-z0-9._=+-]+", "-", "_".join(parts)) or "run"
+    name = re.sub(r"[^A-Za-z0-9._=+-]+", "-", "_".join(parts)) or "run"
+    if len(name) > MAX_POINT_NAME:  # a file name has at most 255 bytes
+        digest = hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        name = f"{name[:MAX_POINT_NAME - 17]}-{digest}"
+    return name
 
 
 def _shown(value) -> str:

@@ -3,7 +3,9 @@
 The sweep directory holds ``sweep.json`` (the plan, its profile and fingerprint) and a run
 directory per point, named from its axis values. Running the same command again picks up where
 it stopped: finished runs are skipped, interrupted ones resumed (``Trainer.resume``), runs another
-process is training are left to it, diverged ones are kept as diverged. ``--shard I/N`` takes
+process is training are left to it, diverged ones are kept as diverged, damaged ones (an unreadable
+config.json or metrics.jsonl, a finished run's checkpoint cut short) are reported and skipped. Every
+line the sweep prints is also appended to ``sweep.log`` in the sweep directory. ``--shard I/N`` takes
 every N-th point from the I-th, so N processes (or a scheduler's array tasks) share a sweep
 with no coordinator: the run-directory locks keep them apart.
 """
@@ -19,55 +21,20 @@ from pathlib import Path
 from charlm.config import TrainConfig
 from charlm.settings import from_dict
 from charlm.errors import CharlmError
-from charlm.files import WriteError, atomic_write_text, read_bytes
+from charlm.files import WriteError, append_text, atomic_write_text, read_bytes
 from charlm.logs import get_logger
 from charlm.experiments.plan import EvalStep, Plan, Point, task_config
+from charlm.experiments.sweep_checks import check_on_corpora, damage
 from charlm.runs.directory import Run
 
 
 @dataclasses.dataclass
 class Outcome:
     point: str
-    status: str  # finished, diverged, in use, interrupted
+    status: str  # finished, diverged, in use, failed (not run, or its evaluation failed), damaged
     seconds: float = 0.0
     summary: dict = dataclasses.field(default_factory=dict)
-
-
-def parse_shard(text: str | None) -> tuple[int, int] | None:
-    """``"2/4"`` → (2, 4): the third of four disjoint shares (I counts from 0, as Slurm arrays do)."""
-    if text is None:
-        return None
-    try:
-        index, count = (int(part) for part in text.split("/"))
-    except ValueError:
-        raise CharlmError(f"--shard must be I/N, such as 0/4, not {text!r}") from None
-    if count < 1 or not 0 <= index < count:
-        raise CharlmError(f"--shard {text}: I must be from 0 to N-1 and N at least 1")
-    return index, count
-
-
-def select(points: list[Point], only: list[str] = (), shard: tuple[int, int] | None = None) -> list[Point]:
-    """The points matching every ``KEY=VALUE`` of ``only`` (axis values or settings), then the share."""
-    wanted = []
-    for condition in only:
-        key, separator, value = condition.partition("=")
-        if not separator:
-            raise CharlmError(f"--only {condition!r} is not of the form KEY=VALUE")
-        wanted.append((key.strip(), value.strip()))
-    chosen = [point for point in points if all(_matches(point, key, value) for key, value in wanted)]
-    if wanted and not chosen:
-        raise CharlmError(f"no run of the plan matches {' '.join(only)}")
-    if shard is not None:
-        index, count = shard
-        chosen = [point for position, point in enumerate(chosen) if position % count == index]
-    return chosen
-
-
-def _matches(point: Point, key: str, value: str) -> bool:
-    found = point.settings.get(key, point.values.get(key, point.settings.get("cell_options", {}).get(key)))
-    if isinstance(found, bool):
-        return str(found).lower() == value.lower()
-    return found is not None and str(found) == value
+    detail: str = ""  # why a failed or damaged point did not finish, in a few words
 
 
 class Sweep:
@@ -75,7 +42,7 @@ class Sweep:
 
     def __init__(self, plan: Plan, directory: str | Path, *, data_dir=None, trust_code: bool = False):
         self.plan, self.directory, self.data_dir, self.trust_code = plan, Path(directory), data_dir, trust_code
-        self._sizes = {}  # (model settings) → (hidden size, parameters): points often share a model
+        self.model_sizes = {}  # (model settings) → (hidden size, parameters) for dry runs: points often share a model
         user_cells = sorted({p.settings.get("cell", "") for p in plan.points() if ":" in str(p.settings.get("cell", ""))})
         if user_cells and not trust_code:
             module = user_cells[0].partition(":")[0]
@@ -85,6 +52,15 @@ class Sweep:
     @property
     def record_file(self) -> Path:
         return self.directory / "sweep.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.directory / "sweep.log"
+
+    def check(self, points: list[Point]) -> None:
+        """What the plan's values ask of the prepared corpora (``sweep_checks.check_on_corpora``),
+        before anything is written."""
+        check_on_corpora(self, points)
 
     def bind(self) -> None:
         """Claim the directory for this plan, or refuse one that holds another plan's runs."""
@@ -123,39 +99,25 @@ class Sweep:
         return from_dict(TrainConfig, settings)
 
     def state(self, point: Point) -> str:
-        """new, finished, interrupted, diverged or running (another process holds it)."""
+        """new, finished, interrupted, diverged, running (another process holds it) or damaged
+        (``damage_of`` says why)."""
         run = Run(self.directory / point.name)
-        if not run.config_file.exists():
+        if not os.path.lexists(run.config_file):
             return "new"
+        if self.damage_of(point) is not None:
+            return "damaged"
         status = run.status()
         return {"created": "interrupted"}.get(status, status)
 
+    def damage_of(self, point: Point) -> str | None:
+        """Why the run directory of ``point`` cannot be trusted, or None (``sweep_checks.damage``)."""
+        return damage(Run(self.directory / point.name), check_checkpoints=self.plan.task is None)
+
     def describe(self, point: Point) -> dict:
         """What a dry run shows of a point: its settings, hidden size and parameter count."""
-        from charlm.cells import CELLS
-        from charlm.corpora.catalog import vocabulary_size
-        from charlm.model import LanguageModel, count_parameters
-        from charlm.training.setup import model_config_for
+        from charlm.experiments.preview import describe_point
 
-        if self.plan.task is not None:
-            return self._describe_task(point)
-        config = self.config(point)
-        vocabulary, assumed = vocabulary_size(config.corpus, self.data_dir)
-        row = {"run": point.name, "corpus": config.corpus, "cell": config.cell, "layers": config.layers,
-               "params": config.params, "state": self.state(point), "hidden": None, "parameters": None,
-               "vocabulary": vocabulary, "vocabulary_assumed": assumed}
-        if vocabulary is not None and ":" not in config.cell:
-            key = json.dumps([vocabulary, config.cell, config.params, config.hidden, config.layers, config.embed_size,
-                              config.cell_options], sort_keys=True)
-            if key not in self._sizes:
-                import torch
-
-                cell_class = CELLS.get(config.cell)
-                model_config = model_config_for(config, vocabulary, cell_class)
-                with torch.device("meta"):
-                    self._sizes[key] = model_config.hidden_size, count_parameters(LanguageModel(model_config, cell_class))
-            row["hidden"], row["parameters"] = self._sizes[key]
-        return row
+        return describe_point(self, point)
 
     def warnings(self, points: list[Point]) -> list[str]:
         """What would stop the real run that a dry run can see: a directory holding another plan's
@@ -177,21 +139,6 @@ class Sweep:
                     found.append(f"{error} (the sweep would fail on its {runs} run(s))")
         return found
 
-    def _describe_task(self, point: Point) -> dict:
-        import torch
-
-        from charlm.model import count_parameters
-        from charlm.tasks.models import build_task_model
-
-        config = task_config(self.plan, point).resolved()
-        with torch.device("meta"):
-            model = build_task_model(config.make_task(), config.cell, config.hidden_size, config.layers, config.tied,
-                                     config.cell_options)
-        tied = "tied" if (config.tied if config.tied is not None else config.cell == "grid-lstm") else "untied"
-        return {"run": point.name, "corpus": self.plan.task, "cell": f"{config.cell} {tied}", "layers": config.layers,
-                "params": f"{config.max_samples:,} samples", "state": self.state(point), "hidden": config.hidden_size,
-                "parameters": count_parameters(model), "vocabulary": None, "vocabulary_assumed": False}
-
     def _train_task(self, point: Point, state: str) -> dict:
         """Train or resume one point of a task plan; the summary the sweep prints."""
         from charlm.tasks.training import train_task
@@ -208,17 +155,25 @@ class Sweep:
 
     def run(self, points: list[Point], log=None) -> list[Outcome]:
         """Train (or resume, or skip) each point, then its evaluation steps; a diverged run does not
-        stop the sweep, Ctrl-C does (re-running the command continues)."""
+        stop the sweep, Ctrl-C does (re-running the command continues). A point that cannot run, whose
+        evaluation fails or whose directory is damaged is an outcome ``failed`` or ``damaged`` with
+        its reason in the log (and sweep.log); the sweep goes on with the next."""
         from charlm.training.trainer import StorageError, Trainer, TrainingDiverged, TrainingInterrupted
 
-        log = log or get_logger().info
-        self.bind()
         self._prepare_embedded(points)
+        self.check(points)  # before the sweep directory is made: a bad value is one line, nothing written
+        self.bind()
+        log = self._logging_to_file(log or get_logger().info)
         outcomes, started, trained_seconds, trained = [], time.monotonic(), 0.0, 0
         for number, point in enumerate(points, start=1):
             prefix = f"[{number}/{len(points)}] {point.name}"
             state = self.state(point)
             clock = time.monotonic()
+            if state == "damaged":
+                log(f"{prefix}: damaged, skipped: {self.damage_of(point)}; move {self.directory / point.name} away "
+                    "and run the same command again to train it afresh")
+                outcomes.append(Outcome(point.name, "damaged", detail="damaged"))
+                continue
             if state == "running":
                 log(f"{prefix}: another process is training it; skipped")
                 outcomes.append(Outcome(point.name, "in use"))
@@ -240,7 +195,6 @@ class Sweep:
                                              **self._resumable(point)).fit()
                 else:
                     summary = {}
-                self._evaluate(point, log, prefix)
             except TrainingDiverged as error:
                 log(f"{prefix}: {error}")
                 outcomes.append(Outcome(point.name, "diverged", time.monotonic() - clock))
@@ -252,7 +206,17 @@ class Sweep:
                 raise
             except CharlmError as error:  # this point cannot run (in use, too large, corpus missing): go on
                 log(f"{prefix}: not run: {error}")
-                outcomes.append(Outcome(point.name, "in use" if "in use by another training" in str(error) else "failed"))
+                in_use = "in use by another training" in str(error)
+                outcomes.append(Outcome(point.name, "in use" if in_use else "failed", detail="" if in_use else "not run"))
+                continue
+            try:
+                self._evaluate(point, log, prefix)
+            except WriteError:
+                raise
+            except CharlmError as error:  # the trained run is kept; the next command evaluates it again
+                log(f"{prefix}: trained, but its evaluation failed: {error}; the run is kept: run the same command "
+                    "again to evaluate it")
+                outcomes.append(Outcome(point.name, "failed", time.monotonic() - clock, summary, "evaluation failed"))
                 continue
             seconds = time.monotonic() - clock
             if state == "finished":
@@ -267,6 +231,14 @@ class Sweep:
                     f"sweep {number}/{len(points)}, {_minutes(time.monotonic() - started)} elapsed{estimate}")
             outcomes.append(Outcome(point.name, "finished", seconds, summary))
         return outcomes
+
+    def _logging_to_file(self, log):
+        """``log``, also appending each line to ``sweep.log`` (what a batch job's user reads later)."""
+        def both(line: str) -> None:
+            log(line)
+            append_text(self.log_file, line + "\n")
+
+        return both
 
     def _prepare_embedded(self, points: list[Point]) -> None:
         """The embedded corpus needs no download: prepare it when a point trains on it."""
@@ -295,8 +267,10 @@ class Sweep:
         run = Run(self.directory / point.name)
         done = {_eval_label(record) for record in run.history().evaluations}
         missing = [step for step in self.plan.evals if step.label not in done]
-        if not missing or not run.best.exists():
+        if not missing:
             return
+        if not run.best.exists():
+            raise CharlmError(f"{run.best} does not exist: there are no best weights to evaluate")
         model = load(run.path, trust_code=self.trust_code)
         for step in missing:
             log(f"{prefix}: evaluating ({step.label})")

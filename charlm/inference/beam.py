@@ -42,7 +42,12 @@ def check_beam_settings(config: SampleConfig) -> None:
 
 def normalised_score(log_prob: float, length: int, length_penalty: float) -> float:
     """``log_prob / length ** length_penalty`` (an empty continuation scores 0)."""
-    return log_prob / length ** length_penalty if length else 0.0
+    if not length:
+        return 0.0
+    try:
+        return log_prob / length ** length_penalty
+    except OverflowError:  # length ** alpha beyond a float (alpha 1e308): the score is log_prob / inf
+        return log_prob / math.inf
 
 
 @dataclasses.dataclass

@@ -26,6 +26,7 @@ import numpy as np
 from charlm.config import DynamicOptions
 from charlm.inference.dynamic import METHODS, DynamicDiverged, collect_gradient_statistics, dynamic_score, make_update
 from charlm.errors import CharlmError
+from charlm.settings import INT64_MAX
 from charlm.inference.scoring import Score, characters_per_token, score_tokens
 
 # The grids --dyn-search tries: η for both methods, λ for rms (tuned on War and Peace, 1M parameters).
@@ -141,8 +142,9 @@ def check_protocol(split: str, adapt_on: str | None, search_prefix: int | None) 
         raise CharlmError(f"--adapt-on must be valid, not {adapt_on!r}")
     if adapt_on == split:
         raise CharlmError(f"--adapt-on {adapt_on} adapts before scoring another split: use it with --split test")
-    if search_prefix is not None and search_prefix < 2:
-        raise CharlmError(f"--search-prefix must be at least 2 characters, not {search_prefix}")
+    if search_prefix is not None and (isinstance(search_prefix, bool) or not isinstance(search_prefix, int)
+                                      or not 2 <= search_prefix <= INT64_MAX):  # Model.evaluate passes it unchecked
+        raise CharlmError(f"--search-prefix must be a whole number of characters from 2 to {INT64_MAX}, not {search_prefix!r}")
 
 
 def _abandoning_beyond(nats_per_token: float, callback):

@@ -14,6 +14,12 @@ from charlm.runtime.cuda_graphs import graphed_step
 from charlm.model import LanguageModel
 
 
+# Float32 logits divided by a temperature above 1e30 differ from 0 by less than float32 can show beside
+# them: the draw is uniform over the symbols allowed, as the user meant, where 1e300 (infinite in float32)
+# would give NaN. Below 1e-30 the likeliest symbol wins (greedy), where 1e-300 would overflow the logits.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-30, 1e30
+
+
 def outside_vocabulary(tokenizer: Tokenizer, text: str) -> list[str]:
     """Characters of ``text`` the vocabulary lacks, or has only as its unknown-symbol entry."""
     try:
@@ -105,12 +111,13 @@ def generate(model: LanguageModel, prime_ids: list[int], config: SampleConfig, b
     step = None  # the model's step, or on a GPU that step replayed from a CUDA graph: fetched when first needed
     banned = torch.tensor(list(banned_ids), dtype=torch.long, device=device)
     last = logits[0, -1]
+    temperature = min(max(config.temperature, MIN_TEMPERATURE), MAX_TEMPERATURE)
     for drawn in range(config.length):
         last = last.float()
         if len(banned):
             last = last.index_fill(0, banned, float("-inf"))
         if config.temperature != 1.0:  # dividing by 1 changes nothing
-            last = last / config.temperature
+            last = last / temperature
         probabilities = torch.softmax(filter_logits(last, config.top_k, config.top_p), dim=-1)
         if torch.isnan(probabilities).any():
             raise CharlmError("the model's next-symbol probabilities are not numbers (NaN): "

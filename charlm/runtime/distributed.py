@@ -11,6 +11,12 @@ does not divide evenly gives the first B mod W ranks one stream more::
 
     streams  0 1 2 3 4 5 6 7 8 9     B = 10, W = 4
     rank     0 0 0 1 1 1 2 2 3 3     shares 3, 3, 2, 2
+
+A process that freezes (rather than dies) would hold the others at their next collective for
+PyTorch's default 30 minutes. ``--dist-timeout`` (``TrainConfig.dist_timeout``, 10 minutes by
+default) is the process group's timeout instead: a process that waited that long for the others
+stops with one line naming the option (gloo raises in the waiting process; on NCCL, PyTorch's
+watchdog ends it). Joining the group waits at most as long; finding torchrun's store, 30 minutes.
 """
 
 from __future__ import annotations
@@ -18,11 +24,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import re
 
 import torch
 import torch.distributed as dist
 
+from charlm.config import DIST_TIMEOUT_MINUTES
 from charlm.errors import CharlmError
+
+STORE_TIMEOUT = datetime.timedelta(minutes=30)  # reaching torchrun's store: a process may still be starting
+TIMED_OUT = re.compile(r"timed?[ _-]?out", re.IGNORECASE)  # gloo: "Timed out waiting 5000ms for recv operation"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +43,7 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    timeout_minutes: float = DIST_TIMEOUT_MINUTES  # --dist-timeout: how long a collective waits for the others
 
     @property
     def is_main(self) -> bool:
@@ -93,6 +105,15 @@ class World:
         if self.distributed:
             dist.barrier()
 
+    def lost_peer(self, error: BaseException, detail: str) -> str:
+        """Why a collective of this process failed, in words: the others did not answer within
+        --dist-timeout (one froze, or was slower than the timeout allows), or one failed or was lost."""
+        if TIMED_OUT.search(str(error)):
+            return (f"process {self.rank} of {self.size} waited --dist-timeout {self.timeout_minutes:g} minutes for "
+                    "the others and stopped: one of them froze or was lost (if they were only slow, as when saving a "
+                    "large checkpoint, give a larger --dist-timeout)")
+        return f"a process of this training failed or was lost ({detail})"
+
     def leave(self, together: bool = True) -> None:
         """Leave the process group. ``together``: every process got here normally, so they first
         wait for each other (a process that tears its connections down while a peer is still
@@ -121,8 +142,9 @@ def environment_rank() -> int:
         return 0
 
 
-def world_from_environment(device: torch.device) -> World:
-    """The world torchrun set up (joining its process group), or the world of this process alone."""
+def world_from_environment(device: torch.device, timeout_minutes: float = DIST_TIMEOUT_MINUTES) -> World:
+    """The world torchrun set up (joining its process group, whose collectives wait at most
+    ``timeout_minutes`` for the others), or the world of this process alone."""
     if not launched_by_torchrun():
         return World()
     try:
@@ -138,15 +160,22 @@ def world_from_environment(device: torch.device) -> World:
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(local_rank)
-        timeout = datetime.timedelta(minutes=30)
-        store, _, _ = next(dist.rendezvous("env://", rank, size, timeout=timeout))
+        timeout = datetime.timedelta(minutes=timeout_minutes)
+        store, _, _ = next(dist.rendezvous("env://", rank, size, timeout=STORE_TIMEOUT))
         # torchrun --max-restarts keeps its store across restarts: the processes of a new attempt
         # would read the addresses the failed attempt's processes left in it, and wait on the dead
         # ones. Each attempt's keys get a prefix of their own.
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         store = dist.PrefixStore(f"charlm/attempt-{attempt}", store)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
-    return World(rank, size, local_rank)
+        try:
+            dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+        except RuntimeError as error:  # torch's DistError and its kinds are RuntimeErrors
+            if not TIMED_OUT.search(str(error)):
+                raise
+            raise CharlmError(f"process {rank} of {size} waited --dist-timeout {timeout_minutes:g} minutes for the "
+                              "others to join the training and stopped: one of them froze, failed or is still "
+                              "starting (give a larger --dist-timeout if they start slowly)") from None
+    return World(rank, size, local_rank, timeout_minutes)
 
 
 def device_for_rank(device: torch.device, world: World) -> torch.device:

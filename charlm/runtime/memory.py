@@ -66,8 +66,12 @@ def available_memory(device: torch.device) -> int | None:
     return min(known) if known else None
 
 
-def check_fits(estimate: MemoryEstimate, device: torch.device, available: int | None = None) -> None:
-    """Refuse, naming the figures, a run that ``device`` cannot hold."""
+TRAINING_ADVICE = "use a smaller --hidden or --params, or a smaller --batch-size or --bptt"
+
+
+def check_fits(estimate: MemoryEstimate, device: torch.device, available: int | None = None,
+               advice: str = TRAINING_ADVICE) -> None:
+    """Refuse, naming the figures and ``advice`` (the options to change), a run that ``device`` cannot hold."""
     available = available_memory(device) if available is None else available
     if available is None or estimate.total_bytes <= available:
         return
@@ -79,8 +83,7 @@ def check_fits(estimate: MemoryEstimate, device: torch.device, available: int | 
     raise CharlmError(
         f"a model of {estimate.parameters:,} parameters needs about {_gib(estimate.total_bytes)} to train "
         f"({_gib(estimate.state_bytes)} for weights, gradients and Adam state, {_gib(estimate.activation_bytes)} "
-        f"for one window's activations{extra}) but {device} has {_gib(available)} free: use a smaller --hidden or "
-        "--params, or a smaller --batch-size or --bptt")
+        f"for one window's activations{extra}) but {device} has {_gib(available)} free: {advice}")
 
 
 def check_budget_fits(budget: int, device: torch.device, available: int | None = None) -> None:
@@ -90,6 +93,16 @@ def check_budget_fits(budget: int, device: torch.device, available: int | None =
     if available is not None and needed > available:
         raise CharlmError(f"a budget of {budget:,} parameters needs at least {_gib(needed)} for weights, gradients "
                           f"and Adam state alone, but {device} has {_gib(available)} free: use a smaller --params")
+
+
+def check_weights_fit(parameters: int, device: torch.device, source: str, available: int | None = None) -> None:
+    """Refuse, before it is built, a model read from ``source`` (a checkpoint) whose float32 weights
+    alone ``device`` cannot hold: the file's own weights are already in memory, the model is a second copy."""
+    available = available_memory(device) if available is None else available
+    needed = parameters * 4
+    if available is not None and needed > available:
+        raise CharlmError(f"the model in {source} has {parameters:,} parameters, which need about {_gib(needed)} on "
+                          f"{device}, but it has {_gib(available)} free: load it where more memory is free")
 
 
 def _gib(size: int) -> str:

@@ -1,4 +1,5 @@
-"""How torch's CPU threads wait between parallel operations, chosen before torch loads.
+"""How torch's CPU threads wait between parallel operations, chosen before torch loads; and how
+many there are (``--threads``, ``CHARLM_THREADS``: ``set_threads``).
 
 PyTorch's CPU build runs its parallel operations on GNU OpenMP threads, which by default spin for
 300,000 rounds waiting for the next operation before they sleep. A recurrent window is thousands
@@ -28,3 +29,21 @@ def wait_briefly_for_work(environment=os.environ) -> None:
     """Shorten OpenMP's busy-waiting to ``SPIN_COUNT`` rounds unless the user chose a policy."""
     if "GOMP_SPINCOUNT" not in environment and "OMP_WAIT_POLICY" not in environment:
         environment["GOMP_SPINCOUNT"] = SPIN_COUNT
+
+
+MAX_THREADS = 1024  # torch starts every thread it is given: more than any machine's cores is a mistake
+
+
+def set_threads(count: int, name: str = "--threads") -> None:
+    """torch's CPU threads (``--threads``, or ``CHARLM_THREADS`` as ``name``): from 1 to ``MAX_THREADS``,
+    checked here, so that a count beyond torch's own integers is one line, not an overflow inside torch."""
+    from charlm.errors import CharlmError
+
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise CharlmError(f"{name} must be a whole number, not {count!r}")
+    if not 1 <= count <= MAX_THREADS:
+        raise CharlmError(f"{name} must be at least 1, not {count}" if count < 1
+                          else f"{name} must be at most {MAX_THREADS}, not {count}")
+    import torch
+
+    torch.set_num_threads(count)

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from charlm.settings import from_dict
+from charlm.config import MAX_LAYERS, MAX_WIDTH
+from charlm.settings import check_number, from_dict, number_kind
 from charlm.errors import CharlmError
 from charlm.files import atomic_write
 from charlm.model import count_parameters
@@ -70,6 +71,13 @@ class TaskConfig:
         if paper is None:
             raise CharlmError(f"unknown task {self.task!r}: choose one of {', '.join(PAPER_SETTINGS)}")
         config = dataclasses.replace(self, **{key: value for key, value in paper.items() if getattr(self, key) is None})
+        for field in dataclasses.fields(config):  # every number within its type: 64-bit integers, finite floats
+            kind, value = number_kind(TaskConfig, field.name), getattr(config, field.name)
+            if kind is not None and value is not None:
+                check_number(TaskConfig, field.name, value, kind)
+        for name, most in (("layers", MAX_LAYERS), ("hidden_size", MAX_WIDTH)):  # as train's --layers, --hidden
+            if getattr(config, name) > most:
+                raise CharlmError(f"--{name.replace('_', '-')} must be at most {most}, not {getattr(config, name)}")
         if config.optimizer not in OPTIMIZERS:
             raise CharlmError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, not {config.optimizer!r}")
         for name in ("layers", "hidden_size", "batch_size", "max_samples", "eval_every", "eval_samples"):

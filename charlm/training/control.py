@@ -139,7 +139,7 @@ def owning(run, world):
     except RuntimeError as error:  # under torchrun: a collective whose peer died (gloo, NCCL)
         if not world.distributed:
             raise
-        raise ProcessLost(f"training stopped: a process of this training failed or was lost ({first_sentence(error)}); "
+        raise ProcessLost(f"training stopped: {world.lost_peer(error, first_sentence(error))}; "
                           f"{_kept(run)}; continue with `torchrun ... -m charlm train --resume {run.path}` on any "
                           "number of processes") from None
     except OSError as error:  # a full disk, a read-only or vanished run directory

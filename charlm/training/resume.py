@@ -22,6 +22,7 @@ from charlm.errors import CharlmError, ConfigError
 from charlm.logs import get_logger
 from charlm.runs.directory import Run
 from charlm.runtime.distributed import World
+from charlm.settings import from_dict
 
 
 @dataclasses.dataclass
@@ -89,6 +90,34 @@ def last_good_checkpoint(run: Run) -> Checkpoint | None:
     return None
 
 
+IDENTITY_SETTINGS = ("corpus",)  # of config.json's "train", beside its whole "model": what makes the run this run
+
+
+def check_same_run(run: Run, checkpoint: Checkpoint) -> None:
+    """Refuse to resume from a checkpoint of another run: its model, or its corpus, differs from
+    the run's config.json (a last.pt of another cell copied in would train half one model and half the other)."""
+    try:
+        config = run.read_config()  # {} without a config.json
+    except CharlmError as error:  # nothing to compare with: the checkpoint is what the run has
+        get_logger().warning(f"warning: {error}: {checkpoint.path} is resumed without comparing it with it")
+        return
+    recorded_model, recorded_train = config.get("model") or {}, config.get("train") or {}
+    ours = {**checkpoint.model_config.to_dict(), **{f"train.{key}": getattr(checkpoint.train_config, key)
+                                                    for key in IDENTITY_SETTINGS}}
+    theirs = {**recorded_model, **{f"train.{key}": recorded_train[key] for key in IDENTITY_SETTINGS if key in recorded_train}}
+    differences = [f"{key} {theirs[key]!r} in {run.config_file.name}, {ours[key]!r} in {Path(checkpoint.path).name}"
+                   for key in ours if key in theirs and _plain(theirs[key]) != _plain(ours[key])]
+    if differences:
+        raise CharlmError(f"{checkpoint.path} is not a checkpoint of the run in {run.config_file} ({'; '.join(differences[:3])}): "
+                          "resume only the run it belongs to")
+
+
+def _plain(value):
+    """A value as config.json holds it (tuples as lists)."""
+    return [_plain(item) for item in value] if isinstance(value, (list, tuple)) else (
+        {key: _plain(item) for key, item in value.items()} if isinstance(value, dict) else value)
+
+
 def restore_best(run: Run, checkpoint: Checkpoint) -> bool:
     """Finish an epoch's end that a kill cut short after its commit point: ``checkpoint`` (what the
     run resumes from) saved at the end of the best epoch so far carries that epoch's scores; when
@@ -125,6 +154,14 @@ def resumed_config(run: Run, checkpoint: Checkpoint | None, changes: dict) -> Tr
     return dataclasses.replace(settings, **{"run_dir": str(run.path), "max_minutes": None, **changes})
 
 
+def read_progress(checkpoint: Checkpoint) -> Progress:
+    """The checkpoint's progress, each value of its field's type."""
+    try:
+        return from_dict(Progress, checkpoint.training.progress)
+    except CharlmError as error:
+        raise CharlmError(f"{checkpoint.path}: its training progress is damaged ({error})") from None
+
+
 def restore(checkpoint: Checkpoint, config: TrainConfig, model, optimizer, scheduler, world: World,
             device: torch.device) -> tuple[Progress, list | None]:
     """Put a checkpoint's weights, optimizer, schedule and RNG streams back; returns its progress
@@ -133,7 +170,7 @@ def restore(checkpoint: Checkpoint, config: TrainConfig, model, optimizer, sched
     model.load_state_dict(checkpoint.weights)
     if saved.optimizer is not None:
         optimizer.load_state_dict(saved.optimizer)
-    progress = Progress(**saved.progress)
+    progress = read_progress(checkpoint)
     if saved.scheduler is not None:
         scheduler.load_state_dict(saved.scheduler)
         if saved.optimizer is None:  # best.pt: a fresh optimizer, at the rate the schedule had reached

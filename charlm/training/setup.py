@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from charlm.cells import CELLS
 from charlm.checkpoint import Checkpoint
+from charlm.checkpoint_checks import compare_weights
 from charlm.config import TrainConfig
 from charlm.corpora.streams import TokenStreams
 from charlm.errors import CharlmError, ConfigError
@@ -54,7 +55,7 @@ def placement(config: TrainConfig) -> tuple[torch.device, World]:
     check_precision(config.precision, device)
     set_tf32(config.tf32)
     check_cuda_graph(config.cuda_graph, device)
-    world = world_from_environment(device)
+    world = world_from_environment(device, timeout_minutes=config.dist_timeout)
     check_streams_per_process(config, world)
     return device_for_rank(device, world), world
 
@@ -105,7 +106,22 @@ def check_model_fits(model_config: ModelConfig, config: TrainConfig, device: tor
                                         model_config.layers, model_config.vocab_size, embed_size,
                                         max(config.batch_size, config.eval_batch_size), config.bptt,
                                         device_type=device.type, cuda_graph=config.cuda_graph)
-    check_fits(estimate, device)
+    check_fits(estimate, device, advice=oversize_advice(model_config, count_parameters(shape), cell_class))
+
+
+def oversize_advice(model_config: ModelConfig, parameters: int, cell_class=None) -> str:
+    """What to change in a model too large to train, naming the options at fault first: ``--embed-size``
+    or ``--layers`` where setting it back to its default would at least halve the parameters."""
+    faults = []
+    for flag, default in (("--embed-size", {"embed_size": None}), ("--layers", {"layers": 1})):
+        smaller = dataclasses.replace(model_config, **default)
+        if smaller != model_config:
+            with torch.device("meta"):
+                if 2 * count_parameters(LanguageModel(smaller, cell_class)) <= parameters:
+                    faults.append(flag)
+    named = " and ".join(f"a smaller {flag}" if flag == "--embed-size" else f"fewer {flag}" for flag in faults)
+    return (f"use {named} (most of its size comes from {'it' if len(faults) == 1 else 'them'}), or " if faults else "use ") + \
+        "a smaller --hidden or --params, or a smaller --batch-size or --bptt"
 
 
 def forward_pass(model: LanguageModel, config: TrainConfig, device: torch.device, world: World):
@@ -199,4 +215,5 @@ def load_initial_weights(model: LanguageModel, model_config: ModelConfig, corpus
         raise ConfigError(TrainConfig, "init_from", f"{reference} holds another model ({differences})")
     if checkpoint.tokenizer["vocab"] != corpus.tokenizer.vocab:
         raise ConfigError(TrainConfig, "init_from", f"{reference}: its vocabulary differs from corpus {config.corpus!r}")
+    compare_weights(checkpoint.weights, model.state_dict(), checkpoint.path)
     model.load_state_dict(checkpoint.weights)

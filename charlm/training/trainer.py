@@ -28,6 +28,7 @@ import time
 import torch
 
 from charlm.checkpoint import Checkpoint
+from charlm.checkpoint_checks import check_against_model
 from charlm.config import TrainConfig
 from charlm.corpora import load_corpus
 from charlm.errors import CharlmError
@@ -42,8 +43,8 @@ from charlm.training import reporting
 from charlm.training.control import (Interrupted, LossNotFinite, OutOfTime, OutOfTokens, ProcessLost, SaveSchedule, StopRequest,
                                      StorageError, TimeBudget, TrainingDiverged, TrainingInterrupted, owning)
 from charlm.training.evaluation import Scorer
-from charlm.training.resume import (Progress, check_resumable, last_good_checkpoint, restore, restore_best, resumed_config,
-                                    seed_this_process, training_checkpoint)
+from charlm.training.resume import (Progress, check_resumable, check_same_run, last_good_checkpoint, read_progress, restore,
+                                    restore_best, resumed_config, seed_this_process, training_checkpoint)
 from charlm.training.setup import (cell_class_for, check_evaluation_streams, check_model_fits, forward_pass,
                                    gradient_sync_pause, load_initial_weights, model_config_for, optimizer_and_schedule,
                                    placement, training_streams)
@@ -75,6 +76,9 @@ class Trainer:
         self.config = config
         resumed_run, checkpoint = _resume_from or (None, None)
         cell_class = cell_class_for(config, resumed_run, checkpoint, cells, trust_code)
+        if checkpoint is not None:  # weights, optimizer and carried state against the model's shapes, on the meta device
+            check_against_model(checkpoint, cell_class)
+            read_progress(checkpoint)
         self.device, self.world = placement(config)
         scaler = grad_scaler(config.precision, self.device)
         self.corpus = load_corpus(config.corpus, config.data_dir)
@@ -129,6 +133,8 @@ class Trainer:
         run = Run.resume(run_dir) if environment_rank() == 0 else FollowerRun(run_dir)
         try:
             checkpoint = last_good_checkpoint(run)
+            if checkpoint is not None:
+                check_same_run(run, checkpoint)
             config = resumed_config(run, checkpoint, changes)
             return cls(config, _resume_from=(run, checkpoint), cells=cells, trust_code=trust_code)
         except BaseException:

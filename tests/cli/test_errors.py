@@ -8,13 +8,19 @@ renders them and compares. After adding or changing a case, rewrite the table wi
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import random
 import re
 import shlex
+import shutil
+import tarfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,6 +86,11 @@ CASES = [
     Case("CUDA graphs on the CPU", "train --device cpu --cuda-graph"),
     Case("CUDA graphs and compilation at once", "train --cuda-graph --compile"),
     Case("MPS off a Mac", "train --device mps", cpu_only=True),
+    Case("seed beyond 64 bits", "train --seed 18446744073709551616"),
+    Case("hidden size beyond 64 bits", "train --hidden 18446744073709551616"),
+    Case("layers by the billion", "train --layers 2147483648"),
+    Case("data directory that is a file", "train --data-dir FILES/latin-1.txt"),
+    Case("threads beyond 64 bits", "--threads 18446744073709551616 cells"),
     # --- config files, resuming, run directories ---
     Case("missing config file", "train --config FILES/absent.json"),
     Case("config file not JSON", "train --config FILES/broken.json"),
@@ -103,6 +114,14 @@ CASES = [
     Case("a pickle that would run code", "sample FILES/code.pt"),
     Case("a corpus with another vocabulary", "eval RUN --data-dir FILES/other-data"),
     Case("the checkpoint's corpus absent", "eval RUN --data-dir FILES/empty-dir"),
+    Case("checkpoint vocabulary shorter than its output layer", "sample FILES/short-vocab.pt"),
+    Case("checkpoint vocabulary with a multi-character symbol", "sample FILES/long-symbol.pt"),
+    Case("checkpoint vocabulary stored as a tensor", "sample FILES/tensor-vocab.pt"),
+    Case("checkpoint with a vocabulary size of 10^9", "eval FILES/huge-vocab.pt"),
+    Case("checkpoint with a hidden size of 2.5", "sample FILES/fractional-hidden.pt"),
+    Case("checkpoint weight of the wrong shape", "export FILES/wrong-shape.pt FILES/out.pt"),
+    Case("resume from an optimizer state of the wrong shape", "train --resume FILES/wrong-optimizer-run"),
+    Case("resume a last.pt of another cell", "train --resume FILES/other-cell-run"),
     # --- sampling ---
     Case("zero temperature", "sample RUN --temperature 0"),
     Case("negative top-k", "sample RUN --top-k -1"),
@@ -118,6 +137,8 @@ CASES = [
     Case("beam search with several samples", "sample RUN --beam 4 --num-samples 2"),
     Case("length penalty without a beam", "sample RUN --length-penalty 0.7"),
     Case("empty stop string", "sample RUN --stop ''"),
+    Case("infinite temperature", "sample RUN --temperature inf"),
+    Case("seeds of several samples beyond 64 bits", "sample RUN --seed 9223372036854775807 --num-samples 2"),
     # --- evaluation and scoring ---
     Case("evaluate the training split", "eval RUN --split train"),
     Case("zero evaluation batch", "eval RUN --batch-size 0"),
@@ -134,6 +155,12 @@ CASES = [
     Case("download from a non-address", "prepare wp --url 'not a url'"),
     Case("download from a local file URL", "prepare wp --url file:///etc/passwd"),
     Case("local copy that is a FIFO", "prepare ptb --source FILES/fifo"),
+    Case("prepare into a data directory that is a file", "prepare pydoc --data-dir FILES/latin-1.txt"),
+    Case("corpus array truncated", "train --data-dir FILES/truncated-data"),
+    Case("corpus meta.json that is a list", "train --data-dir FILES/list-meta-data"),
+    Case("corpus array unlike its checksum", "eval RUN --data-dir FILES/zeroed-data"),
+    Case("corrupt .tar.xz", "prepare ptb --source FILES/truncated.tar.xz"),
+    Case("zip with an encrypted member", "prepare ptb --source FILES/encrypted.zip"),
     # --- other commands ---
     Case("export into a missing directory", "export RUN FILES/absent/model.pt"),
     Case("export over an existing file", "export RUN FILES/latin-1.txt"),
@@ -141,10 +168,23 @@ CASES = [
     Case("list runs of a missing directory", "runs FILES/absent"),
     Case("prune options without --prune", "runs RUN --dry-run"),
     Case("plan named outside its sweep directory", "sweep FILES/climbing-plan.toml"),
+    Case("plan profile whose base is a number", "sweep FILES/profile-base-number.toml"),
+    Case("plan with a bad value in its last point", "sweep FILES/late-bad-value.toml --data-dir DATA"),
+    Case("plan setting misspelled", "sweep FILES/misspelled-plan.toml"),
+    Case("plan evaluation wider than the split", "sweep FILES/wide-eval-plan.toml --data-dir DATA --dir FILES/sweep"),
+    Case("torchrun timeout of zero", "train --dist-timeout 0"),
     Case("benchmark zero steps", "bench --steps 0"),
     Case("benchmark an unknown cell", "bench --cells nope"),
+    Case("benchmark a budget no machine holds", "bench --params 1e23"),
     Case("demo with no time", "demo --minutes 0"),
 ]
+
+BAD_PLAN_FILES = {  # the plans of the sweep cases (the full table: tests/experiments/test_plan_reader.py)
+    "profile-base-number.toml": '[axes]\ncell = ["gru"]\n[profiles.small]\nbase = 3\n',
+    "late-bad-value.toml": '[base]\ncorpus = "tiny"\n[axes]\nlayers = [1, 2, 2.5]\n',
+    "misspelled-plan.toml": '[base]\nbatchsize = 32\n[axes]\ncell = ["gru"]\n',
+    "wide-eval-plan.toml": '[base]\ncorpus = "tiny"\n[axes]\ncell = ["gru"]\n[[eval]]\nbatch_size = 100000\n',
+}
 
 BASE_ARGS = {  # put before the case's own arguments, which win; not shown in the README
     "train": ["--corpus", "tiny", "--data-dir", "DATA", "--run-dir", "FILES/new-run"],
@@ -173,8 +213,71 @@ def places(trained_run, tiny_corpus, tmp_path_factory) -> dict[str, Path]:
     (files / "empty-dir").mkdir()
     os.mkfifo(files / "fifo")  # a reader that opened it would wait for a writer for ever
     (files / "climbing-plan.toml").write_text('name = "../elsewhere"\n[axes]\ncell = ["lru"]\n', encoding="utf-8")
+    for name, text in BAD_PLAN_FILES.items():
+        (files / name).write_text(text, encoding="utf-8")
     prepare_tiny_corpus(files / "other-data", characters=3000)  # `tiny` again, with fewer symbols
+    _damaged_corpora_and_archives(files, tiny_corpus)
+    _damaged_checkpoints(files, trained_run)
     return {"DATA": tiny_corpus, "RUN": trained_run, "FILES": files}
+
+
+def _damaged_checkpoints(files: Path, trained_run: Path) -> None:
+    """Tampered copies of the run's best.pt, and copies of the run whose last.pt is tampered with
+    (the full table is tests/test_checkpoint_reader.py)."""
+    import shutil
+
+    def tampered(source: Path, target: Path, change) -> None:
+        payload = torch.load(source, weights_only=True)
+        change(payload)
+        torch.save(payload, target)
+
+    def shorter(payload):
+        del payload["tokenizer"]["vocab"][1]
+        payload["model_config"]["vocab_size"] -= 1
+
+    def other_cell(payload):
+        from charlm.model import LanguageModel, ModelConfig
+
+        config = ModelConfig(**{**payload["model_config"], "cell": "gru"})
+        payload["model_config"], payload["weights"] = config.to_dict(), LanguageModel(config).state_dict()
+
+    best = trained_run / "best.pt"
+    tampered(best, files / "short-vocab.pt", shorter)
+    tampered(best, files / "long-symbol.pt", lambda payload: payload["tokenizer"]["vocab"].__setitem__(1, "ab"))
+    tampered(best, files / "tensor-vocab.pt", lambda payload: payload["tokenizer"].__setitem__("vocab", torch.arange(5)))
+    tampered(best, files / "huge-vocab.pt", lambda payload: payload["model_config"].__setitem__("vocab_size", 10**9))
+    tampered(best, files / "fractional-hidden.pt", lambda payload: payload["model_config"].__setitem__("hidden_size", 2.5))
+    tampered(best, files / "wrong-shape.pt", lambda payload: payload["weights"].__setitem__("layers.0.gate_weight",
+                                                                                              torch.zeros(3, 5)))
+    for name, change in (("wrong-optimizer-run", lambda payload: payload["training"]["optimizer"]["state"][0].__setitem__(
+            "exp_avg", torch.zeros(7, 3))), ("other-cell-run", other_cell)):
+        shutil.copytree(trained_run, files / name)
+        tampered(files / name / "last.pt", files / name / "last.pt", change)
+
+
+def _damaged_corpora_and_archives(files: Path, tiny_corpus: Path) -> None:
+    """Copies of `tiny` damaged (an array truncated, one zeroed, meta.json a list), a .tar.xz cut in
+    half, a zip whose member is marked encrypted."""
+    for name in ("truncated-data", "zeroed-data", "list-meta-data"):
+        shutil.copytree(tiny_corpus, files / name)
+    train = files / "truncated-data/tiny/train.npy"
+    train.write_bytes(train.read_bytes()[:-100])
+    test = files / "zeroed-data/tiny/test.npy"
+    np.save(test, np.zeros_like(np.load(test)))
+    (files / "list-meta-data/tiny/meta.json").write_text("[]", encoding="utf-8")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:xz") as archive:
+        info = tarfile.TarInfo("ptb.char.train.txt")
+        info.size = 100_000
+        archive.addfile(info, io.BytesIO(random.Random(0).randbytes(info.size)))
+    (files / "truncated.tar.xz").write_bytes(buffer.getvalue()[:50_000])
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("ptb.char.train.txt", "a b _ c \n")
+    raw = bytearray(buffer.getvalue())
+    raw[6] |= 1  # the member's flags, in its local header and the central directory: encrypted
+    raw[raw.index(b"PK\x01\x02") + 8] |= 1
+    (files / "encrypted.zip").write_bytes(bytes(raw))
 
 
 class _WritesAMarker:

@@ -52,6 +52,7 @@ def test_the_tokenizer_keeps_frequent_pieces_and_spells_the_rest():
     assert isinstance(rebuilt, VowelSubwordTokenizer) and rebuilt.vocab == tokenizer.vocab
 
 
+@pytest.mark.slow  # about 18 s: prepares real PTB at several cutoffs; the paper's cutoff itself is checked in the default run
 def test_on_ptb_the_cutoff_closest_to_the_papers_vocabulary_is_15(shared_corpora):
     train = (shared_corpora / "ptb" / "ptb.train.txt").read_text()
     counts = piece_counts(train)

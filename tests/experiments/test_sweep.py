@@ -7,15 +7,18 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from charlm.checkpoint import Checkpoint
 from charlm.cells import CELLS
+from charlm.errors import CharlmError
 from charlm.experiments.plan import load_plan, shipped_plans
 from charlm.model import ModelConfig, budget_of
 from charlm.runs.directory import Run
-from charlm.experiments.sweep import Sweep, select
+from charlm.experiments.selection import select
+from charlm.experiments.sweep import Sweep
 from helpers import assert_one_line_error, cli, records
 
 TINY_PLAN = """
@@ -187,15 +190,15 @@ def test_list_shows_every_shipped_plan_with_its_description():
     ('[base]\nlearning_rate = 0.1\n[axes]\ncell = ["gru"]\n', "unknown setting 'learning_rate'"),
     ('[axes]\ncell = ["gru", "nope"]\n', "unknown cell 'nope'"),
     ('[axes]\ncorpus = ["../etc"]\n', "'../etc' is not a corpus name"),
-    ('[axes]\ncell = []\n', "axis 'cell' must be a non-empty list"),
-    ('[axes]\nlr = [0.001, -1.0]\n', "run lr--1.0: lr must be positive"),
+    ('[axes]\ncell = []\n', "axes.cell must be a non-empty list"),
+    ('[axes]\nlr = [0.001, -1.0]\n', "axes.lr[1] must be positive, not -1.0 (run lr--1.0)"),
     ('[axes]\ncell = ["mycells:Cell"]\n', "asks to import module 'mycells'"),
     ('[axes\n', "is not valid TOML"),
-    ('[base]\nrun_dir = "x"\n', "unknown setting 'run_dir'"),
-    ('[[eval]]\nsplit = "train"\n', "eval split must be valid or test"),
+    ('[base]\nrun_dir = "x"\n', "base.run_dir: a plan cannot set 'run_dir'"),
+    ('[[eval]]\nsplit = "train"\n', "eval[0].split must be valid or test"),
     ('base = 3\n', "base must be a table"),
     ('[base]\ncell_options = 3\n', "cell_options must be a table"),
-    ('eval = [1]\n', "each eval step must be a table"),
+    ('eval = [1]\n', "eval[0] must be a table"),
     ('budget = 3\n[axes]\ncell = ["gru"]\n', "budget must be a label"),
 ])
 def test_bad_plans_are_one_line_errors(text, fragment, tmp_path, tiny_corpus):
@@ -231,7 +234,9 @@ def test_a_point_that_cannot_run_is_reported_and_the_sweep_goes_on(tiny_corpus, 
     result = cli(*sweep_args(plan, tmp_path / "sweep", tiny_corpus))
     assert "[1/2] corpus-absent: not run: corpus 'absent' is not prepared" in result.stderr
     assert "1 failed, 1 finished" in result.stdout
-    assert_one_line_error(result, "1 of 2 runs failed", code=1)
+    assert_one_line_error(result, "1 of 2 runs did not finish: corpus-absent (not run); why: "
+                                  f"{tmp_path / 'sweep' / 'sweep.log'} (and each run's train.log)", code=1)
+    assert "[1/2] corpus-absent: not run: corpus 'absent' is not prepared" in (tmp_path / "sweep" / "sweep.log").read_text()
     assert Run(tmp_path / "sweep" / "corpus-tiny").status() == "finished"
 
 
@@ -264,3 +269,108 @@ def test_the_plans_budget_label_is_recorded_in_sweep_json(plan_file, tmp_path):
     plan_file.write_text('budget = "≈3k per layer"\n' + plan_file.read_text())
     Sweep(load_plan(plan_file), tmp_path / "sweep").bind()
     assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["budget"] == "≈3k per layer"
+
+
+ONE_POINT = """
+[base]
+corpus = "tiny"
+hidden = 8
+batch_size = 4
+bptt = 16
+epochs = 1
+train_fraction = 0.05
+eval_batch_size = 4
+save_every = "0"
+
+[axes]
+cell = ["gru"]
+
+[[eval]]
+split = "valid"
+"""
+
+
+def test_a_failed_evaluation_exits_1_naming_the_point_and_the_log_and_a_rerun_evaluates_it(tiny_corpus, tmp_path, monkeypatch):
+    import charlm.api
+
+    plan, directory = tmp_path / "one.toml", tmp_path / "sweep"
+    plan.write_text(ONE_POINT, encoding="utf-8")
+
+    def failing(self, *args, **kwargs):
+        raise CharlmError("the valid split vanished")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(charlm.api.Model, "evaluate", failing)
+        result = cli(*sweep_args(plan, directory, tiny_corpus))
+    assert_one_line_error(result, f"1 of 1 runs did not finish: cell-gru (evaluation failed); why: {directory / 'sweep.log'}",
+                          code=1)
+    line = "[1/1] cell-gru: trained, but its evaluation failed: the valid split vanished; the run is kept"
+    assert line in result.stderr and line in (directory / "sweep.log").read_text()
+    assert "sweep " in result.stdout and "1 failed" in result.stdout
+    assert Run(directory / "cell-gru").status() == "finished" and not records(directory / "cell-gru", "eval")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["one.toml", "sweep"]  # nothing written elsewhere
+
+    again = cli(*sweep_args(plan, directory, tiny_corpus), check_code=0)
+    assert "[1/1] cell-gru: evaluating (static valid)" in again.stderr and "1 finished" in again.stdout
+    assert [(row["split"], row["mode"]) for row in records(directory / "cell-gru", "eval")] == [("valid", "static")]
+
+
+def _damage_config(run):
+    (run / "config.json").write_text("[1, 2]", encoding="utf-8")
+
+
+def _damage_metrics(run):
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    epoch = next(index for index, line in enumerate(lines) if json.loads(line)["event"] == "epoch")
+    lines[epoch] = json.dumps({**json.loads(lines[epoch]), "valid_bpc": "low"})
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _damage_best(run):
+    best = (run / "best.pt").read_bytes()
+    (run / "best.pt").write_bytes(best[: len(best) // 2])
+
+
+def test_damaged_runs_are_reported_and_skipped_and_the_others_are_kept(trained_run, tmp_path):
+    """Copies of a finished run as the sweep's four points, three of them damaged: nothing trains,
+    each damaged one is one line with its reason, the intact one is finished, the exit code is 1."""
+    import shutil
+
+    plan, directory = tmp_path / "seeds.toml", tmp_path / "sweep"
+    plan.write_text('[base]\ncorpus = "tiny"\n[axes]\nseed = [1, 2, 3, 4]\n', encoding="utf-8")
+    Sweep(load_plan(plan), directory).bind()
+    for seed, damage in ((1, None), (2, _damage_config), (3, _damage_metrics), (4, _damage_best)):
+        shutil.copytree(trained_run, directory / f"seed-{seed}")
+        if damage:
+            damage(directory / f"seed-{seed}")
+    result = cli(*sweep_args(plan, directory, tmp_path / "no-data"))
+    assert "[1/4] seed-1: finished earlier; skipped" in result.stderr
+    reasons = {2: f"{directory / 'seed-2' / 'config.json'} must hold a JSON object, not a list",
+               3: f"{directory / 'seed-3' / 'metrics.jsonl'} line",
+               4: f"{directory / 'seed-4' / 'best.pt'} is cut short or is not a checkpoint"}
+    for seed, reason in reasons.items():
+        line = next(line for line in result.stderr.splitlines() if line.startswith(f"[{seed}/4] seed-{seed}: "))
+        assert line.startswith(f"[{seed}/4] seed-{seed}: damaged, skipped: {reason}"), line
+        assert line.endswith(f"move {directory / f'seed-{seed}'} away and run the same command again to train it afresh")
+    assert "3 damaged, 1 finished" in result.stdout
+    assert_one_line_error(result, "3 of 4 runs did not finish: seed-2 (damaged), seed-3 (damaged), seed-4 (damaged)", code=1)
+    dry = cli(*sweep_args(plan, directory, tmp_path / "no-data", "--dry-run"), check_code=0)
+    states = [line.split("│")[-2].strip() for line in dry.stdout.splitlines() if line.startswith("│ seed-")]
+    assert states == ["finished", "damaged", "damaged", "damaged"]
+
+
+def test_a_plan_cannot_make_a_sweep_write_outside_its_directory(tmp_path):
+    """Names from a plan are plain names; values that are paths become parts of one directory name."""
+    plan = tmp_path / "climbing.toml"
+    plan.write_text('[axes]\nwandb_project = ["../../../escape", "/etc/passwd", "..", "a\\\\..\\\\b"]\n', encoding="utf-8")
+    sweep = Sweep(load_plan(plan), tmp_path / "sweep")
+    runs = [sweep.config(point).run_dir for point in sweep.plan.points()]
+    assert [name.rpartition("/")[2] for name in runs] == ["wandb_project-..-..-..-escape", "wandb_project--etc-passwd",
+                                                         "wandb_project-..", "wandb_project-a-..-b"]
+    assert all(Path(run).resolve().parent == (tmp_path / "sweep").resolve() for run in runs)
+    for text, refused in (('name = "../up"\n', "its name '../up'"), ('[base]\nrun_dir = "/tmp/x"\n', "a plan cannot set 'run_dir'"),
+                          ('[base]\ninit_from = "/tmp/x.pt"\n', "a plan cannot set 'init_from'"),
+                          ('[base]\ndata_dir = "/tmp"\n', "a plan cannot set 'data_dir'"),
+                          ('[profiles."../up"]\n', "profile name '../up'")):
+        plan.write_text(text + '[axes]\ncell = ["gru"]\n' if "profiles" not in text else '[axes]\ncell = ["gru"]\n' + text)
+        assert_one_line_error(cli("sweep", plan, "--dry-run"), refused)

@@ -113,6 +113,7 @@ def test_a_run_resumes_on_another_number_of_processes(tiny_corpus, tmp_path, one
     assert largest_difference(one_process, one_then_two) < TOLERANCE
 
 
+@pytest.mark.slow  # about 17 s under torchrun; test_two_processes_train_the_weights_of_one stays in the default run
 def test_a_mid_epoch_checkpoint_holds_every_streams_state(tiny_corpus, tmp_path, one_process, double_precision):
     """Stopped by the time budget inside an epoch on 2 processes, resumed on 1: the carried state of
     all 5 streams was gathered into the checkpoint and the run ends where the reference does."""

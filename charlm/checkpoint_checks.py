@@ -1,0 +1,196 @@
+"""What a checkpoint must be before anything is built from it: the checks of its one reader.
+
+``Checkpoint.load`` reads a file weights-only (no code runs); its contents are then untrusted input,
+checked here before torch is asked to allocate anything for them:
+
+- ``check_parts``: every part has its type (the weights a mapping of names to tensors, the
+  vocabulary a list of distinct strings, one character each in a character or byte vocabulary);
+- ``check_consistency``: the settings pass the same bounds as the command line's
+  (``charlm.settings.validate``; their types were checked by ``from_dict`` already), and the
+  vocabulary, ``vocab_size`` and the rows of the embedding and of the output layer agree;
+- ``check_against_model``: every weight, the optimizer's state and the carried state have the
+  shapes of the model the settings describe, built on the ``meta`` device (nothing allocated).
+
+Each failure is one ``CharlmError`` that names the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from charlm.errors import CharlmError, ConfigError
+from charlm.settings import validate
+
+TRAINING_PARTS = ("optimizer", "scheduler", "rng", "progress", "hidden")
+TOKENIZER_KINDS = ("char", "byte", "word", "subword", "vowel-linked")
+SINGLE_SYMBOL_KINDS = ("char", "byte")  # every entry but the unknown-symbol one is one character
+REQUIRED_SYMBOLS = {"word": "<eos>", "vowel-linked": "</w>"}
+MODEL_FIELDS = {"hidden": "hidden_size", "layers": "layers", "embed_size": "embed_size", "dropout": "dropout"}
+
+
+def check_parts(payload: dict, path) -> None:
+    """The types of a (format 2) payload's parts, before any of them is used."""
+    for name in ("model_config", "train_config", "tokenizer", "weights"):
+        if not isinstance(payload.get(name), dict):
+            raise CharlmError(f"{path} is a damaged charlm checkpoint: its {name} is {_kind(payload.get(name))}, not a mapping")
+    for name in ("training", "scores", "provenance", "dynamic"):
+        if payload.get(name) is not None and not isinstance(payload[name], dict):
+            raise CharlmError(f"{path} is a damaged charlm checkpoint: its {name} is {_kind(payload[name])}, not a mapping")
+    for name, tensor in payload["weights"].items():
+        if not isinstance(name, str) or not torch.is_tensor(tensor):
+            raise CharlmError(f"{path} is a damaged charlm checkpoint: its weight {str(name)[:60]!r} is {_kind(tensor)}, "
+                              "not a tensor")
+    for name, value in (payload.get("scores") or {}).items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise CharlmError(f"{path} is a damaged charlm checkpoint: its score {str(name)[:40]!r} is {_kind(value)}, "
+                              "not a number")
+    training = payload.get("training")
+    if training is not None:
+        missing = [part for part in TRAINING_PARTS if part not in training]
+        if missing or set(training) - set(TRAINING_PARTS):
+            raise CharlmError(f"{path} is a damaged charlm checkpoint: its training state "
+                              + (f"lacks {missing[0]}" if missing else f"holds an unknown part {sorted(set(training) - set(TRAINING_PARTS))[0]!r}"))
+        for part, kind in (("optimizer", dict), ("scheduler", dict), ("rng", dict), ("progress", dict), ("hidden", list)):
+            if training[part] is not None and not isinstance(training[part], kind):
+                raise CharlmError(f"{path} is a damaged charlm checkpoint: its {part} state is {_kind(training[part])}")
+    check_vocabulary(payload["tokenizer"], path)
+
+
+def check_vocabulary(tokenizer: dict, path) -> None:
+    """A list of distinct, non-empty strings; one character each (but the unknown-symbol entry) in a
+    character or byte vocabulary; the entries the tokenizer's kind needs."""
+    kind = tokenizer.get("kind")
+    if kind not in TOKENIZER_KINDS:
+        raise CharlmError(f"{path}: its vocabulary is of unknown kind {str(kind)[:40]!r}")
+    vocab, unk = tokenizer.get("vocab"), tokenizer.get("unk")
+    if not isinstance(vocab, list):
+        raise CharlmError(f"{path}: its vocabulary is {_kind(vocab)}, not a list of symbols")
+    if not vocab:
+        raise CharlmError(f"{path}: its vocabulary is empty")
+    if unk is not None and (not isinstance(unk, str) or unk not in vocab):
+        raise CharlmError(f"{path}: its vocabulary lacks its own unknown-symbol entry {str(unk)[:40]!r}")
+    seen = set()
+    for entry in vocab:
+        if not isinstance(entry, str) or not entry:
+            raise CharlmError(f"{path}: its vocabulary holds {_kind(entry) if not isinstance(entry, str) else 'an empty entry'}"
+                              f"{f' ({entry!r:.40})' if not isinstance(entry, str) else ''}, not a symbol")
+        if entry in seen:
+            raise CharlmError(f"{path}: its vocabulary holds {entry[:40]!r} twice")
+        seen.add(entry)
+        if kind in SINGLE_SYMBOL_KINDS and entry != unk and (len(entry) != 1 or (kind == "byte" and ord(entry) > 255)):
+            raise CharlmError(f"{path}: its {kind} vocabulary holds {entry[:40]!r}, not one {'byte' if kind == 'byte' else 'character'}")
+    space = tokenizer.get("space_symbol")
+    if space is not None and (not isinstance(space, str) or len(space) != 1):
+        raise CharlmError(f"{path}: its vocabulary's space symbol is {space!r:.40}, not one character")
+    if kind in REQUIRED_SYMBOLS and REQUIRED_SYMBOLS[kind] not in seen:
+        raise CharlmError(f"{path}: its {kind} vocabulary lacks {REQUIRED_SYMBOLS[kind]!r}")
+
+
+def check_consistency(checkpoint) -> None:
+    """The settings within their bounds, and vocabulary, ``vocab_size`` and the weights' rows in agreement."""
+    path, model, train = checkpoint.path, checkpoint.model_config, checkpoint.train_config
+    try:
+        validate(train)
+        validate(dataclasses.replace(train, **{name: getattr(model, field) for name, field in MODEL_FIELDS.items()}))
+    except ConfigError as error:
+        field = MODEL_FIELDS.get(error.field, error.field)
+        raise CharlmError(f"{path} holds a setting out of its bounds: {field} {error.reason}") from None
+    if not isinstance(model.cell_options, dict) or not all(isinstance(key, str) for key in model.cell_options):
+        raise CharlmError(f"{path}: its cell options are not a mapping of option names to values")
+    symbols = len(checkpoint.tokenizer["vocab"])
+    if model.vocab_size != symbols:
+        raise CharlmError(f"{path}: its settings say vocab_size {model.vocab_size:,}, but its vocabulary has {symbols:,} entries")
+    for name, what in (("head.weight", "output layer"), ("head.bias", "output layer"), ("embedding.weight", "embedding")):
+        tensor = checkpoint.weights.get(name)
+        if tensor is not None and (tensor.dim() == 0 or tensor.shape[0] != symbols):
+            rows = "no rows" if tensor.dim() == 0 else f"{tensor.shape[0]:,} rows"
+            raise CharlmError(f"{path}: its vocabulary has {symbols:,} entries, but its {what} ({name}) has {rows}")
+
+
+def check_against_model(checkpoint, cell_class) -> torch.nn.Module:
+    """The model ``checkpoint`` describes, built on the meta device, with every weight, the optimizer's
+    state and the carried state checked against its shapes; returned for sizing (nothing is allocated)."""
+    from charlm.model import LanguageModel
+
+    path, config, weights = checkpoint.path, checkpoint.model_config, checkpoint.weights
+    layers = {int(name.split(".")[1]) for name in weights if name.startswith("layers.") and name.split(".")[1].isdigit()}
+    if layers != set(range(config.layers)):  # before a meta model of a million layers is built for nothing
+        raise CharlmError(f"{path}: its settings say layers {config.layers:,}, but its weights are of {len(layers):,} "
+                          f"layer{'s' if len(layers) != 1 else ''}")
+    try:
+        with torch.device("meta"):
+            model = LanguageModel(config, cell_class)
+    except CharlmError as error:
+        raise CharlmError(f"{path}: {error}") from None
+    compare_weights(weights, model.state_dict(), path)
+    training = checkpoint.training
+    if training is not None:
+        if training.optimizer is not None:
+            check_optimizer_state(training.optimizer, list(model.parameters()), path)
+        if training.hidden is not None:
+            check_carried_state(training.hidden, model.initial_state(checkpoint.train_config.batch_size, device="meta"), path)
+        check_random_state(training.rng, path)
+    return model
+
+
+def compare_weights(weights: dict, expected: dict, path) -> None:
+    """``weights`` name for name and shape for shape those of ``expected`` (a model's state_dict)."""
+    missing = [name for name in expected if name not in weights]
+    if missing:
+        raise CharlmError(f"{path}: its weights lack {missing[0]}, which the model it describes has")
+    extra = [name for name in weights if name not in expected]
+    if extra:
+        raise CharlmError(f"{path}: its weights hold {extra[0][:60]}, which the model it describes has no place for")
+    for name, tensor in expected.items():
+        if weights[name].shape != tensor.shape:
+            raise CharlmError(f"{path}: its weight {name} has shape {_shape(weights[name])}, the model it describes "
+                              f"needs {_shape(tensor)}")
+        if tensor.is_floating_point() and not weights[name].is_floating_point():
+            raise CharlmError(f"{path}: its weight {name} holds {weights[name].dtype}, not floating-point numbers")
+
+
+def check_optimizer_state(state: dict, parameters: list, path) -> None:
+    """An optimizer ``state_dict`` for ``parameters``: each parameter once, each moment of its shape."""
+    groups, moments = state.get("param_groups"), state.get("state")
+    if not isinstance(groups, list) or not all(isinstance(group, dict) and isinstance(group.get("params"), list)
+                                               for group in groups) or not isinstance(moments, dict):
+        raise CharlmError(f"{path}: its optimizer state is damaged (no parameter groups)")
+    indices = [index for group in groups for index in group["params"]]
+    if sorted(indices, key=str) != sorted(range(len(parameters)), key=str):
+        raise CharlmError(f"{path}: its optimizer state is for {len(indices):,} parameters, the model has {len(parameters):,}")
+    for index, entry in moments.items():
+        if type(index) is not int or not 0 <= index < len(parameters) or not isinstance(entry, dict):
+            raise CharlmError(f"{path}: its optimizer state holds an entry for parameter {str(index)[:20]}, which the model lacks")
+        for name, value in entry.items():
+            if torch.is_tensor(value) and value.dim() > 0 and value.shape != parameters[index].shape:
+                raise CharlmError(f"{path}: its optimizer state {name} of parameter {index} has shape {_shape(value)}, "
+                                  f"the parameter {_shape(parameters[index])}")
+
+
+def check_carried_state(hidden: list, expected: list, path) -> None:
+    """The carried state: per layer, tensors of the shapes of the model's initial state."""
+    shapes = [[tuple(tensor.shape) for tensor in layer] for layer in expected]
+    found = [[tuple(tensor.shape) if torch.is_tensor(tensor) else None for tensor in layer]
+             if isinstance(layer, (list, tuple)) else None for layer in hidden]
+    if found != shapes:
+        raise CharlmError(f"{path}: its carried state does not fit the model it describes ({len(hidden)} layers of "
+                          f"{found[:1]}, where {len(shapes)} of {shapes[:1]} are needed)")
+
+
+def check_random_state(rng, path) -> None:
+    generator = rng.get("torch") if isinstance(rng, dict) else None
+    if not torch.is_tensor(generator) or generator.dtype != torch.uint8:
+        raise CharlmError(f"{path}: its random-number state is damaged")
+
+
+def _shape(tensor) -> str:
+    return "[" + ", ".join(map(str, tensor.shape)) + "]"
+
+
+def _kind(value) -> str:
+    if torch.is_tensor(value):
+        return "a tensor"
+    return {list: "a list", tuple: "a list", str: "text", bool: "true or false", type(None): "missing", dict: "a mapping",
+            int: "a number", float: "a number"}.get(type(value), f"a {type(value).__name__}")
