@@ -57,6 +57,7 @@ def test_ptb_word_reproduces_the_standard_counts(word_run):
     assert "<unk>" in corpus.tokenizer.vocab and "<eos>" in corpus.tokenizer.vocab
 
 
+@pytest.mark.slow  # about 14 s (and the fixture again on another worker); the standard counts stay in the default run
 def test_a_word_model_evaluates_per_word_samples_and_scores(word_run):
     data, run = word_run
     result = cli("eval", str(run), "--split", "valid", "--data-dir", str(data))
