@@ -26,7 +26,7 @@ from charlm.corpora.store_reader import (META, SUBWORD_MODEL, array_layout, buil
                                          file_record, read_checked_meta)
 from charlm.corpora.tokenizer import Tokenizer
 from charlm.errors import CharlmError
-from charlm.files import flush_directory, read_bytes, writing
+from charlm.files import check_directory, flush_directory, read_bytes, writing
 
 FORMAT_VERSION = 1
 DEFAULT_DATA_ROOT = "data"
@@ -37,7 +37,9 @@ def data_root(data_dir: str | Path | None = None) -> Path:
     """Where prepared corpora live: ``data_dir``, else ``$CHARLM_DATA``, else ``./data``."""
     if data_dir:
         return Path(data_dir)
-    return Path(os.environ.get("CHARLM_DATA") or DEFAULT_DATA_ROOT)
+    from_environment = os.environ.get("CHARLM_DATA")
+    check_directory(from_environment, "CHARLM_DATA")  # a file there is bad input, said as --data-dir's is
+    return Path(from_environment or DEFAULT_DATA_ROOT)
 
 
 class PreparedCorpus:

@@ -191,6 +191,16 @@ def test_charlm_threads_from_the_environment_is_bounded_too(monkeypatch):
         assert_one_line_error(cli("cells"), "CHARLM_THREADS", code=2)
 
 
+def test_charlm_data_that_is_a_file_is_said_as_data_dir_is(monkeypatch, tmp_path):
+    """The environment's data root is checked as --data-dir is: one line, exit 2, nothing made."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a directory", encoding="utf-8")
+    monkeypatch.setenv("CHARLM_DATA", str(a_file))
+    for command in (("corpora",), ("train", "--corpus", "tiny", "--epochs", "1", "--run-dir", str(tmp_path / "run"))):
+        assert_one_line_error(cli(*command), f"CHARLM_DATA must be a directory: {a_file} is a regular file", code=2)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.txt"]
+
+
 # --- the Python facade: the same checks, named by the setting -----------------------------------------
 
 def python_value(kind: type, text: str):
