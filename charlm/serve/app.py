@@ -177,7 +177,7 @@ class GatedStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         except ClientDisconnect:  # nobody is left to answer
-            get_logger().info("the client left before its stream began")
+            get_logger().info("the client left before its stream ended")
         finally:
             await self.body_iterator.aclose()
             self.generation.close()
