@@ -171,10 +171,10 @@ class Checkpoint:
         return model.to(device).eval()
 
     def make_tokenizer(self):
-        from charlm.corpora import Tokenizer
+        from charlm.corpora.tokenizer_kinds import tokenizer_from_state
 
         try:
-            tokenizer = Tokenizer.from_state(self.tokenizer)
+            tokenizer = tokenizer_from_state(self.tokenizer)
         except (KeyError, TypeError, ValueError, RuntimeError, OSError) as error:  # sentencepiece: RuntimeError, OSError
             raise CharlmError(f"{self.path}: its vocabulary is damaged ({_first_line(error)})") from None
         if list(tokenizer.vocab) != list(self.tokenizer["vocab"]):  # a subword vocabulary is its model's pieces

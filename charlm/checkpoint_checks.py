@@ -20,11 +20,11 @@ import dataclasses
 
 import torch
 
+from charlm.corpora.tokenizer_kinds import TOKENIZER_KINDS
 from charlm.errors import CharlmError, ConfigError
 from charlm.settings import validate
 
 TRAINING_PARTS = ("optimizer", "scheduler", "rng", "progress", "hidden")
-TOKENIZER_KINDS = ("char", "byte", "word", "subword", "vowel-linked")
 SINGLE_SYMBOL_KINDS = ("char", "byte")  # every entry but the unknown-symbol one is one character
 REQUIRED_SYMBOLS = {"word": "<eos>", "vowel-linked": "</w>"}
 MODEL_FIELDS = {"hidden": "hidden_size", "layers": "layers", "embed_size": "embed_size", "dropout": "dropout"}

@@ -269,6 +269,18 @@ def _meta_count(key: str, config: ModelConfig, cell_class) -> int:
     return _META_COUNTS[key, cell_class]
 
 
+def _closest_size(count, budget: int, low: int, high: int) -> int:
+    """The size in [low, high] whose ``count`` (rising with the size) is closest to ``budget``, the
+    smaller on a tie, by bisection: ``count(low) < budget <= count(high)`` unless at an end."""
+    while high - low > 1:
+        middle = (low + high) // 2
+        if count(middle) < budget:
+            low = middle
+        else:
+            high = middle
+    return min((low, high), key=lambda size: abs(count(size) - budget))
+
+
 def _solve_quadratic_count(total, budget: int, max_hidden_size: int) -> int | None:
     """The hidden size closest to ``budget`` when the parameter count is a quadratic in it (every
     built-in cell's is, at fixed depth and embedding): fitted from three real counts, checked on a
@@ -289,16 +301,9 @@ def _solve_quadratic_count(total, budget: int, max_hidden_size: int) -> int | No
 
     if fitted(points[3]) != total(points[3]):
         return None
-    low, high = 1, max_hidden_size  # the fitted count rises with n on [1, max]: bisect it without building models
-    if fitted(high) < budget or d2 < 0:
+    if fitted(max_hidden_size) < budget or d2 < 0:
         return None
-    while high - low > 1:
-        middle = (low + high) // 2
-        if fitted(middle) < budget:
-            low = middle
-        else:
-            high = middle
-    best = min((low, high), key=lambda n: abs(fitted(n) - budget))
+    best = _closest_size(fitted, budget, 1, max_hidden_size)  # the fitted count rises on [1, max]: no models built
     neighbours = [n for n in (best - 1, best, best + 1) if 1 <= n <= max_hidden_size]
     if any(total(n) != fitted(n) for n in neighbours):
         return None
@@ -325,11 +330,5 @@ def size_for_budget(config: ModelConfig, budget: int, max_hidden_size: int = 163
     low, high = 1, 1
     while total(high) < budget and high < max_hidden_size:
         low, high = high, min(high * 2, max_hidden_size)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if total(middle) < budget:
-            low = middle
-        else:
-            high = middle
-    best = min((low, high), key=lambda hidden_size: abs(total(hidden_size) - budget))
+    best = _closest_size(total, budget, low, high)
     return best, total(best)

@@ -24,7 +24,8 @@ from charlm.corpora.store import (FORMAT_VERSION, PreparedCorpus, data_root, ope
                                   remove_abandoned_staging, write_prepared)
 from charlm.corpora.store_reader import DamagedCorpus
 from charlm.corpora.subword import SUBWORD_KINDS, train_subword_tokenizer
-from charlm.corpora.tokenizer import UNK, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer
+from charlm.corpora.tokenizer import UNK, ByteTokenizer, CharTokenizer, Tokenizer
+from charlm.corpora.word_tokenizers import WordTokenizer
 from charlm.logs import info as log_info
 from charlm.errors import CharlmError, OutOfVocabulary
 

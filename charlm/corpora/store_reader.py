@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from charlm.corpora.splits import SPLITS
-from charlm.corpora.tokenizer import TOKENIZER_KINDS, Tokenizer
+from charlm.corpora.tokenizer import Tokenizer
+from charlm.corpora.tokenizer_kinds import TOKENIZER_KINDS, tokenizer_from_state
 from charlm.corpora.vowel_subwords import END_OF_WORD, LETTERS
 from charlm.errors import CharlmError
 from charlm.files import file_kind
@@ -180,7 +181,7 @@ def build_tokenizer(meta: dict, directory: Path) -> Tokenizer:
                        or hashlib.sha256(state["model"]).hexdigest() != record["sha256"]):
             _fail(path, directory, meta, "differs from the checksum meta.json records for it")
     try:
-        tokenizer = Tokenizer.from_state(state)
+        tokenizer = tokenizer_from_state(state)
     except (RuntimeError, OSError, ValueError, TypeError, KeyError, IndexError) as error:
         what = "is not a sentencepiece model" if subword else "does not describe a tokenizer"
         _fail(path, directory, meta, f"{what} ({str(error).splitlines()[0][:120] if str(error) else type(error).__name__})")

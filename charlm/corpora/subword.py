@@ -11,7 +11,7 @@ import os
 
 import sentencepiece
 
-from charlm.corpora.tokenizer import SUBWORD_SEGMENT, SubwordTokenizer, VowelSubwordTokenizer, line_segments
+from charlm.corpora.word_tokenizers import SUBWORD_SEGMENT, SubwordTokenizer, VowelSubwordTokenizer, line_segments
 from charlm.errors import CharlmError
 
 SENTENCEPIECE_KINDS = ("bpe", "unigram")

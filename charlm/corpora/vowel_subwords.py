@@ -12,7 +12,7 @@ For each word of lowercase letters:
 
 then keep the pieces seen at least ``min_count`` times in the training split, and add the 26 single
 letters, the end-of-word token ``</w>`` and the whole-word tokens that cannot be spelled (``<eos>``,
-``<unk>``, and IMDB's ``<emoticon>``, ``<num>``, ``<sym>``) whatever their count. A kept piece is one symbol (``charlm.corpora.tokenizer.VowelSubwordTokenizer``); a piece that was not kept is
+``<unk>``, and IMDB's ``<emoticon>``, ``<num>``, ``<sym>``) whatever their count. A kept piece is one symbol (``charlm.corpora.word_tokenizers.VowelSubwordTokenizer``); a piece that was not kept is
 spelled letter by letter; every word ends with ``</w>``.
 
 The rules leave some things open; charlm decides them so:

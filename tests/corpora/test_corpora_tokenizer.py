@@ -9,6 +9,7 @@ import torch
 from charlm.corpora import Tokenizer
 from charlm.corpora.subword import train_subword_tokenizer
 from charlm.corpora.tokenizer import ByteTokenizer, CharTokenizer, id_dtype
+from charlm.corpora.tokenizer_kinds import tokenizer_from_state
 from charlm.errors import OutOfVocabulary
 
 TEXT = "the cat sat on the mat.\nthe dog sat on the log.\n" * 50
@@ -18,7 +19,7 @@ def through_checkpoint(tokenizer) -> Tokenizer:
     buffer = io.BytesIO()
     torch.save({"tokenizer": tokenizer.to_state()}, buffer)
     buffer.seek(0)
-    return Tokenizer.from_state(torch.load(buffer, weights_only=True)["tokenizer"])
+    return tokenizer_from_state(torch.load(buffer, weights_only=True)["tokenizer"])
 
 
 def test_char_tokenizer_vocab_is_sorted_characters():
@@ -86,4 +87,4 @@ def test_subword_tokenizer_is_lossless_and_survives_a_checkpoint(kind, pieces):
 
 def test_unknown_state_kind_is_rejected():
     with pytest.raises(ValueError, match="unknown tokenizer kind"):
-        Tokenizer.from_state({"kind": "morse", "vocab": []})
+        tokenizer_from_state({"kind": "morse", "vocab": []})

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from charlm.corpora.tokenizer import Tokenizer, VowelSubwordTokenizer
+from charlm.corpora.tokenizer_kinds import tokenizer_from_state
+from charlm.corpora.word_tokenizers import VowelSubwordTokenizer
 from charlm.corpora.vowel_subwords import (END_OF_WORD, LETTERS, cutoff_for, piece_counts, review_words,
                                            vocabulary_size, vowel_pieces)
 from charlm.errors import OutOfVocabulary
@@ -48,7 +49,7 @@ def test_the_tokenizer_keeps_frequent_pieces_and_spells_the_rest():
     without_unk = VowelSubwordTokenizer.build(text.replace("<unk>", "a"), min_count=15)
     with pytest.raises(OutOfVocabulary, match="\"'s\""):  # and without <unk> in the text, no way to write it
         without_unk.encode("the 's\n")
-    rebuilt = Tokenizer.from_state(tokenizer.to_state())
+    rebuilt = tokenizer_from_state(tokenizer.to_state())
     assert isinstance(rebuilt, VowelSubwordTokenizer) and rebuilt.vocab == tokenizer.vocab
 
 

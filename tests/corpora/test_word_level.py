@@ -10,7 +10,8 @@ import pytest
 
 import charlm
 from charlm.corpora import load_corpus
-from charlm.corpora.tokenizer import EOS, Tokenizer, WordTokenizer
+from charlm.corpora.tokenizer_kinds import tokenizer_from_state
+from charlm.corpora.word_tokenizers import EOS, WordTokenizer
 from charlm.errors import OutOfVocabulary
 from helpers import assert_one_line_error, cli
 
@@ -26,7 +27,7 @@ def test_the_word_tokenizer_round_trips_and_names_unknown_words():
     with pytest.raises(OutOfVocabulary) as raised:
         strict.encode("a c d\n")
     assert raised.value.symbols == ["c", "d"]
-    rebuilt = Tokenizer.from_state(tokenizer.to_state())
+    rebuilt = tokenizer_from_state(tokenizer.to_state())
     assert isinstance(rebuilt, WordTokenizer) and rebuilt.vocab == tokenizer.vocab and rebuilt.unk == "<unk>"
 
 
