@@ -26,7 +26,8 @@ from charlm.settings import validate
 from charlm.runtime.devices import resolve_device
 from charlm.runs.best_weights import best_of_run
 from charlm.errors import CharlmError, OutOfVocabulary
-from charlm.inference.scoring import LN2, Score, score_split, score_tokens
+from charlm.corpora.streams import check_streams_fit
+from charlm.inference.scoring import LN2, Score, check_splits_fit, score_split, score_tokens
 from charlm.logs import get_logger
 from charlm.model import count_parameters
 from charlm.inference.beam import check_beam_settings
@@ -235,6 +236,7 @@ class Model:
         if self.unit == "byte":
             characters = len(self.tokenizer.decode(ids[1:]).encode("utf-8")) if characters else 0
         tokens = np.asarray(ids, dtype=np.int64)
+        check_streams_fit(batch_size, tokens, ScoreConfig, "batch_size", "the text")
         chars_per_token = max(characters, 1) / (len(ids) - 1)
         if dynamic is None:
             score = score_tokens(self.network, tokens, batch_size=batch_size, bptt=self.checkpoint.train_config.bptt,
@@ -285,6 +287,7 @@ class Model:
         if dynamic is None:
             config = EvalConfig(split="test", batch_size=_EVAL.batch_size if batch_size is None else batch_size, bptt=bptt)
             validate(config)
+            check_splits_fit(corpus, (split,), config.batch_size, EvalConfig)
             started = time.perf_counter()
             score = score_split(self.network, corpus, split, batch_size=config.batch_size,
                                 bptt=bptt or self.checkpoint.train_config.bptt, device=self.device, progress=progress,

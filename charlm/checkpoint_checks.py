@@ -20,13 +20,11 @@ import dataclasses
 
 import torch
 
-from charlm.corpora.tokenizer_kinds import TOKENIZER_KINDS
+from charlm.corpora.vocabulary import value_kind as _kind, vocabulary_problem
 from charlm.errors import CharlmError, ConfigError
 from charlm.settings import validate
 
 TRAINING_PARTS = ("optimizer", "scheduler", "rng", "progress", "hidden")
-SINGLE_SYMBOL_KINDS = ("char", "byte")  # every entry but the unknown-symbol one is one character
-REQUIRED_SYMBOLS = {"word": "<eos>", "vowel-linked": "</w>"}
 MODEL_FIELDS = {"hidden": "hidden_size", "layers": "layers", "embed_size": "embed_size", "dropout": "dropout"}
 
 
@@ -59,33 +57,10 @@ def check_parts(payload: dict, path) -> None:
 
 
 def check_vocabulary(tokenizer: dict, path) -> None:
-    """A list of distinct, non-empty strings; one character each (but the unknown-symbol entry) in a
-    character or byte vocabulary; the entries the tokenizer's kind needs."""
-    kind = tokenizer.get("kind")
-    if kind not in TOKENIZER_KINDS:
-        raise CharlmError(f"{path}: its vocabulary is of unknown kind {str(kind)[:40]!r}")
-    vocab, unk = tokenizer.get("vocab"), tokenizer.get("unk")
-    if not isinstance(vocab, list):
-        raise CharlmError(f"{path}: its vocabulary is {_kind(vocab)}, not a list of symbols")
-    if not vocab:
-        raise CharlmError(f"{path}: its vocabulary is empty")
-    if unk is not None and (not isinstance(unk, str) or unk not in vocab):
-        raise CharlmError(f"{path}: its vocabulary lacks its own unknown-symbol entry {str(unk)[:40]!r}")
-    seen = set()
-    for entry in vocab:
-        if not isinstance(entry, str) or not entry:
-            raise CharlmError(f"{path}: its vocabulary holds {_kind(entry) if not isinstance(entry, str) else 'an empty entry'}"
-                              f"{f' ({entry!r:.40})' if not isinstance(entry, str) else ''}, not a symbol")
-        if entry in seen:
-            raise CharlmError(f"{path}: its vocabulary holds {entry[:40]!r} twice")
-        seen.add(entry)
-        if kind in SINGLE_SYMBOL_KINDS and entry != unk and (len(entry) != 1 or (kind == "byte" and ord(entry) > 255)):
-            raise CharlmError(f"{path}: its {kind} vocabulary holds {entry[:40]!r}, not one {'byte' if kind == 'byte' else 'character'}")
-    space = tokenizer.get("space_symbol")
-    if space is not None and (not isinstance(space, str) or len(space) != 1):
-        raise CharlmError(f"{path}: its vocabulary's space symbol is {space!r:.40}, not one character")
-    if kind in REQUIRED_SYMBOLS and REQUIRED_SYMBOLS[kind] not in seen:
-        raise CharlmError(f"{path}: its {kind} vocabulary lacks {REQUIRED_SYMBOLS[kind]!r}")
+    """The vocabulary as ``charlm.corpora.vocabulary`` says every file's must be."""
+    problem = vocabulary_problem(tokenizer)
+    if problem is not None:
+        raise CharlmError(f"{path}: its {problem}")
 
 
 def check_consistency(checkpoint) -> None:
@@ -187,10 +162,3 @@ def check_random_state(rng, path) -> None:
 
 def _shape(tensor) -> str:
     return "[" + ", ".join(map(str, tensor.shape)) + "]"
-
-
-def _kind(value) -> str:
-    if torch.is_tensor(value):
-        return "a tensor"
-    return {list: "a list", tuple: "a list", str: "text", bool: "true or false", type(None): "missing", dict: "a mapping",
-            int: "a number", float: "a number"}.get(type(value), f"a {type(value).__name__}")

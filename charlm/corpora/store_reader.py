@@ -16,7 +16,6 @@ import json
 import os
 import re
 import stat
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import numpy as np
 from charlm.corpora.splits import SPLITS
 from charlm.corpora.tokenizer import Tokenizer
 from charlm.corpora.tokenizer_kinds import TOKENIZER_KINDS, tokenizer_from_state
-from charlm.corpora.vowel_subwords import END_OF_WORD, LETTERS
+from charlm.corpora.vocabulary import vocabulary_problem
 from charlm.errors import CharlmError
 from charlm.files import file_kind
 
@@ -116,13 +115,8 @@ def check_meta(meta: dict, path: Path, directory: Path) -> None:
     size, vocab = meta["vocab_size"], meta["vocab"]
     if size < 1:
         fail(f"has vocab_size {size}")
-    if not all(isinstance(symbol, str) for symbol in vocab):
-        fail("has a vocab entry that is not a string")
     if len(vocab) != size:
         fail(f"has a vocab of {len(vocab):,} entries, but vocab_size {size:,}")
-    if len(set(vocab)) != len(vocab):
-        twice = sorted(symbol for symbol, count in Counter(vocab).items() if count > 1)[:5]
-        fail(f"has a vocab with entries twice ({', '.join(map(repr, twice))})")
     _check_splits(meta, fail)
     _check_tokenizer(meta, fail)
     if "files" in meta:
@@ -154,20 +148,9 @@ def _check_tokenizer(meta: dict, fail) -> None:
         fail(f"has a {kind} tokenizer for a {meta['unit']} corpus")
     if state.get("vocab") != vocab:
         fail("has a tokenizer whose vocab differs from meta.json's 'vocab'")
-    unk = state.get("unk")
-    if unk is not None and unk not in vocab:
-        fail(f"has a tokenizer whose unknown entry {_shown(unk)} is not in its vocab")
-    symbols = [symbol for symbol in vocab if symbol != unk]
-    if kind == "char" and (any(len(symbol) != 1 for symbol in symbols) or not (
-            state.get("space_symbol") is None or _is(state["space_symbol"], str) and len(state["space_symbol"]) == 1)):
-        fail("has a character vocab with entries that are not single characters")
-    if kind == "byte" and any(len(symbol) != 1 or ord(symbol) > 255 for symbol in symbols):
-        fail("has a byte vocab with entries that are not bytes")
-    if kind == "word" and "<eos>" not in vocab:
-        fail("has a word vocab without '<eos>'")
-    if kind == "vowel-linked" and (END_OF_WORD not in vocab or not set(LETTERS) <= set(vocab)
-                                   or not (state.get("min_count") is None or _is(state["min_count"], int))):
-        fail(f"has a vowel-linked vocab without the 26 letters and {END_OF_WORD!r}")
+    problem = vocabulary_problem(state)
+    if problem is not None:
+        fail(f"has a tokenizer whose {problem}")
 
 
 def build_tokenizer(meta: dict, directory: Path) -> Tokenizer:

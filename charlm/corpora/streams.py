@@ -8,9 +8,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, ConfigError
 
 IGNORE = -100  # target id that the loss skips (padding at the end of the last evaluation stream)
+
+
+def check_streams_fit(batch_size: int, tokens, owner: type, field: str, where: str) -> None:
+    """Refuse, before anything is scored or written, more streams than ``tokens`` has predictions
+    (every stream needs at least one). The error names ``owner``'s ``field`` (its flag on the
+    command line); ``where`` says whose tokens they are (``the test split of 'ptb'``)."""
+    predictions = len(tokens) - 1
+    if batch_size > predictions:
+        raise ConfigError(owner, field, f"is {batch_size:,}, more streams than the {predictions:,} predictions of "
+                                        f"{where}: give at most {max(predictions, 1):,}")
 
 
 @dataclass
@@ -43,7 +53,8 @@ class TokenStreams:
             raise CharlmError(f"batch size and bptt must be at least 1 (got {batch_size} and {bptt})")
         predictions = len(tokens) - 1
         if predictions < batch_size:
-            raise CharlmError(f"a split of {len(tokens)} tokens is too short for batch size {batch_size}")
+            raise CharlmError(f"{len(tokens):,} tokens are too few for {batch_size:,} streams: each stream needs at least "
+                              "one prediction (give a smaller batch size)")
         self.batch_size, self.bptt = batch_size, bptt
         if cover_all:
             length = math.ceil(predictions / batch_size)

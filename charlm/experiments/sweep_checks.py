@@ -23,8 +23,10 @@ from charlm.experiments.plan_checks import point_error
 def check_on_corpora(sweep, points) -> None:
     """The values of ``points`` that depend on their prepared corpus, checked before anything trains."""
     from charlm.cells import CELLS
+    from charlm.config import DynamicOptions, EvalConfig
     from charlm.corpora import load_corpus
-    from charlm.training.setup import check_evaluation_streams, model_config_for
+    from charlm.inference.scoring import check_splits_fit
+    from charlm.training.setup import check_streams, model_config_for
 
     plan, corpora, sized = sweep.plan, {}, set()
     if plan.task is not None:
@@ -40,16 +42,17 @@ def check_on_corpora(sweep, points) -> None:
         if corpus is None:
             continue
         try:
-            check_evaluation_streams(config, corpus)
+            check_streams(config, corpus)
         except ConfigError as error:
             raise point_error(plan, point, error, error.field) from None
         for index, step in enumerate(plan.evals):
-            predictions = len(corpus.split(step.split)) - 1
-            if step.dynamic is None and step.batch_size is not None and step.batch_size > predictions:
+            default = EvalConfig.batch_size if step.dynamic is None else DynamicOptions.batch_size
+            try:
+                check_splits_fit(corpus, (step.split, step.adapt_on), step.batch_size or default, EvalConfig)
+            except ConfigError as error:
                 where = plan.origins.get(("eval", ""), "eval")
-                raise CharlmError(f"plan {plan.source}: {where}[{index}].batch_size is {step.batch_size:,}, more streams "
-                                  f"than the {predictions:,} predictions of the {step.split} split of {config.corpus!r}: "
-                                  f"give at most {predictions:,}")
+                given = "" if step.batch_size else f" (its default for a {step.dynamic or 'static'} evaluation)"
+                raise CharlmError(f"plan {plan.source}: {where}[{index}].batch_size{given} {error.reason}") from None
         key = (corpus.vocab_size, config.cell, config.params, config.layers, config.embed_size, repr(config.cell_options))
         if config.params is None or ":" in config.cell or key in sized:
             continue

@@ -27,7 +27,8 @@ from charlm.config import DynamicOptions
 from charlm.inference.dynamic import METHODS, DynamicDiverged, collect_gradient_statistics, dynamic_score, make_update
 from charlm.errors import CharlmError
 from charlm.settings import INT64_MAX
-from charlm.inference.scoring import Score, characters_per_token, score_tokens
+from charlm.corpora.streams import check_streams_fit
+from charlm.inference.scoring import Score, characters_per_token, check_splits_fit, score_tokens
 
 # The grids --dyn-search tries: η for both methods, λ for rms (tuned on War and Peace, 1M parameters).
 SEARCH_LRS = {"sgd": (0.001, 0.003, 0.01, 0.03, 0.1), "rms": (1e-5, 3e-5, 1e-4, 3e-4)}
@@ -172,6 +173,13 @@ def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adap
     """
     options.validate()
     check_protocol(split, adapt_on, search_prefix)
+    check_splits_fit(corpus, (split, adapt_on), options.batch_size, DynamicOptions)
+    prefix = None
+    if search_prefix is not None:
+        valid_chars_per_token = characters_per_token(corpus, "valid")
+        prefix = corpus.split("valid")[: max(2, int(search_prefix / valid_chars_per_token) + 1)]
+        check_streams_fit(options.batch_size, prefix, DynamicOptions, "batch_size",
+                          f"the search prefix ({search_prefix:,} characters of the valid split)")
     progress = progress or NoProgress()
     tokens = corpus.split(split)
     chars_per_token = characters_per_token(corpus, split)
@@ -195,9 +203,7 @@ def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adap
         statistics_seconds = time.perf_counter() - started
 
     search = None
-    if search_prefix is not None:
-        valid_chars_per_token = characters_per_token(corpus, "valid")
-        prefix = corpus.split("valid")[: max(2, int(search_prefix / valid_chars_per_token) + 1)]
+    if prefix is not None:
         search = grid_search(model, prefix, options, rms, lrs=SEARCH_LRS[options.method],
                              decays=SEARCH_DECAYS[options.method], device=device,
                              chars_per_token=valid_chars_per_token, progress=progress, cuda_graph=cuda_graph)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from charlm.corpora.streams import IGNORE, TokenStreams
+from charlm.corpora.streams import IGNORE, TokenStreams, check_streams_fit
 from charlm.runtime.cuda_graphs import ScoringForward
 from charlm.runtime.fast_path_check import FastPathCheck
 
@@ -106,6 +106,13 @@ def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, devic
         # stream b holds a contiguous stretch of the text, so row-major order is text order
         score.token_nats = torch.cat(columns, dim=1).reshape(-1)[: streams.tokens_scored].numpy()
     return score
+
+
+def check_splits_fit(corpus, splits, batch_size: int, owner: type, field: str = "batch_size") -> None:
+    """Refuse, before any scoring, ``batch_size`` streams over a split of ``splits`` (None entries are
+    skipped) with fewer predictions; the error names ``owner``'s ``field``."""
+    for split in dict.fromkeys(name for name in splits if name is not None):
+        check_streams_fit(batch_size, corpus.split(split), owner, field, f"the {split} split of {corpus.name!r}")
 
 
 def score_split(model, corpus, split: str, *, batch_size: int, bptt: int, device, progress=None,

@@ -18,8 +18,9 @@ from charlm.cells import CELLS
 from charlm.checkpoint import Checkpoint
 from charlm.checkpoint_checks import compare_weights
 from charlm.config import TrainConfig
-from charlm.corpora.streams import TokenStreams
+from charlm.corpora.streams import TokenStreams, check_streams_fit
 from charlm.errors import CharlmError, ConfigError
+from charlm.inference.scoring import check_splits_fit
 from charlm.model import LanguageModel, ModelConfig, budget_of, count_parameters, size_for_budget
 from charlm.runtime.compiling import CompiledForward
 from charlm.runtime.training_graphs import graphed_window
@@ -70,15 +71,19 @@ def check_streams_per_process(config: TrainConfig, world: World) -> None:
                                                  "give each process at least one")
 
 
-def check_evaluation_streams(config: TrainConfig, corpus) -> None:
-    """Refuse, before anything is written, an ``--eval-batch-size`` with more streams than a split
-    it scores has predictions (found otherwise at the first epoch's end, after the run directory exists)."""
-    for split in ("valid", "test"):
-        predictions = len(corpus.split(split)) - 1
-        if config.eval_batch_size > predictions:
-            raise ConfigError(TrainConfig, "eval_batch_size", f"is {config.eval_batch_size:,}, more streams than the "
-                                                              f"{predictions:,} predictions of the {split} split of "
-                                                              f"{config.corpus!r}: give at most {predictions:,}")
+def check_streams(config: TrainConfig, corpus) -> None:
+    """Refuse, before anything is written, a ``--batch-size`` with more streams than the training
+    tokens used have predictions, or an ``--eval-batch-size`` with more than a split it scores (found
+    otherwise at the first epoch's end, after the run directory exists)."""
+    check_streams_fit(config.batch_size, corpus.split("train")[:training_tokens(corpus, config)], TrainConfig,
+                      "batch_size", f"the training split of {config.corpus!r}"
+                      + ("" if config.train_fraction == 1 else f" (its first {config.train_fraction:g}, --train-fraction)"))
+    check_splits_fit(corpus, ("valid", "test"), config.eval_batch_size, TrainConfig, "eval_batch_size")
+
+
+def training_tokens(corpus, config: TrainConfig) -> int:
+    """How many tokens of the training split a run trains on: its first ``train_fraction``."""
+    return max(2, int(len(corpus.split("train")) * config.train_fraction))
 
 
 def model_config_for(config: TrainConfig, vocab_size: int, cell_class=None, device: torch.device | None = None) -> ModelConfig:
@@ -170,7 +175,7 @@ def training_streams(corpus, config: TrainConfig, world: World) -> TokenStreams:
     """The first ``train_fraction`` of the training split as ``batch_size`` streams, of which this
     process carries its share."""
     tokens = corpus.split("train")
-    used = max(2, int(len(tokens) * config.train_fraction))
+    used = training_tokens(corpus, config)
     streams = TokenStreams(tokens[:used], config.batch_size, config.bptt, rows=world.share(config.batch_size))
     if streams.stream_length < config.bptt:
         from charlm.logs import get_logger

@@ -45,7 +45,7 @@ from charlm.training.control import (Interrupted, LossNotFinite, OutOfTime, OutO
 from charlm.training.evaluation import Scorer
 from charlm.training.resume import (Progress, check_resumable, check_same_run, last_good_checkpoint, read_progress, restore,
                                     restore_best, resumed_config, seed_this_process, training_checkpoint)
-from charlm.training.setup import (cell_class_for, check_evaluation_streams, check_model_fits, forward_pass,
+from charlm.training.setup import (cell_class_for, check_streams, check_model_fits, forward_pass,
                                    gradient_sync_pause, load_initial_weights, model_config_for, optimizer_and_schedule,
                                    placement, training_streams)
 from charlm.training.step import TrainingStep, gradients_for, update_groups
@@ -82,7 +82,7 @@ class Trainer:
         self.device, self.world = placement(config)
         scaler = grad_scaler(config.precision, self.device)
         self.corpus = load_corpus(config.corpus, config.data_dir)
-        check_evaluation_streams(config, self.corpus)
+        check_streams(config, self.corpus)
         torch.manual_seed(config.seed)
         if checkpoint is None:
             self.model_config = model_config_for(config, self.corpus.vocab_size, cell_class, self.device)

@@ -55,6 +55,7 @@ CASES = [
     Case("infinite learning rate", "train --lr inf"),
     Case("zero learning-rate decay", "train --lr-decay 0"),
     Case("more evaluation streams than the split has symbols", "train --eval-batch-size 100000"),
+    Case("more training streams than the training tokens used", "train --train-fraction 0.01 --batch-size 1000"),
     Case("a cell option that is not a number", "train --cell rhn --cell-opt gate_bias=nan"),
     Case("unknown optimizer", "train --optimizer lion"),
     Case("momentum with Adam", "train --momentum 0.9"),
@@ -143,6 +144,10 @@ CASES = [
     Case("evaluate the training split", "eval RUN --split train"),
     Case("zero evaluation batch", "eval RUN --batch-size 0"),
     Case("zero evaluation window", "eval RUN --bptt 0"),
+    Case("more evaluation streams than the split has symbols", "eval RUN --batch-size 100000"),
+    Case("more dynamic-evaluation streams than the split", "eval RUN --dynamic sgd --batch-size 100000"),
+    Case("search prefix with fewer symbols than streams", "eval RUN --dynamic sgd --dyn-search --search-prefix 10 --batch-size 16"),
+    Case("more scoring streams than the text has symbols", "score RUN FILES/short.txt --batch-size 100"),
     Case("unknown dynamic method", "eval RUN --dynamic adam"),
     Case("missing text to score", "score RUN FILES/absent.txt"),
     Case("text to score not UTF-8", "score RUN FILES/latin-1.txt"),
@@ -210,6 +215,7 @@ def places(trained_run, tiny_corpus, tmp_path_factory) -> dict[str, Path]:
     (files / "module-cell.json").write_text('{"cell": "evilmod:Nope"}', encoding="utf-8")
     (files / "latin-1.txt").write_bytes("café".encode("latin-1"))
     (files / "chinese.txt").write_text("中文", encoding="utf-8")
+    (files / "short.txt").write_text("the cat", encoding="utf-8")
     (files / "empty-dir").mkdir()
     os.mkfifo(files / "fifo")  # a reader that opened it would wait for a writer for ever
     (files / "climbing-plan.toml").write_text('name = "../elsewhere"\n[axes]\ncell = ["lru"]\n', encoding="utf-8")

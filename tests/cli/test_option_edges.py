@@ -278,7 +278,7 @@ def test_model_methods_take_the_same_checks(method, name, kind, places, tmp_path
         try:
             result = getattr(model, method)(**API_CALLS.get((method, name), API_CALLS[method]), **{name: value})
         except charlm.CharlmError as error:  # refused by its type or bounds, or later by a check of its own
-            assert refused or "too short for batch size" in str(error), f"{method}({name}={value!r}) refused: {error}"
+            assert refused or "more streams than the" in str(error), f"{method}({name}={value!r}) refused: {error}"
             assert name.replace("_", "-") in str(error) or name in str(error) or not refused, str(error)
             continue
         except Started:

@@ -140,6 +140,12 @@ def test_more_eval_streams_than_a_prepared_split_is_refused_before_anything_is_w
                     .replace("hidden = 8", "hidden = 8\neval_batch_size = 100000"))
     assert_one_line_error(cli("sweep", plan, "--dir", tmp_path / "sweep", "--data-dir", tiny_corpus),
                           f"plan {plan}: base.eval_batch_size is 100,000, more streams than the")
+    dynamic = tmp_path / "dynamic.toml"  # a dynamic step (#2 adapts on valid first) is checked as widely
+    dynamic.write_text(f'[base]\ncorpus = "tiny"\nhidden = 8\n[axes]\ncell = ["gru"]\n[[eval]]\nsplit = "valid"\n'
+                       f'[[eval]]\nsplit = "test"\ndynamic = "sgd"\nadapt_on = "valid"\nbatch_size = 100000\n', encoding="utf-8")
+    assert_one_line_error(cli("sweep", dynamic, "--dir", tmp_path / "sweep", "--data-dir", tiny_corpus),
+                          f"plan {dynamic}: eval[1].batch_size is 100,000, more streams than the")
+    assert not (tmp_path / "sweep").exists()
 
 
 def test_key_paths_quote_keys_a_bare_toml_key_cannot_spell():

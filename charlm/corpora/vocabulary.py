@@ -1,0 +1,59 @@
+"""What a tokenizer state's vocabulary must be, judged in one place for every file that holds one
+(a checkpoint, a prepared corpus's meta.json): a non-empty list of distinct, non-empty strings;
+one character each (the unknown-symbol entry aside) in a character or byte vocabulary; the entries
+its kind cannot work without (``<eos>`` for words; ``</w>`` and the 26 letters for vowel-linked
+subwords)."""
+
+from __future__ import annotations
+
+import torch
+
+from charlm.corpora.tokenizer_kinds import TOKENIZER_KINDS
+from charlm.corpora.vowel_subwords import END_OF_WORD, LETTERS
+
+SINGLE_SYMBOL_KINDS = ("char", "byte")
+REQUIRED_SYMBOLS = {"word": ("<eos>",), "vowel-linked": (END_OF_WORD, *LETTERS)}
+
+
+def vocabulary_problem(state: dict) -> str | None:
+    """Why the vocabulary of tokenizer ``state`` cannot be used, as words that follow "its" or
+    "whose" (``vocabulary holds 'a' twice``), or None when it can."""
+    kind = state.get("kind")
+    if kind not in TOKENIZER_KINDS:
+        return f"vocabulary is of unknown kind {str(kind)[:40]!r}"
+    vocab, unk = state.get("vocab"), state.get("unk")
+    if not isinstance(vocab, list):
+        return f"vocabulary is {value_kind(vocab)}, not a list of symbols"
+    if not vocab:
+        return "vocabulary is empty"
+    if unk is not None and (not isinstance(unk, str) or unk not in vocab):
+        return f"vocabulary lacks its own unknown-symbol entry {str(unk)[:40]!r}"
+    seen = set()
+    for entry in vocab:
+        if not isinstance(entry, str):
+            return f"vocabulary holds {value_kind(entry)} ({entry!r:.40}), not a symbol"
+        if not entry:
+            return "vocabulary holds an empty entry, not a symbol"
+        if entry in seen:
+            return f"vocabulary holds {entry[:40]!r} twice"
+        seen.add(entry)
+        if kind in SINGLE_SYMBOL_KINDS and entry != unk and (len(entry) != 1 or (kind == "byte" and ord(entry) > 255)):
+            return f"{kind} vocabulary holds {entry[:40]!r}, not one {'byte' if kind == 'byte' else 'character'}"
+    space = state.get("space_symbol")
+    if space is not None and (not isinstance(space, str) or len(space) != 1):
+        return f"vocabulary's space symbol is {space!r:.40}, not one character"
+    missing = [symbol for symbol in REQUIRED_SYMBOLS.get(kind, ()) if symbol not in seen]
+    if missing:
+        return f"{kind} vocabulary lacks {', '.join(map(repr, missing[:5]))}{' …' if len(missing) > 5 else ''}"
+    min_count = state.get("min_count")
+    if kind == "vowel-linked" and min_count is not None and (type(min_count) is not int or min_count < 0):
+        return f"vowel-linked vocabulary's minimum count is {min_count!r:.40}, not a count"
+    return None
+
+
+def value_kind(value) -> str:
+    """A value's kind in words (``a number``, ``a list``, ``a tensor``), for messages about files."""
+    if torch.is_tensor(value):
+        return "a tensor"
+    return {list: "a list", tuple: "a list", str: "text", bool: "true or false", type(None): "missing", dict: "a mapping",
+            int: "a number", float: "a number"}.get(type(value), f"a {type(value).__name__}")
