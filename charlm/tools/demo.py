@@ -26,7 +26,7 @@ from charlm.runtime.devices import resolve_device
 from charlm.logs import info
 from charlm.model import LanguageModel, detach_state
 from charlm.runs.directory import default_run_dir
-from charlm.training.setup import model_config_for
+from charlm.training.setup import check_model_fits, model_config_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +119,9 @@ def measure_throughput(config: TrainConfig, corpus, device, steps: int, give_up_
     """Training characters per second of ``config``'s model over ``steps`` steps like the trainer's,
     after one warm-up step; it stops early once the timed steps have taken ``give_up_after`` seconds."""
     cell_class = CELLS.get(config.cell)
-    model = LanguageModel(model_config_for(config, corpus.vocab_size, cell_class), cell_class).to(device)
+    model_config = model_config_for(config, corpus.vocab_size, cell_class)
+    check_model_fits(model_config, config, device, cell_class)  # as every training model is, before it is built
+    model = LanguageModel(model_config, cell_class).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     streams = TokenStreams(corpus.split("train"), config.batch_size, config.bptt)
     state = model.initial_state(config.batch_size, device=device)

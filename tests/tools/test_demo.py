@@ -92,3 +92,21 @@ def test_the_demo_stops_when_validation_stops_improving():
 
     config = demo_config(DemoConfig(), 128, 2.0)
     assert config.patience == 2 and config.epochs > 10  # the time budget or two epochs without progress end it
+
+
+def test_the_sizing_measurement_estimates_memory_before_it_builds_a_model(tiny_corpus, monkeypatch):
+    """Each candidate size goes through the trainer's estimate first: where no memory is free, one
+    line naming the figures, before any model is allocated."""
+    import charlm.runtime.memory as memory
+    from charlm.corpora import load_corpus
+    from charlm.errors import CharlmError
+    from charlm.tools.demo import demo_config, measure_throughput
+    from charlm.config import DemoConfig
+
+    monkeypatch.setattr(memory, "available_memory", lambda device: 1024)
+    config = demo_config(DemoConfig(), 64, 1.0, data_dir=tiny_corpus)
+    built = []
+    monkeypatch.setattr("charlm.tools.demo.LanguageModel", lambda *args: built.append(args))
+    with pytest.raises(CharlmError, match=r"parameters needs about .* to train .* but cpu has .* free: use a smaller --hidden"):
+        measure_throughput(config, load_corpus("tiny", tiny_corpus), torch.device("cpu"), steps=1)
+    assert built == []
