@@ -30,6 +30,7 @@ from charlm.corpora.streams import check_streams_fit
 from charlm.inference.scoring import LN2, Score, check_splits_fit, score_split, score_tokens
 from charlm.logs import get_logger
 from charlm.model import count_parameters
+from charlm.runtime.memory import DYNAMIC_ADVICE, check_evaluation_fits
 from charlm.inference.beam import check_beam_settings
 from charlm.inference.generation import Generation, beam_generation, check_stops, recorded, until_stop
 from charlm.inference.sampling import decoded_pieces, encode_prime, generate, outside_vocabulary, unknown_ids
@@ -239,9 +240,12 @@ class Model:
         check_streams_fit(batch_size, tokens, ScoreConfig, "batch_size", "the text")
         chars_per_token = max(characters, 1) / (len(ids) - 1)
         if dynamic is None:
-            score = score_tokens(self.network, tokens, batch_size=batch_size, bptt=self.checkpoint.train_config.bptt,
-                                 device=self.device, chars_per_token=chars_per_token, per_token=per_char,
-                                 cuda_graph=self.cuda_graphs)
+            bptt = self.checkpoint.train_config.bptt
+            check_evaluation_fits(self.network, self.device, predictions=len(ids) - 1, batch_size=batch_size, bptt=bptt,
+                                  cuda_graph=self.cuda_graphs, advice="use a smaller --batch-size (the windows are "
+                                                                      f"the training bptt, {bptt:,} steps)")
+            score = score_tokens(self.network, tokens, batch_size=batch_size, bptt=bptt, device=self.device,
+                                 chars_per_token=chars_per_token, per_token=per_char, cuda_graph=self.cuda_graphs)
             self.last_fast_path = score.fast_path
         else:
             score = self._score_dynamically(tokens, dynamic, batch_size, chars_per_token, per_char, data_dir)
@@ -257,11 +261,16 @@ class Model:
         options = DynamicOptions(method=dynamic) if isinstance(dynamic, str) else dynamic
         options = dataclasses.replace(options, batch_size=batch_size)
         options.validate()
+        train = self.corpus(data_dir).split("train") if options.method == "rms" else ()
+        check_evaluation_fits(self.network, self.device, predictions=len(tokens) - 1, batch_size=batch_size,
+                              bptt=options.segment, method=options.method, stat_batch_size=options.stat_batch_size,
+                              train_predictions=max(len(train) - 1, 0), restore_copy=True,
+                              advice=DYNAMIC_ADVICE[options.method])
         trained = {name: tensor.detach().clone() for name, tensor in self.network.state_dict().items()}
         try:
             rms = None
             if options.method == "rms":
-                rms, _ = collect_gradient_statistics(self.network, self.corpus(data_dir).split("train"), segment=options.segment,
+                rms, _ = collect_gradient_statistics(self.network, train, segment=options.segment,
                                                      batch_size=options.stat_batch_size, max_batches=options.stat_batches,
                                                      device=self.device)
             update = make_update(self.network, options, rms)
@@ -288,10 +297,13 @@ class Model:
             config = EvalConfig(split="test", batch_size=_EVAL.batch_size if batch_size is None else batch_size, bptt=bptt)
             validate(config)
             check_splits_fit(corpus, (split,), config.batch_size, EvalConfig)
+            bptt = bptt or self.checkpoint.train_config.bptt
+            check_evaluation_fits(self.network, self.device, predictions=len(corpus.split(split)) - 1,
+                                  batch_size=config.batch_size, bptt=bptt, cuda_graph=self.cuda_graphs,
+                                  advice="use a smaller --batch-size or --bptt")
             started = time.perf_counter()
-            score = score_split(self.network, corpus, split, batch_size=config.batch_size,
-                                bptt=bptt or self.checkpoint.train_config.bptt, device=self.device, progress=progress,
-                                cuda_graph=self.cuda_graphs)
+            score = score_split(self.network, corpus, split, batch_size=config.batch_size, bptt=bptt, device=self.device,
+                                progress=progress, cuda_graph=self.cuda_graphs)
             self.last_fast_path = score.fast_path
             if record:
                 self._record(split=split, mode="static", chars_per_s=score.characters / (time.perf_counter() - started),

@@ -187,7 +187,7 @@ def test_the_memory_a_checkpoint_asks_for_is_checked_before_the_model_is_built(t
     for command in (("sample", trained_run), ("eval", trained_run), ("score", trained_run, text), ("export", trained_run, tmp_path / "out.pt")):
         result = cli(*command)
         assert_one_line_error(result, f"the model in {best} has {parameters:,} parameters, which need about "
-                                      f"{round(parameters * 4 / 1024**2)} MiB on cpu, but it has 0 MiB free")
+                                      f"{memory._gib(parameters * 4)} on cpu, but it has 1 KiB free")
     with pytest.raises(charlm.CharlmError, match="parameters, which need about"):
         charlm.load(trained_run, device="cpu")
     assert built and all(device == "meta" for device in built)
@@ -216,7 +216,7 @@ def test_bench_refuses_a_budget_no_machine_holds_before_building_a_model(monkeyp
 @pytest.mark.parametrize("options, named", [
     (["--embed-size", "50000", "--hidden", "8"], "use a smaller --embed-size (most of its size comes from it), or a smaller --hidden"),
     (["--layers", "8", "--hidden", "64"], "use fewer --layers (most of its size comes from it), or a smaller --hidden"),
-    (["--hidden", "300"], "but cpu has 0 MiB free: use a smaller --hidden or --params, or a smaller --batch-size"),
+    (["--hidden", "300"], "but cpu has 1 KiB free: use a smaller --hidden or --params, or a smaller --batch-size"),
 ])
 def test_the_advice_for_an_oversized_model_names_the_options_at_fault(tiny_corpus, tmp_path, monkeypatch, options, named):
     monkeypatch.setattr(memory, "available_memory", lambda device: 1024)

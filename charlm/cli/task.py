@@ -6,32 +6,40 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
+from charlm.cli.options import help_text
 from charlm.errors import CharlmError
+from charlm.tasks.training import TaskConfig
+
+
+def _help(name: str) -> str:
+    """The help of an option: its setting's, with the bounds and the default (per task where the paper's differ)."""
+    return help_text(TaskConfig, name)
 
 
 def task(
     name: Optional[str] = typer.Argument(None, help="memorization, addition or parity (not with --resume)."),
-    cell: str = typer.Option("grid-lstm", "--cell", help="A registered cell stacked --layers deep; for parity grid-lstm (the 1-D Grid LSTM), relu or tanh."),
-    layers: int = typer.Option(1, "--layers", help="Depth."),
-    tied: Optional[bool] = typer.Option(None, "--tied/--untied", help="The same weights at every layer (default: grid-lstm tied, other cells untied)."),
+    cell: str = typer.Option("grid-lstm", "--cell", help=_help("cell"), show_default=False),
+    layers: int = typer.Option(1, "--layers", help=_help("layers"), show_default=False),
+    tied: Optional[bool] = typer.Option(None, "--tied/--untied", help=_help("tied")),
     cell_opt: Optional[List[str]] = typer.Option(None, "--cell-opt", help="Cell option key=value (repeatable)."),
-    length: Optional[int] = typer.Option(None, "--length", help="memorization: symbols per sequence [20]."),
-    symbols: Optional[int] = typer.Option(None, "--symbols", help="memorization: vocabulary [64]."),
-    digits: Optional[int] = typer.Option(None, "--digits", help="addition: digits per number [15]."),
-    bits: Optional[int] = typer.Option(None, "--bits", help="parity: bits per string [50]."),
-    hidden_size: Optional[int] = typer.Option(None, "--hidden-size", help="Units per layer [the paper's: 100, 400, 500]."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Samples per step [15; parity 20]."),
-    optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam, adagrad or sgd [adam; parity adagrad]."),
-    lr: Optional[float] = typer.Option(None, "--lr", help="Learning rate [1e-3; parity 0.06]."),
-    clip: Optional[float] = typer.Option(None, "--clip", help="Clip the gradient norm (the paper clips nothing)."),
-    max_samples: Optional[int] = typer.Option(None, "--max-samples", help="Training samples at most [5M; parity 10M]; raise it to resume a run that used its budget."),
-    eval_every: int = typer.Option(10_000, "--eval-every", help="Score the held-out samples every this many training samples."),
-    eval_samples: int = typer.Option(100, "--eval-samples", help="Held-out samples (the paper: 100)."),
-    seed: int = typer.Option(1, "--seed", help="Seeds the weights and both sample streams."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
-    wavefront: bool = typer.Option(True, "--wavefront/--no-wavefront", help="Run a tied stack one anti-diagonal of time × depth at a time (checked against the layer-by-layer code at the start)."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where the run goes [runs/TASK-CELL-Lx-TIME]."),
+    length: Optional[int] = typer.Option(None, "--length", help=_help("length")),
+    symbols: Optional[int] = typer.Option(None, "--symbols", help=_help("symbols")),
+    digits: Optional[int] = typer.Option(None, "--digits", help=_help("digits")),
+    bits: Optional[int] = typer.Option(None, "--bits", help=_help("bits")),
+    hidden_size: Optional[int] = typer.Option(None, "--hidden-size", help=_help("hidden_size")),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help=_help("batch_size")),
+    optimizer: Optional[str] = typer.Option(None, "--optimizer", help=_help("optimizer")),
+    lr: Optional[float] = typer.Option(None, "--lr", help=_help("lr")),
+    clip: Optional[float] = typer.Option(None, "--clip", help=_help("clip")),
+    max_samples: Optional[int] = typer.Option(None, "--max-samples", help=_help("max_samples")),
+    eval_every: int = typer.Option(10_000, "--eval-every", help=_help("eval_every"), show_default=False),
+    eval_samples: int = typer.Option(100, "--eval-samples", help=_help("eval_samples"), show_default=False),
+    seed: int = typer.Option(1, "--seed", help=_help("seed"), show_default=False),
+    device: str = typer.Option("auto", "--device", help=_help("device"), show_default=False),
+    wavefront: bool = typer.Option(True, "--wavefront/--no-wavefront", help=_help("wavefront"), show_default=False),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help=escape("Where the run goes (default: runs/TASK-CELL-LAYERSx-TIME).")),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory."),
 ):
     """Train on memorization, addition or parity until 100% held-out accuracy or --max-samples; prints the
@@ -40,7 +48,7 @@ def task(
 
     from charlm.cells import parse_key_values
     from charlm.cli.output import stdout
-    from charlm.tasks.training import TaskConfig, train_task
+    from charlm.tasks.training import train_task
 
     if resume is not None:
         if name is not None:

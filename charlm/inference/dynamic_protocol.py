@@ -28,6 +28,7 @@ from charlm.inference.dynamic import METHODS, DynamicDiverged, collect_gradient_
 from charlm.errors import CharlmError
 from charlm.settings import INT64_MAX
 from charlm.corpora.streams import check_streams_fit
+from charlm.runtime.memory import DYNAMIC_ADVICE, check_evaluation_fits
 from charlm.inference.scoring import Score, characters_per_token, check_splits_fit, score_tokens
 
 # The grids --dyn-search tries: η for both methods, λ for rms (tuned on War and Peace, 1M parameters).
@@ -148,6 +149,22 @@ def check_protocol(split: str, adapt_on: str | None, search_prefix: int | None) 
         raise CharlmError(f"--search-prefix must be a whole number of characters from 2 to {INT64_MAX}, not {search_prefix!r}")
 
 
+def check_protocol_fits(model, corpus, options: DynamicOptions, splits, prefix, *, device=None,
+                        cuda_graph: bool = True) -> None:
+    """Refuse, before anything is scored, a protocol whose longest text (the ``splits``, None entries
+    skipped, and the search ``prefix``) ``device`` cannot score statically or adapt on in
+    ``options``' windows beside ``model`` (``charlm.runtime.memory.check_evaluation_fits``)."""
+    lengths = [len(corpus.split(name)) for name in splits if name is not None]
+    predictions = max(lengths + ([len(prefix)] if prefix is not None else [])) - 1
+    train_predictions = max(len(corpus.split("train")) - 1, 0) if options.method == "rms" else 0
+    check_evaluation_fits(model, device, predictions=predictions, batch_size=options.batch_size, bptt=options.segment,
+                          cuda_graph=cuda_graph, advice=DYNAMIC_ADVICE["sgd"])  # the static figures, same windows
+    check_evaluation_fits(model, device, predictions=predictions, batch_size=options.batch_size, bptt=options.segment,
+                          method=options.method, stat_batch_size=options.stat_batch_size,
+                          train_predictions=train_predictions, restore_copy=prefix is not None,
+                          advice=DYNAMIC_ADVICE[options.method])
+
+
 def _abandoning_beyond(nats_per_token: float, callback):
     """``callback``, raising DynamicDiverged once the running loss exceeds ``nats_per_token``."""
     seen_tokens, seen_nats = 0, 0.0
@@ -180,6 +197,7 @@ def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adap
         prefix = corpus.split("valid")[: max(2, int(search_prefix / valid_chars_per_token) + 1)]
         check_streams_fit(options.batch_size, prefix, DynamicOptions, "batch_size",
                           f"the search prefix ({search_prefix:,} characters of the valid split)")
+    check_protocol_fits(model, corpus, options, (split, adapt_on), prefix, device=device, cuda_graph=cuda_graph)
     progress = progress or NoProgress()
     tokens = corpus.split(split)
     chars_per_token = characters_per_token(corpus, split)

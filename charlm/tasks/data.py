@@ -66,6 +66,11 @@ class Memorization:
     def positions(self) -> int:
         return 2 * self.length + 2
 
+    @property
+    def sample_bytes(self) -> int:
+        """What one sample takes as it is drawn: the symbols (int64), then inputs and targets (int64) and the mask."""
+        return 8 * self.length + 17 * self.positions
+
     def sample(self, generator: torch.Generator, batch_size: int) -> TaskBatch:
         n, dash = self.length, self.symbols
         sequence = torch.randint(self.symbols, (batch_size, n), generator=generator)
@@ -91,6 +96,9 @@ class Addition:
 
     vocab = property(lambda self: [str(d) for d in range(10)] + ["-"])
     positions = property(lambda self: 3 * self.digits + 4)
+    # What one sample takes as it is drawn: two numbers' digits, their sum and its two selected copies
+    # (int64), then inputs and targets (int64) and the mask.
+    sample_bytes = property(lambda self: 40 * (self.digits + 1) + 17 * self.positions)
 
     def numbers(self, generator: torch.Generator, batch_size: int) -> tuple[Tensor, Tensor]:
         """Two ``[B, D]`` digit arrays of D-digit integers (no leading zero)."""
@@ -140,6 +148,7 @@ class Parity:
     name = "parity"
     sequence = False
     vocab = property(lambda self: ["even", "odd"])
+    sample_bytes = property(lambda self: 12 * self.bits + 17)  # as drawn: the bits (int64, then float32), parity, mask
 
     def __post_init__(self):
         _check("the number of bits (--bits)", self.bits, 1, MAX_BITS)

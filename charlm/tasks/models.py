@@ -25,7 +25,8 @@ from torch import Tensor, nn
 from charlm.cells import CELLS
 from charlm.cells.base import glorot_uniform_
 from charlm.errors import CharlmError
-from charlm.model import LanguageModel, ModelConfig
+from charlm.model import LanguageModel, ModelConfig, count_parameters
+from charlm.runtime.memory import MemoryEstimate, estimate_training_memory
 
 PARITY_NETWORKS = ("grid-lstm", "relu", "tanh")
 WAVEFRONT_CELLS = ("grid-lstm",)  # measured faster as a wavefront (README, Algorithmic tasks)
@@ -34,6 +35,8 @@ WAVEFRONT_MIN_LAYERS = 4  # at 2 layers the wavefront was slower (0.74x), from 4
 
 class DepthLSTM(nn.Module):
     """The 1-D Grid LSTM: an LSTM transform along depth, the same weights at every layer."""
+
+    activation_factor = 13  # as a cell's (charlm.cells.base): peak memory of a forward + backward, rounded up a quarter
 
     def __init__(self, bits: int, hidden_size: int, layers: int):
         super().__init__()
@@ -61,6 +64,8 @@ class DepthLSTM(nn.Module):
 
 class FeedForward(nn.Module):
     """``layers`` fully connected layers with ``activation`` (relu or tanh), then a softmax layer."""
+
+    activation_factor = 3  # as DepthLSTM's
 
     def __init__(self, bits: int, hidden_size: int, layers: int, activation: str):
         super().__init__()
@@ -184,3 +189,22 @@ def build_task_model(task, cell: str, hidden_size: int, layers: int, tied: bool 
     if tied:
         raise CharlmError(f"the {cell} feed-forward baseline cannot tie its layers: its first layer reads the bits")
     return FeedForward(task.bits, hidden_size, layers, cell)
+
+
+def estimate_task_memory(task, cell: str, hidden_size: int, layers: int, tied: bool | None, cell_options: dict,
+                         batch_size: int, eval_samples: int, device_type: str = "cpu") -> MemoryEstimate:
+    """The memory a run of ``task`` needs (``charlm.runtime.memory``), from its network built on the meta
+    device: weights, gradients and optimizer state; one batch's activations (a sequence task's are a
+    window of ``task.positions`` steps, with its embedding and softmax; parity's one step whose
+    input is the bits); and the samples drawn (a training batch and the held-out set, ``task.sample_bytes`` each)."""
+    with torch.device("meta"):
+        model = build_task_model(task, cell, hidden_size, layers, tied, cell_options)
+    if task.sequence:
+        embedding = model.language_model.embedding
+        width = getattr(embedding, "embedding_dim", getattr(embedding, "vocab_size", 0))  # one-hot: the vocabulary
+        factor, vocab_size, steps = CELLS.get(cell).activation_factor, len(task.vocab), task.positions
+    else:
+        width, factor, vocab_size, steps = task.bits, type(model).activation_factor, len(task.vocab), 1
+    estimate = estimate_training_memory(count_parameters(model), factor, hidden_size, layers, vocab_size, width,
+                                        batch_size, steps, device_type=device_type)
+    return dataclasses.replace(estimate, sample_bytes=(batch_size + eval_samples) * task.sample_bytes)

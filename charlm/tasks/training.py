@@ -14,7 +14,6 @@ A run directory like any other: ``config.json``, ``provenance.json``, ``metrics.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from pathlib import Path
 
@@ -23,47 +22,67 @@ import torch.nn.functional as F
 from torch import nn
 
 from charlm.config import MAX_LAYERS, MAX_WIDTH
-from charlm.settings import check_number, from_dict, number_kind
+from charlm.settings import from_dict, setting, validate
 from charlm.errors import CharlmError
 from charlm.files import atomic_write
 from charlm.model import count_parameters
 from charlm.runs import provenance as provenance_of
 from charlm.runs.directory import Run
 from charlm.runtime.devices import resolve_device
-from charlm.tasks.data import PAPER_SETTINGS, make_task
-from charlm.tasks.models import build_task_model, check_wavefront
+from charlm.runtime.memory import check_fits
+from charlm.tasks.data import (MAX_BITS, MAX_DIGITS, MAX_LENGTH, MAX_SYMBOLS, PAPER_SETTINGS, Addition, Memorization, Parity,
+                               make_task)
+from charlm.tasks.models import build_task_model, check_wavefront, estimate_task_memory
 from charlm.training.control import StopRequest, TrainingDiverged, TrainingInterrupted
 
 THRESHOLDS = (0.5, 0.8, 0.99, 1.0)  # held-out per-symbol accuracy: exceeded (or, for 1.0, reached)
 OPTIMIZERS = ("adam", "adagrad", "sgd")
 EVAL_STREAM = 1_000_003  # the held-out samples' seed is the run's seed plus this
 CHECKPOINT_FORMAT = "charlm-task-1"
+# torch's optimizers take the rate as a float32, and Adam's first step divides it by 1 - β₁ = 0.1: a rate
+# beyond about 3.4e37 stops the first step with a traceback (1e308 with adagrad or sgd at once).
+MAX_LR = 1e37
+
+
+def paper_default(name: str) -> str:
+    """The paper's value of setting ``name`` per task, for the help: ``15 for memorization and addition, 20 for parity``."""
+    tasks_of: dict = {}
+    for task, values in PAPER_SETTINGS.items():
+        tasks_of.setdefault(values[name], []).append(task)
+    shown = {value: f"{value:g}" if isinstance(value, float) else str(value) for value in tasks_of}
+    return ", ".join(f"{shown[value]} for {' and '.join(tasks)}" for value, tasks in tasks_of.items())
 
 
 @dataclasses.dataclass
 class TaskConfig:
-    """One task run; fields left None take the paper's value for the task (``PAPER_SETTINGS``)."""
+    """One task run; fields left None take the paper's value for the task (``PAPER_SETTINGS``); ``charlm task``
+    builds its options' help from the fields (``setting``), ``resolved`` checks them (``validate``)."""
 
     task: str
-    cell: str = "grid-lstm"
-    layers: int = 1
-    tied: bool | None = None  # None: the cell's default (grid-lstm tied, every other cell untied)
-    cell_options: dict = dataclasses.field(default_factory=dict)
-    length: int | None = None   # memorization: symbols to remember (20)
-    symbols: int | None = None  # memorization: vocabulary (64)
-    digits: int | None = None   # addition: digits per number (15)
-    bits: int | None = None     # parity: bits per string (50)
-    hidden_size: int | None = None
-    batch_size: int | None = None
-    optimizer: str | None = None
-    lr: float | None = None
-    clip: float | None = None   # the paper clips nothing
-    max_samples: int | None = None
-    eval_every: int = 10_000
-    eval_samples: int = 100
-    seed: int = 1
-    device: str = "auto"
-    wavefront: bool = True  # a tied stack runs one batched block per anti-diagonal (checked against layer by layer)
+    cell: str = setting("grid-lstm", "A registered cell stacked --layers deep; for parity grid-lstm (the 1-D Grid LSTM), relu or tanh.")
+    layers: int = setting(1, "Depth.", min=1, limit=MAX_LAYERS)
+    tied: bool | None = setting(None, "The same weights at every layer.", show_default="grid-lstm tied, other cells untied")
+    cell_options: dict = setting({}, "Options of the cell (--cell-opt key=value).", cli=False)
+    # The sizes of a task are checked by the task itself (charlm.tasks.data), for its Python callers too.
+    length: int | None = setting(None, f"memorization: symbols per sequence, 1 to {MAX_LENGTH:,}.",
+                                 show_default=str(Memorization.length))
+    symbols: int | None = setting(None, f"memorization: vocabulary, 2 to {MAX_SYMBOLS:,}.", show_default=str(Memorization.symbols))
+    digits: int | None = setting(None, f"addition: digits per number, 1 to {MAX_DIGITS:,}.", show_default=str(Addition.digits))
+    bits: int | None = setting(None, f"parity: bits per string, 1 to {MAX_BITS:,}.", show_default=str(Parity.bits))
+    hidden_size: int | None = setting(None, "Units per layer.", min=1, limit=MAX_WIDTH, show_default=paper_default("hidden_size"))
+    batch_size: int | None = setting(None, "Samples per step.", min=1, show_default=paper_default("batch_size"))
+    optimizer: str | None = setting(None, "Optimizer.", choices=OPTIMIZERS, show_default=paper_default("optimizer"))
+    lr: float | None = setting(None, "Learning rate.", min=0, min_open=True, limit=MAX_LR, show_default=paper_default("lr"))
+    clip: float | None = setting(None, "Clip the gradient norm to this (the paper clips nothing).", min=0, min_open=True,
+                                 show_default="none")
+    max_samples: int | None = setting(None, "Training samples at most; raise it to resume a run that used its budget.",
+                                      min=1, show_default=paper_default("max_samples"))
+    eval_every: int = setting(10_000, "Score the held-out samples every this many training samples.", min=1)
+    eval_samples: int = setting(100, "Held-out samples (the paper: 100).", min=1)
+    seed: int = setting(1, "Seeds the weights and both sample streams.")
+    device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps.")
+    wavefront: bool = setting(True, "Run a tied stack one anti-diagonal of time × depth at a time (checked against "
+                                    "the layer-by-layer code at the start).")
 
     def resolved(self) -> "TaskConfig":
         """A copy with the paper's values filled in and every value checked (one line on a bad one)."""
@@ -71,23 +90,7 @@ class TaskConfig:
         if paper is None:
             raise CharlmError(f"unknown task {self.task!r}: choose one of {', '.join(PAPER_SETTINGS)}")
         config = dataclasses.replace(self, **{key: value for key, value in paper.items() if getattr(self, key) is None})
-        for field in dataclasses.fields(config):  # every number within its type: 64-bit integers, finite floats
-            kind, value = number_kind(TaskConfig, field.name), getattr(config, field.name)
-            if kind is not None and value is not None:
-                check_number(TaskConfig, field.name, value, kind)
-        for name, most in (("layers", MAX_LAYERS), ("hidden_size", MAX_WIDTH)):  # as train's --layers, --hidden
-            if getattr(config, name) > most:
-                raise CharlmError(f"--{name.replace('_', '-')} must be at most {most}, not {getattr(config, name)}")
-        if config.optimizer not in OPTIMIZERS:
-            raise CharlmError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, not {config.optimizer!r}")
-        for name in ("layers", "hidden_size", "batch_size", "max_samples", "eval_every", "eval_samples"):
-            value = getattr(config, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise CharlmError(f"--{name.replace('_', '-')} must be a positive integer, not {value!r}")
-        if not (isinstance(config.lr, (int, float)) and math.isfinite(config.lr) and config.lr > 0):
-            raise CharlmError(f"--lr must be a positive number, not {config.lr!r}")
-        if config.clip is not None and not config.clip > 0:
-            raise CharlmError(f"--clip must be positive, not {config.clip!r}")
+        validate(config)  # every value within its type (64-bit integers, finite floats), its bounds and its choices
         config.make_task()
         return config
 
@@ -145,6 +148,22 @@ def make_optimizer(config: TaskConfig, model: nn.Module):
     if config.optimizer == "adagrad":
         return torch.optim.Adagrad(parameters, lr=config.lr)
     return torch.optim.SGD(parameters, lr=config.lr)
+
+
+TASK_FLAGS = {"memorization": "--length", "addition": "--digits", "parity": "--bits"}  # what sizes a sample
+
+
+def check_task_fits(config: TaskConfig, task, device: torch.device, available: int | None = None,
+                    resumed: bool = False) -> None:
+    """Refuse, before the network is built or the run directory made, a run that ``device`` cannot hold
+    (``estimate_task_memory``), naming the options to change: those of the larger part first."""
+    estimate = estimate_task_memory(task, config.cell, config.hidden_size, config.layers, config.tied,
+                                    config.cell_options, config.batch_size, config.eval_samples, device.type)
+    network = "a smaller --hidden-size or fewer --layers"
+    samples = f"a smaller --batch-size, {TASK_FLAGS[task.name]} or --eval-samples"
+    first, second = (network, samples) if estimate.state_bytes >= estimate.total_bytes / 2 else (samples, network)
+    advice = "resume it where more memory is free" if resumed else f"use {first}, or {second}"
+    check_fits(estimate, device, available, advice=advice)
 
 
 def update_thresholds(progress: TaskProgress, accuracy: float) -> list[float]:
@@ -214,7 +233,13 @@ def train_task(config: TaskConfig | None = None, *, run_dir: str | Path, resume:
         config = config.resolved()
         payload, state = None, TaskProgress()
     task = config.make_task()
-    device = resolve_device(config.device)
+    try:
+        device = resolve_device(config.device)
+        check_task_fits(config, task, device, resumed=resume)  # before anything is allocated or written
+    except CharlmError:
+        if resume:
+            run.release()
+        raise
     torch.manual_seed(config.seed)  # the initial weights
     model = build_task_model(task, config.cell, config.hidden_size, config.layers, config.tied, config.cell_options)
     model.to(device)

@@ -181,6 +181,8 @@ CASES = [
     Case("benchmark zero steps", "bench --steps 0"),
     Case("benchmark an unknown cell", "bench --cells nope"),
     Case("benchmark a budget no machine holds", "bench --params 1e23"),
+    Case("task network no machine holds", "task parity --hidden-size 1000000"),
+    Case("task batch no machine holds", "task parity --batch-size 100000000"),
     Case("demo with no time", "demo --minutes 0"),
 ]
 
@@ -197,6 +199,7 @@ BASE_ARGS = {  # put before the case's own arguments, which win; not shown in th
     "score": [],
     "prepare": ["--data-dir", "FILES/data"],
     "demo": ["--data-dir", "FILES/data", "--run-dir", "FILES/new-run"],
+    "task": ["--run-dir", "FILES/new-task-run"],
 }
 
 

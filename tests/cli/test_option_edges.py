@@ -23,6 +23,7 @@ import typer.main
 
 from charlm import config as configs
 from charlm.cli.app import app
+from charlm.tasks.training import TaskConfig
 from helpers import assert_one_line_error, cli
 
 EDGES = ("0", "-1", str(2**31), str(2**63), str(2**64), "1e308", "inf", "nan")
@@ -66,7 +67,7 @@ STOP_AT = {
     "serve": "charlm.cli.serve._listen",
     "demo": "charlm.tools.demo.run_demo",
     "prepare": "charlm.cli.prepare.prepare_corpus",
-    "task": "charlm.tasks.training.resolve_device",  # after the settings and the task are checked
+    "task": "charlm.tasks.training.build_task_model",  # after the settings, the task and its memory estimate are checked
     "bench": "charlm.tools.benchmark.benchmark_cells",  # after its memory estimate
     "eval": "charlm.cli.evaluate.load_model",
     "score": "charlm.cli.score.load_model",
@@ -77,7 +78,8 @@ SETTINGS = [configs.TrainConfig, configs.SampleConfig, configs.EvalConfig, confi
             configs.ServeConfig, configs.BenchmarkConfig, configs.DemoConfig, configs.PrepareConfig]
 OWNERS = {"train": [configs.TrainConfig], "sample": [configs.SampleConfig], "eval": [configs.EvalConfig, configs.DynamicOptions],
           "score": [configs.ScoreConfig, configs.DynamicOptions], "serve": [configs.ServeConfig],
-          "bench": [configs.BenchmarkConfig], "demo": [configs.DemoConfig], "prepare": [configs.PrepareConfig]}
+          "bench": [configs.BenchmarkConfig], "demo": [configs.DemoConfig], "prepare": [configs.PrepareConfig],
+          "task": [TaskConfig]}
 
 
 class Started(BaseException):

@@ -222,7 +222,8 @@ def test_the_command_line_trains_resumes_and_lists_the_run(tmp_path):
     (["parity", "--cell", "lstm"], "parity is run with grid-lstm, relu, tanh"),
     (["memorization", "--cell", "nope"], "unknown cell 'nope'"),
     (["memorization", "--optimizer", "rmsprop"], "--optimizer must be one of adam, adagrad, sgd"),
-    (["memorization", "--layers", "0"], "--layers must be a positive integer, not 0"),
+    (["memorization", "--layers", "0"], "--layers must be at least 1, not 0"),
+    (["memorization", "--lr", "0"], "--lr must be positive, not 0.0"),
     ([], "name a task"),
 ])
 def test_bad_task_options_are_one_line(tmp_path, args, message):
@@ -331,3 +332,69 @@ def test_a_wavefront_that_disagrees_is_turned_off(monkeypatch):
         inputs.shape[0], inputs.shape[1], block.output_size))
     check = models.check_wavefront(model, task.sample(torch.Generator().manual_seed(0), 2).inputs)
     assert not check["active"] and not model.use_wavefront and "differs from the layer-by-layer code" in check["failure"]
+
+
+# --- memory: a run no machine can hold is refused before anything is allocated or written ----------
+
+@pytest.mark.parametrize("task", [Memorization(length=5, symbols=7), Addition(digits=4), Parity(bits=9)], ids=lambda t: t.name)
+def test_a_samples_bytes_cover_the_tensors_it_is_drawn_as(task):
+    batch = task.sample(torch.Generator().manual_seed(0), 6)
+    assert sum(tensor.nbytes for tensor in (batch.inputs, batch.targets, batch.mask)) < 6 * task.sample_bytes
+
+
+def test_the_memory_estimate_counts_the_network_one_batch_and_the_samples():
+    from charlm.tasks.models import estimate_task_memory
+
+    parity = Parity(bits=10)  # the 1-D Grid LSTM: one step whose input is the bits, 2 classes
+    estimate = estimate_task_memory(parity, "grid-lstm", 8, 3, None, {}, batch_size=5, eval_samples=7)
+    assert estimate.parameters == count_parameters(build_task_model(parity, "grid-lstm", 8, 3))
+    assert estimate.state_bytes == 16 * estimate.parameters  # weights, gradients, two moments
+    assert estimate.activation_bytes == 5 * 3 * 8 * 4 * 13 + 5 * (10 + 4 * 2) * 4
+    assert estimate.sample_bytes == (5 + 7) * (12 * 10 + 17)
+    memorization = Memorization(length=3, symbols=4)  # a window of 8 positions, 5 symbols, embedded in 8 units
+    estimate = estimate_task_memory(memorization, "lstm", 8, 2, None, {}, batch_size=5, eval_samples=7)
+    assert estimate.parameters == count_parameters(build_task_model(memorization, "lstm", 8, 2))
+    assert estimate.activation_bytes == 5 * 8 * (2 * 8 * 4 * 15 + (8 + 4 * 5) * 4)
+    assert estimate.sample_bytes == (5 + 7) * (8 * 3 + 17 * 8)
+    assert estimate.total_bytes == estimate.state_bytes + estimate.activation_bytes + estimate.sample_bytes
+
+
+def test_a_task_run_that_does_not_fit_is_refused_naming_the_options_of_its_larger_part():
+    from charlm.errors import CharlmError
+    from charlm.tasks.models import estimate_task_memory
+    from charlm.tasks.training import check_task_fits
+
+    cpu = torch.device("cpu")
+    for overrides, first in (({"hidden_size": 2000}, "use a smaller --hidden-size or fewer --layers, or a smaller "
+                                                      "--batch-size, --length or --eval-samples"),
+                             ({"batch_size": 100_000}, "use a smaller --batch-size, --length or --eval-samples, or a "
+                                                       "smaller --hidden-size or fewer --layers")):
+        config = tiny(**overrides).resolved()
+        task = config.make_task()
+        needed = estimate_task_memory(task, config.cell, config.hidden_size, config.layers, config.tied, {},
+                                      config.batch_size, config.eval_samples).total_bytes
+        check_task_fits(config, task, cpu, available=needed)  # just fits
+        with pytest.raises(CharlmError) as refused:
+            check_task_fits(config, task, cpu, available=needed - 1)
+        assert str(refused.value).endswith(first) and "cpu has" in str(refused.value)
+        assert "--bits" not in str(refused.value)
+
+
+def test_a_run_too_large_leaves_no_directory_and_a_resumed_one_is_refused_untouched(tmp_path, monkeypatch):
+    import charlm.runtime.memory as memory
+    from charlm.errors import CharlmError
+
+    monkeypatch.setattr(memory, "available_memory", lambda device: 10 * 1024**2)
+    with pytest.raises(CharlmError, match="use a smaller --batch-size, --bits or --eval-samples"):
+        train_task(TaskConfig(task="parity", batch_size=1_000_000, device="cpu"), run_dir=tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    run = tmp_path / "run"
+    train_task(TaskConfig(task="parity", bits=4, hidden_size=4, max_samples=20, eval_every=20, eval_samples=4,
+                          device="cpu"), run_dir=run)
+    before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
+    monkeypatch.setattr(memory, "available_memory", lambda device: 1)
+    with pytest.raises(CharlmError, match="resume it where more memory is free"):
+        train_task(run_dir=run, resume=True, max_samples=40)
+    assert {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()} == before
+    monkeypatch.undo()
+    assert train_task(run_dir=run, resume=True, max_samples=40)["samples"] == 40  # the refusal let go of the run
