@@ -7,6 +7,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from charlm.runtime.seeds import torch_seed
 from charlm.config import SampleConfig
 from charlm.corpora import Tokenizer
 from charlm.errors import CharlmError, OutOfVocabulary
@@ -103,7 +104,7 @@ def generate(model: LanguageModel, prime_ids: list[int], config: SampleConfig, b
     device = next(model.parameters()).device
     generator = torch.Generator(device=device)
     if config.seed is not None:
-        generator.manual_seed(config.seed)
+        generator.manual_seed(torch_seed(config.seed))
     else:
         generator.seed()
     state = model.initial_state(1, device=device)

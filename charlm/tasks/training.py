@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from charlm.runtime.seeds import torch_seed
 from charlm.config import MAX_LAYERS, MAX_WIDTH
 from charlm.settings import from_dict, setting, validate
 from charlm.errors import CharlmError
@@ -240,11 +241,11 @@ def train_task(config: TaskConfig | None = None, *, run_dir: str | Path, resume:
         if resume:
             run.release()
         raise
-    torch.manual_seed(config.seed)  # the initial weights
+    torch.manual_seed(torch_seed(config.seed))  # the initial weights
     model = build_task_model(task, config.cell, config.hidden_size, config.layers, config.tied, config.cell_options)
     model.to(device)
     optimizer = make_optimizer(config, model)
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(torch_seed(config.seed))
     if payload is not None:
         model.load_state_dict(payload["model"])
         optimizer.load_state_dict(payload["optimizer"])
@@ -254,7 +255,7 @@ def train_task(config: TaskConfig | None = None, *, run_dir: str | Path, resume:
                   "layers": config.layers, "hidden_size": config.hidden_size, "tied": config.tied},
                   "train": {"corpus": task.name, **config.to_dict()}}
         run = Run.create(run_dir, record, provenance_of.collect(device))
-    held_out = task.sample(torch.Generator().manual_seed(config.seed + EVAL_STREAM), config.eval_samples).to(device)
+    held_out = task.sample(torch.Generator().manual_seed(torch_seed(config.seed + EVAL_STREAM)), config.eval_samples).to(device)
     parameters = count_parameters(model)
     run.record("start", parameters=parameters, hidden_size=config.hidden_size, device=str(device),
                resumed_at={"samples": state.samples} if resume else None)

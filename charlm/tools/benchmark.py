@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from charlm.runtime.seeds import torch_seed
 from charlm.runtime.compiling import CompiledForward
 from charlm.config import BenchmarkConfig, SampleConfig
 from charlm.runtime.cuda_graphs import GraphedCall, failed_check
@@ -181,7 +182,7 @@ class _Contender:
         elif graphed:
             self.train_forward = GraphedWindow(model, device)
         self.scaler = grad_scaler(config.precision, device)
-        generator = torch.Generator().manual_seed(config.seed)
+        generator = torch.Generator().manual_seed(torch_seed(config.seed))
         shape = (config.batch_size, config.bptt)
         self.inputs = torch.randint(config.vocab_size, shape, generator=generator).to(device)
         self.targets = torch.randint(config.vocab_size, shape, generator=generator).to(device)
@@ -273,7 +274,7 @@ def benchmark_cells(cells: list[str], config: BenchmarkConfig, progress=None) ->
     """The fused-LSTM baseline first, then every cell, each sized to the same parameter budget,
     timed in ``config.repeat`` interleaved rounds. ``progress(text)`` is told each round."""
     device = torch.device(config.device)
-    torch.manual_seed(config.seed)
+    torch.manual_seed(torch_seed(config.seed))
     baseline_model = FusedLSTMBaseline(config.vocab_size, _baseline_size(config), config.layers).to(device)
     # The fused baseline computes exactly the equations of charlm's `lstm` cell at the same size.
     reference = LanguageModel(ModelConfig("lstm", config.vocab_size, baseline_model.hidden_size, config.layers))
@@ -360,7 +361,7 @@ def benchmark_scaling(cells: list[str], config: BenchmarkConfig, world, progress
     from torch.nn.parallel import DistributedDataParallel
 
     device = torch.device(config.device)
-    torch.manual_seed(config.seed)
+    torch.manual_seed(torch_seed(config.seed))
     models = [(BASELINE_NAME, FusedLSTMBaseline(config.vocab_size, _baseline_size(config), config.layers))]
     models += [(cell, _cell_model(cell, config)) for cell in cells]
     rows = world.share(config.batch_size)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from charlm.runtime.seeds import torch_seed
 from charlm.checkpoint import Checkpoint, TrainingState
 from charlm.config import RESUMABLE_SETTINGS, TrainConfig
 from charlm.errors import CharlmError, ConfigError
@@ -219,7 +220,7 @@ def seed_this_process(seed: int, world: World) -> None:
     """After the weights are made (alike on every process): a random stream of its own for every
     process but the first, so that the processes draw different dropout masks."""
     if world.rank > 0:
-        torch.manual_seed(seed + 7919 * world.rank)
+        torch.manual_seed(torch_seed(seed + 7919 * world.rank))
 
 
 def training_checkpoint(trainer, scores: dict | None = None) -> Checkpoint:

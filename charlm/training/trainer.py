@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from charlm.runtime.seeds import torch_seed
 from charlm.checkpoint import Checkpoint
 from charlm.checkpoint_checks import check_against_model
 from charlm.config import TrainConfig
@@ -83,7 +84,7 @@ class Trainer:
         scaler = grad_scaler(config.precision, self.device)
         self.corpus = load_corpus(config.corpus, config.data_dir)
         check_streams(config, self.corpus)
-        torch.manual_seed(config.seed)
+        torch.manual_seed(torch_seed(config.seed))
         if checkpoint is None:
             self.model_config = model_config_for(config, self.corpus.vocab_size, cell_class, self.device)
         else:
