@@ -47,8 +47,12 @@ def train(config: TrainConfig | None = None, **settings) -> dict:
     each is checked as a ``--config`` file's values are (``layers=1.5`` is refused)."""
     from charlm.training.trainer import Trainer
 
-    if settings or config is None:
-        config = TrainConfig.from_dict({**(config or TrainConfig()).to_dict(), **settings})
+    if config is not None and not isinstance(config, TrainConfig):
+        raise CharlmError(f"config must be a charlm.TrainConfig (or give the settings as keywords), "
+                          f"not {type(config).__name__}")
+    # Through from_dict whichever way the settings came, so that both get the same checks (and a Path
+    # for run_dir becomes text, as a keyword's does).
+    config = TrainConfig.from_dict({**(config or TrainConfig()).to_dict(), **settings})
     config.validate()  # every setting, before anything is made (the Trainer checks again)
     return Trainer(config).fit()
 
@@ -92,6 +96,9 @@ class Model:
 
     def __init__(self, checkpoint: Checkpoint, device="cpu", *, cells=(), trust_code: bool = False,
                  cuda_graphs: bool = True):
+        for name, value in (("trust_code", trust_code), ("cuda_graphs", cuda_graphs)):
+            if not isinstance(value, bool):  # trust_code="no" is truthy: never trust a file on a guess
+                raise CharlmError(f"{name} must be True or False, not {value!r}")
         self.checkpoint = checkpoint
         self.cuda_graphs = cuda_graphs  # on a GPU: scoring and sampling replayed from checked CUDA graphs
         self.last_fast_path = None  # the first-use check of the last scoring graph (FastPathCheck), if one was tried
@@ -258,7 +265,7 @@ class Model:
     def _score_dynamically(self, tokens, dynamic, batch_size, chars_per_token, per_token, data_dir) -> Score:
         from charlm.inference.dynamic import collect_gradient_statistics, dynamic_score, make_update
 
-        options = DynamicOptions(method=dynamic) if isinstance(dynamic, str) else dynamic
+        options = dynamic_options(dynamic)
         options = dataclasses.replace(options, batch_size=batch_size)
         options.validate()
         train = self.corpus(data_dir).split("train") if options.method == "rms" else ()
@@ -292,6 +299,9 @@ class Model:
         ``progress``: for static, ``callback(tokens)``; for dynamic, an object with ``stage``.
         ``record``: append an ``eval`` record to the run's metrics.jsonl, if the checkpoint is in one."""
         validate(EvalConfig(split=split))  # valid or test, as `charlm eval`: the training split is not a score
+        if progress is not None and not (callable(progress) if dynamic is None else hasattr(progress, "stage")):
+            wanted = "a callable, progress(tokens)" if dynamic is None else "an object with stage(label, total)"
+            raise CharlmError(f"progress must be {wanted}, not {progress!r}")
         corpus = self.corpus(data_dir)
         if dynamic is None:
             config = EvalConfig(split="test", batch_size=_EVAL.batch_size if batch_size is None else batch_size, bptt=bptt)
@@ -311,7 +321,7 @@ class Model:
             return score
         from charlm.inference.dynamic_protocol import evaluate_dynamic
 
-        options = DynamicOptions(method=dynamic) if isinstance(dynamic, str) else dynamic
+        options = dynamic_options(dynamic)
         if batch_size is not None:
             options = dataclasses.replace(options, batch_size=batch_size)
         report = evaluate_dynamic(self.network, corpus, split, options, adapt_on=adapt_on, search_prefix=search_prefix,
@@ -342,6 +352,15 @@ class Model:
     def export(self, path: str | Path) -> Path:
         """A slim inference file: weights, configs, vocabulary and provenance; no training state."""
         return self.checkpoint.exported().save(path)
+
+
+def dynamic_options(dynamic) -> DynamicOptions:
+    """``dynamic`` as given to ``score`` or ``evaluate``: "sgd" or "rms" (that method's defaults) or DynamicOptions."""
+    if isinstance(dynamic, str):
+        return DynamicOptions(method=dynamic)
+    if not isinstance(dynamic, DynamicOptions):
+        raise CharlmError(f"dynamic must be 'sgd', 'rms' or a charlm.DynamicOptions, not {dynamic!r}")
+    return dynamic
 
 
 def first_position(text: str, symbols) -> str:

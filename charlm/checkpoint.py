@@ -31,7 +31,7 @@ from charlm.cells import CELLS
 from charlm.checkpoint_checks import check_against_model, check_consistency, check_parts
 from charlm.config import TrainConfig
 from charlm.errors import CharlmError
-from charlm.files import atomic_write
+from charlm.files import atomic_write, file_kind, path_value
 from charlm.model import LanguageModel, ModelConfig, count_parameters
 from charlm.runtime.memory import check_weights_fit
 
@@ -88,7 +88,7 @@ class Checkpoint:
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (a temporary file, then a rename)."""
-        path = Path(path)
+        path = path_value(path, "the checkpoint file to write")
         payload = self.to_payload()
         atomic_write(path, lambda temporary: torch.save(payload, temporary))
         return path
@@ -209,14 +209,20 @@ class Checkpoint:
 
 def resolve(reference: str | Path, prefer: str = "best") -> Path:
     """A run directory means its ``best.pt`` (or ``last.pt`` if there is no best yet)."""
-    path = Path(reference)
+    if prefer not in ("best", "last"):
+        raise CharlmError(f"prefer must be 'best' or 'last', not {prefer!r}")
+    path = path_value(reference, "a checkpoint or run directory")
     if path.is_dir():
         for name in (f"{prefer}.pt", "best.pt", "last.pt"):
             if (path / name).is_file():
                 return path / name
         raise CharlmError(f"run directory {path} holds no checkpoint (best.pt or last.pt)")
     if not path.is_file():
-        raise CharlmError(f"no such checkpoint or run directory: {path}")
+        try:
+            kind = file_kind(path.stat().st_mode)  # there, but a FIFO or a device: say so, never read it
+        except OSError:
+            raise CharlmError(f"no such checkpoint or run directory: {path}") from None
+        raise CharlmError(f"{path} is {kind}, not a checkpoint file or a run directory")
     return path
 
 

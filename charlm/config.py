@@ -16,7 +16,7 @@ import re
 
 from charlm.errors import ConfigError
 from charlm.files import not_a_directory
-from charlm.settings import from_dict, setting, validate
+from charlm.settings import INT64_MAX, from_dict, setting, shown, validate
 
 DEFAULT_HIDDEN = 256  # hidden size when neither a hidden size nor a parameter budget is given
 MAX_LAYERS = 1024  # a model is built layer by layer (on the meta device too, to size it): 2**31 would never end
@@ -96,7 +96,7 @@ class TrainConfig:
             raise ConfigError(TrainConfig, "hidden", "and --params are exclusive: give one, not both")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise ConfigError(TrainConfig, "device", f"must be auto, cpu, cuda, cuda:N or mps, not {self.device!r}")
-        if not isinstance(self.cell_options, dict):
+        if not isinstance(self.cell_options, dict) or not all(isinstance(key, str) for key in self.cell_options):
             raise ConfigError(TrainConfig, "cell_options", "must be a mapping of option names to values")
         save_interval(self.save_every)
         for name in ("data_dir", "run_dir"):  # a file where the directory belongs: said now, named by its flag
@@ -159,8 +159,9 @@ def save_interval(text: str) -> tuple[str, float] | None:
         value = float(number) if unit else int(number)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise ConfigError(TrainConfig, "save_every", f"must be a number of steps (500) or of minutes (5m), not {text!r}")
+    finite = value <= INT64_MAX if isinstance(value, int) else math.isfinite(value)  # a step count of 400 digits too
+    if not (finite and value >= 0):
+        raise ConfigError(TrainConfig, "save_every", f"must be a number of steps (500) or of minutes (5m), not {shown(text)}")
     if value == 0:
         return None
     return ("seconds", value * unit) if unit else ("steps", value)
@@ -226,6 +227,7 @@ class ServeConfig:
     max_text: int = setting(20_000, "Longest text to score or look inside, in characters.", min=2)
     max_length: int = setting(2_000, "Most symbols one sample may ask for.", min=1)
     max_samples: int = setting(4, "Most samples one request may ask for.", min=1)
+    max_beam: int = setting(16, "Widest beam search one request may ask for (its time grows with the width).", min=1)
     concurrency: int = setting(2, "Requests computed at once (sampling, scoring, activations).", min=1)
     queue: int = setting(8, "Requests that may wait for a turn; beyond them the server answers 503 busy.", min=0)
 

@@ -131,8 +131,11 @@ def _size(path: Path) -> int:
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     """Call ``write(temporary_path)``, then rename the result onto ``path``; a failure leaves
-    ``path`` as it was and no temporary file behind; a failed write raises ``WriteError``."""
-    path = Path(path)
+    ``path`` as it was and no temporary file behind; a failed write raises ``WriteError``. A
+    directory where the file belongs (``.``, which an empty path names) is refused before anything is written."""
+    path = path_value(path, "the file to write")
+    if path.is_dir():  # a rename onto it would fail after the write, and on "." with EBUSY, not as a wrong path
+        raise WriteError(path, os.strerror(errnos.EISDIR), errnos.EISDIR)
     with writing(path):
         handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(handle)
@@ -153,10 +156,14 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
 
 def append_text(path: str | Path, text: str) -> None:
     """Append ``text`` (UTF-8) to ``path``, made if absent; a failed write cuts the file back to
-    its length before, so no half line is left, and raises ``WriteError``."""
+    its length before, so no half line is left, and raises ``WriteError``. A FIFO or a device at
+    ``path`` is refused (a ``CharlmError``), never waited on or written to."""
     path, data = Path(path), text.encode("utf-8")
-    with writing(path):
-        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    kind = not_a_directory(path)
+    if kind is not None and kind != "a regular file":  # a FIFO would be waited on for ever, a device written to
+        raise CharlmError(f"cannot write {path}: it is {kind}, not a regular file")
+    with writing(path):  # non-blocking: a FIFO made since fails at once (ENXIO), never waits for a reader
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
         try:
             start = os.fstat(descriptor).st_size
             try:
@@ -201,6 +208,21 @@ def read_bytes(path: str | Path, what: str) -> bytes:
             return file.read()
         except OSError as error:
             raise CharlmError(f"cannot read {what} {path}: {error.strerror or error}") from None
+
+
+def path_value(value, what: str) -> Path:
+    """``value``, a path a caller gave (a str or an os.PathLike), as a Path; anything else (None, bytes,
+    a number), or a path holding a NUL character, is a one-line error saying that ``what`` ("data_dir") must be one."""
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise CharlmError(f"{what} must be a path (a str or a pathlib.Path), not {_cut(repr(value))}")
+    if "\x00" in text:
+        raise CharlmError(f"{what} {_cut(repr(text))} holds a NUL character, which no path can hold")
+    return Path(text)
+
+
+def _cut(text: str, width: int = 80) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # one path component: never '..', '/', hidden or an option

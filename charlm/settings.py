@@ -12,6 +12,8 @@ import functools
 import json
 import math
 import numbers
+import os
+import types
 import typing
 from pathlib import Path
 
@@ -85,19 +87,21 @@ def check_number(owner, name: str, value, kind: type, limit=None) -> None:
         raise ConfigError(owner, name, f"must be a finite number, not {value}")
     if kind is int and not INT64_MIN <= value <= INT64_MAX:
         limit = f"at most {INT64_MAX}" if value > 0 else f"at least {INT64_MIN}"
-        raise ConfigError(owner, name, f"must be {limit} (a 64-bit integer), not {value}")
+        raise ConfigError(owner, name, f"must be {limit} (a 64-bit integer), not {shown(value, 40)}")
     if limit is not None and value > limit:
         raise ConfigError(owner, name, f"must be at most {limit:g}, not {value}" if kind is float
                           else f"must be at most {limit}, not {value}")
 
 
 def validate(settings) -> None:
-    """Check every field of a settings dataclass against its type (``number_kind``), its bounds and
-    its choices (None is 'unset')."""
+    """Check every field of a settings dataclass against its type (``check_type``, ``number_kind``),
+    its bounds and its choices (None is 'unset', where the field may be unset)."""
     owner = type(settings)
     for field in dataclasses.fields(settings):
         value = getattr(settings, field.name)
         meta = field.metadata
+        if meta:
+            check_type(owner, field.name, value)
         if value is None or not meta:
             continue
         choices = meta.get("choices")
@@ -115,18 +119,51 @@ def _check_bounds(owner, name: str, value, meta) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(owner, name, f"must be a number, not {value!r}")
-    if math.isinf(value):
+    if isinstance(value, float) and math.isinf(value):  # an int is finite, however large (math.isinf would overflow)
         raise ConfigError(owner, name, f"must be finite, not {value}")
-    ok = not math.isnan(value)
+    ok = not (isinstance(value, float) and math.isnan(value))
     if low is not None:
         ok = ok and (value > low if meta["min_open"] else value >= low)
     if high is not None:
         ok = ok and (value < high if meta["max_open"] else value <= high)
     if not ok:
-        raise ConfigError(owner, name, f"must be {bound_text(meta)}, not {value}")
+        raise ConfigError(owner, name, f"must be {bound_text(meta)}, not {shown(value, 40)}")
 
 
-_KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "an object"}
+_KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "an object",
+               list: "a list"}
+
+
+def field_kinds(owner, name: str) -> tuple[tuple, bool]:
+    """The types field ``name`` of ``owner`` takes (``list`` for ``list[str]``) and whether it may be None."""
+    hint = _type_hints(owner)[name]
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    kinds = typing.get_args(hint) if union else (hint,)
+    return tuple(typing.get_origin(kind) or kind for kind in kinds if kind is not type(None)), type(None) in kinds
+
+
+def check_type(owner, name: str, value) -> None:
+    """``value`` is of the type field ``name`` is annotated with, as Python gives it (``validate``) or
+    a file does (``from_dict``): None only where the field may be unset; text (without a NUL, which no
+    name or path can hold), true or false, an object or a list where the field is one. A number
+    field's value is checked by ``check_number``, which says more."""
+    allowed, optional = field_kinds(owner, name)
+    if value is None:
+        if not optional:
+            raise ConfigError(owner, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not None")
+        return
+    if {int, float} & set(allowed):
+        return
+    if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+        raise ConfigError(owner, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {shown(value)}")
+    if isinstance(value, str) and "\x00" in value:
+        raise ConfigError(owner, name, f"must not hold a NUL character, as {shown(value)} does")
+
+
+def shown(value, width: int = 80) -> str:
+    """``repr(value)``, cut to ``width`` characters (a value of 5,000 characters in a one-line error)."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def from_dict(cls, values: dict):
@@ -139,23 +176,34 @@ def from_dict(cls, values: dict):
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise CharlmError(f"unknown {cls.__name__} setting{'s' if len(unknown) > 1 else ''}: "
                           f"{', '.join(map(repr, unknown))}{hint}")
-    hints = typing.get_type_hints(cls)
     checked = {}
     for name, value in values.items():
-        kinds = typing.get_args(hints[name]) or (hints[name],)
-        allowed = tuple(typing.get_origin(kind) or kind for kind in kinds if kind is not type(None))
-        if value is None and type(None) in kinds:
+        allowed, optional = field_kinds(cls, name)
+        if value is None and optional:
             pass
         elif isinstance(value, bool) and bool not in allowed:
             raise ConfigError(cls, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {value!r}")
         elif str in allowed and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)
-        elif float in allowed and isinstance(value, int):
-            value = float(value)
+        elif str in allowed and isinstance(value, os.PathLike) and isinstance(os.fspath(value), str):
+            value = os.fspath(value)  # charlm.train(run_dir=Path(...)) from Python
+        elif float in allowed and isinstance(value, numbers.Real):
+            value = _as_float(cls, name, value)  # an int, or numpy's float32
+        elif int in allowed and isinstance(value, numbers.Integral):
+            value = int(value)  # numpy's int64: a config.json or a checkpoint holds plain ints
         elif not isinstance(value, allowed):
-            raise ConfigError(cls, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {value!r}")
+            raise ConfigError(cls, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {shown(value)}")
+        check_type(cls, name, value)  # as validate does: text without a NUL
         checked[name] = value
     return cls(**checked)
+
+
+def _as_float(owner, name: str, value) -> float:
+    """A number as a float; an integer too large for one (``10**400`` in a config file) is not finite."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ConfigError(owner, name, f"must be a finite number, not {shown(value, 40)}") from None
 
 
 def read_config_file(path: str | Path) -> dict:
@@ -165,8 +213,10 @@ def read_config_file(path: str | Path) -> dict:
     path = Path(path)
     try:
         values = json.loads(read_bytes(path, "config file").decode("utf-8"))  # a FIFO is refused, not waited on
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except ValueError as error:  # not UTF-8, not JSON, or an integer of more digits than Python converts
         raise CharlmError(f"config file {path} is not valid JSON: {error}") from None
+    except RecursionError:
+        raise CharlmError(f"config file {path} is not valid JSON: its values are nested too deeply") from None
     if not isinstance(values, dict):
         raise CharlmError(f"config file {path} must hold a JSON object")
     return {key.replace("-", "_"): value for key, value in values.items()}

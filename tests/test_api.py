@@ -355,6 +355,71 @@ def test_the_api_refuses_what_the_cli_refuses(model):
         model.evaluate("train", record=False)
 
 
+# A value of the wrong type at each parameter: one CharlmError saying what the parameter takes, never
+# a TypeError or AttributeError from inside charlm. (call, the start of the message)
+WRONG_TYPES = [
+    (lambda m, run, tmp: charlm.load(None), "a checkpoint or run directory must be a path (a str or a pathlib.Path), not None"),
+    (lambda m, run, tmp: charlm.load(b"run"), "a checkpoint or run directory must be a path"),
+    (lambda m, run, tmp: charlm.load(np.int64(3)), "a checkpoint or run directory must be a path"),
+    (lambda m, run, tmp: charlm.load("a\x00b"), "a checkpoint or run directory 'a\\x00b' holds a NUL character"),
+    (lambda m, run, tmp: charlm.load(run, prefer="newest"), "prefer must be 'best' or 'last', not 'newest'"),
+    (lambda m, run, tmp: charlm.load(run, device="cpu", trust_code="no"), "trust_code must be True or False, not 'no'"),
+    (lambda m, run, tmp: charlm.load(run, device="cpu", cuda_graphs=None), "cuda_graphs must be True or False"),
+    (lambda m, run, tmp: m.sample("The", length=None), "length must be an integer, not None"),
+    (lambda m, run, tmp: m.sample("The", temperature=None), "temperature must be a number, not None"),
+    (lambda m, run, tmp: m.sample("The", top_p=None), "top_p must be a number, not None"),
+    (lambda m, run, tmp: m.sample("The", stop=1), "stop must be a string or a list of strings, not 1"),
+    (lambda m, run, tmp: list(m.stream("The", top_k=None)), "top_k must be an integer, not None"),
+    (lambda m, run, tmp: m.score("The cat", batch_size=None), "batch_size must be an integer, not None"),
+    (lambda m, run, tmp: m.score("The cat", dynamic=1), "dynamic must be 'sgd', 'rms' or a charlm.DynamicOptions, not 1"),
+    (lambda m, run, tmp: m.score("The cat", dynamic="rms", data_dir=3), "data_dir must be a path (a str or a pathlib.Path), not 3"),
+    (lambda m, run, tmp: m.evaluate(dynamic=b"sgd", record=False), "dynamic must be 'sgd', 'rms' or a charlm.DynamicOptions"),
+    (lambda m, run, tmp: m.evaluate(data_dir=b"data", record=False), "data_dir must be a path"),
+    (lambda m, run, tmp: m.evaluate(data_dir=run / "best.pt", record=False), "data_dir must be a directory:"),
+    (lambda m, run, tmp: m.evaluate(progress="bar", record=False), "progress must be a callable, progress(tokens), not 'bar'"),
+    (lambda m, run, tmp: m.export(None), "the checkpoint file to write must be a path"),
+    (lambda m, run, tmp: m.export("a\x00b.pt"), "the checkpoint file to write 'a\\x00b.pt' holds a NUL character"),
+    (lambda m, run, tmp: m.export(""), "cannot write .: Is a directory"),
+    (lambda m, run, tmp: charlm.train("pydoc"), "config must be a charlm.TrainConfig (or give the settings as keywords), not str"),
+    (lambda m, run, tmp: charlm.train(charlm.TrainConfig(corpus=b"pydoc")), "corpus must be text, not b'pydoc'"),
+    (lambda m, run, tmp: charlm.train(charlm.TrainConfig(layers=None)), "layers must be an integer, not None"),
+    (lambda m, run, tmp: charlm.train(charlm.TrainConfig(compile="no")), "compile must be true or false, not 'no'"),
+    (lambda m, run, tmp: charlm.train(run_dir=str(tmp / "a\x00b")), "run_dir must not hold a NUL character"),
+    (lambda m, run, tmp: charlm.train(lr=10**400), "lr must be a finite number, not 1000"),
+    (lambda m, run, tmp: charlm.train(hidden=-10**400), "hidden must be at least 1, not -1000"),  # math.isinf overflowed
+    (lambda m, run, tmp: charlm.train(save_every="1" + "0" * 400), "save_every must be a number of steps (500) or of minutes"),
+    (lambda m, run, tmp: charlm.train(seed=10**400), "seed must be at most 9223372036854775807 (a 64-bit integer), not 1000"),
+    (lambda m, run, tmp: charlm.train(cell_options={1: 2}), "cell_options must be a mapping of option names to values"),
+]
+
+
+@pytest.mark.parametrize("call, message", WRONG_TYPES, ids=range(len(WRONG_TYPES)))
+def test_a_wrong_type_is_one_charlm_error(call, message, model, trained_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CharlmError) as caught:
+        call(model, trained_run, tmp_path)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value), str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_numpy_numbers_and_paths_are_taken_as_plain_values(tmp_path, monkeypatch):
+    """charlm.train(seed=np.int64(3), run_dir=Path(...)): what numpy and pathlib give is what a config holds."""
+    import charlm.training.trainer as trainer
+    from pathlib import Path
+
+    received = []
+
+    class Stop(Exception):
+        pass
+
+    monkeypatch.setattr(trainer, "Trainer", lambda config: received.append(config) or (_ for _ in ()).throw(Stop()))
+    with pytest.raises(Stop):
+        charlm.train(seed=np.int64(3), lr=np.float32(0.5), run_dir=Path(tmp_path / "run"), hidden=8)
+    config = received[0]
+    assert (type(config.seed), type(config.lr), type(config.run_dir)) == (int, float, str)
+    assert (config.seed, config.lr, config.run_dir) == (3, 0.5, str(tmp_path / "run"))
+
+
 def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(trained_run, tmp_path):
     """It used to evaluate to `bpc nan` with exit code 0 and export without a word."""
     checkpoint = Checkpoint.load(trained_run / "best.pt")

@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import json
 import logging
+import math
 import shutil
 import time
 from pathlib import Path
@@ -74,6 +75,15 @@ DAMAGE = [  # (what, damage to the payload, what the one line says after the fil
      "its weight head.bias holds torch.int64, not floating-point numbers"),
     ("a score that is text", _set("scores", "valid_bpc", "good"), "its score 'valid_bpc' is text, not a number"),
     ("weights that are a list", lambda payload: payload.__setitem__("weights", []), "its weights is a list, not a mapping"),
+    ("a sparse weight", lambda payload: payload["weights"].__setitem__("head.bias", payload["weights"]["head.bias"].to_sparse()),
+     "its weight head.bias is a sparse coo tensor, not a dense one"),
+    ("a weight without data", lambda payload: payload["weights"].__setitem__("head.bias", torch.empty(SYMBOLS, device="meta")),
+     "its weight head.bias is a tensor without data (on the meta device)"),
+    ("a symbol no output can print", _vocab(lambda vocab: ["\ud800", *vocab[1:]]),
+     "its vocabulary holds '\\ud800', which is not Unicode text (a lone surrogate)"),
+    ("a subword model that is a number", lambda payload: payload["tokenizer"].update(kind="subword", model=10**10),
+     "its subword model is a number, not the bytes of a sentencepiece model"),
+    ("a cell no charlm has", _set("model_config", "cell", "nope"), "unknown cell 'nope'"),
 ]
 
 
@@ -151,6 +161,17 @@ def _another_cell(payload):
     payload["weights"] = LanguageModel(config).state_dict()
 
 
+def _two_groups(payload):
+    group = payload["training"]["optimizer"]["param_groups"][0]
+    payload["training"]["optimizer"]["param_groups"] = [{**group, "params": group["params"][:3]}, {**group, "params": group["params"][3:]}]
+
+
+def _half_state(payload):
+    model = LanguageModel(ModelConfig(**payload["model_config"]))
+    payload["training"]["hidden"] = [[tensor.half() for tensor in layer]
+                                     for layer in model.initial_state(payload["train_config"]["batch_size"])]
+
+
 RESUME_DAMAGE = [
     ("an optimizer state of the wrong shape", _wrong_moment, "its optimizer state exp_avg of parameter 0 has shape [7, 3], "
                                                             f"the parameter [{SYMBOLS}, 32]"),
@@ -164,6 +185,31 @@ RESUME_DAMAGE = [
      "its training progress is damaged (step must be an integer"),
     ("a damaged random-number state", lambda payload: payload["training"]["rng"].__setitem__("torch", [1, 2]),
      "its random-number state is damaged"),
+    ("a random-number state no generator takes", lambda payload: payload["training"]["rng"]["ranks"][0].__setitem__(
+        "torch", torch.full((5056,), 7, dtype=torch.uint8)), "its random-number state is damaged"),
+    ("a learning rate that is NaN", lambda payload: payload["training"]["optimizer"]["param_groups"][0].__setitem__("lr", math.nan),
+     "its optimizer setting 'lr' is nan, where the run's adam needs a finite number, zero or more"),
+    ("betas of one number", lambda payload: payload["training"]["optimizer"]["param_groups"][0].__setitem__("betas", (0.9,)),
+     "its optimizer setting 'betas' is (0.9,), where the run's adam needs a list of 2"),
+    ("a flag of another optimizer", lambda payload: payload["training"]["optimizer"]["param_groups"][0].__setitem__("amsgrad", True),
+     "its optimizer setting 'amsgrad' is True, where the run's adam needs False"),
+    ("its parameters in two groups", _two_groups, "its optimizer state holds 2 parameter group(s) of [3, 4] parameters, "
+                                                  "where the run's adam has 1 of [7]"),
+    ("a moment that is one number", lambda payload: payload["training"]["optimizer"]["state"][0].__setitem__("exp_avg", torch.tensor(0.5)),
+     f"its optimizer state exp_avg of parameter 0 is of shape [], the parameter [{SYMBOLS}, 32]"),
+    ("a negative step", lambda payload: payload["training"]["optimizer"]["state"][0].__setitem__("step", torch.tensor(-5.0)),
+     "its optimizer state step of parameter 0 is -5.0 (a tensor of torch.float32), not a count"),
+    ("a moment without its companion", lambda payload: payload["training"]["optimizer"]["state"][0].pop("exp_avg_sq"),
+     "its optimizer state of parameter 0 lacks exp_avg_sq, which the run's adam keeps"),
+    ("a schedule's rate that is text", lambda payload: payload["training"]["scheduler"].__setitem__("_last_lr", ["x"]),
+     "its learning-rate schedule's _last_lr is ['x'], where the run's schedule needs 1 finite number, zero or more"),
+    ("a schedule key that replaces a method", lambda payload: payload["training"]["scheduler"].__setitem__("step", 5),
+     "its learning-rate schedule holds 'step', which would replace the schedule's own"),
+    ("progress before the first window", lambda payload: payload["training"]["progress"].__setitem__("window", -1),
+     "its training progress is damaged (window must be a count, not -1)"),
+    ("progress with a NaN time", lambda payload: payload["training"]["progress"]["wall_seconds"].__setitem__("train", math.nan),
+     "its training progress is damaged (wall_seconds must map names to finite numbers, zero or more)"),
+    ("a carried state in half precision", _half_state, "its carried state is of torch.float16, where the model computes in torch.float32"),
 ]
 
 
@@ -174,6 +220,24 @@ def test_resuming_from_a_damaged_last_checkpoint_is_refused(run_copy, what, dama
     if what == "last.pt of another cell":
         assert f"cell 'lru' in config.json, 'gru' in last.pt" in result.stderr
         assert str(run_copy / "config.json") in result.stderr
+
+
+CONFIG_DAMAGE = [  # a run stopped before its first checkpoint starts again from config.json's settings: damaged ones
+    ("settings that are a list", [1], "config.json: train must be an object, not a list"),
+    ("a setting of the wrong type", {"bptt": "x"}, "config.json holds a setting out of its bounds: bptt must be an integer, not 'x'"),
+    ("a setting out of bounds", {"hidden": 10**9}, "config.json holds a setting out of its bounds: hidden must be at most"),
+    ("an unknown setting", {"bogus": 1}, "config.json holds settings this charlm cannot read (unknown TrainConfig setting: 'bogus')"),
+]
+
+
+@pytest.mark.parametrize("what, train, fragment", CONFIG_DAMAGE, ids=[row[0] for row in CONFIG_DAMAGE])
+def test_a_run_without_checkpoints_and_damaged_settings_is_not_started_again(run_copy, what, train, fragment):
+    for checkpoint in run_copy.glob("*.pt"):
+        checkpoint.unlink()
+    config = json.loads((run_copy / "config.json").read_text(encoding="utf-8"))
+    config["train"] = {**config["train"], **train} if isinstance(train, dict) else train
+    (run_copy / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    refused(run_copy, "train", "--resume", run_copy, "--epochs", "3", fragment=fragment, name=run_copy / "config.json")
 
 
 def test_the_memory_a_checkpoint_asks_for_is_checked_before_the_model_is_built(trained_run, tmp_path, monkeypatch):

@@ -98,6 +98,9 @@ def test_from_dict_is_strict():
         ({"cell_options": ["a"]}, "cell_options must be an object, not ['a']"),
         ({"tensorboard": "yes"}, "tensorboard must be true or false, not 'yes'"),
         ({"corpus": None}, "corpus must be text, not None"),
+        ({"lr": 10**400}, "lr must be a finite number, not " + "1" + "0" * 36 + "..."),  # a config file's huge integer
+        ({"run_dir": "runs/a\x00b"}, "run_dir must not hold a NUL character, as 'runs/a\\x00b' does"),
+        ({"layers": None}, "layers must be an integer, not None"),
     ]:
         if message is None:
             assert TrainConfig.from_dict(values).cell == "3.5"
@@ -141,6 +144,10 @@ def test_config_file_values_are_checked(tmp_path, monkeypatch):
     assert_one_line_error(cli("train", "--config", config), "must hold a JSON object")
     config.write_text("{lr: 1}", encoding="utf-8")
     assert_one_line_error(cli("train", "--config", config), "not valid JSON")
+    config.write_text('{"lr": ' + "[" * 100_000 + "]" * 100_000 + "}", encoding="utf-8")
+    assert_one_line_error(cli("train", "--config", config), "not valid JSON: its values are nested too deeply")
+    config.write_text('{"hidden": ' + "9" * 5000 + "}", encoding="utf-8")  # more digits than Python converts
+    assert_one_line_error(cli("train", "--config", config), "not valid JSON: Exceeds the limit (4300 digits)")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["cfg.json"]
 
 

@@ -5,6 +5,7 @@ character gets a replacement instead of a crash."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import threading
@@ -67,14 +68,15 @@ def test_a_corpus_name_is_never_a_path(tiny_corpus, tmp_path):
 
 # --- readers refuse what is not a regular file, at once ---------------------------------------------
 
-def within_a_second(fifo: Path, call, seconds: float = 1.0):
-    """``call()``'s result; fails (and frees the reader by opening the FIFO for writing) if it waits on ``fifo``."""
+def within_a_second(fifo: Path, call, seconds: float = 1.0, other_end: int = os.O_WRONLY):
+    """``call()``'s result; fails (and frees the reader by opening the FIFO for writing, or a writer by
+    opening it for reading: ``other_end``) if it waits on ``fifo``."""
     result, started = {}, time.monotonic()
     thread = threading.Thread(target=lambda: result.setdefault("value", call()), daemon=True)
     thread.start()
     thread.join(10)
     if thread.is_alive():
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the blocked open returns; the reader sees EOF
+        os.close(os.open(fifo, other_end | os.O_NONBLOCK))  # the blocked open returns; the reader sees EOF
         thread.join(10)
         pytest.fail(f"waited on the FIFO {fifo}")
     assert time.monotonic() - started < seconds
@@ -101,6 +103,32 @@ def test_a_fifo_given_as_a_file_is_refused_at_once(args, fragment, fifo, trained
     result = within_a_second(fifo, lambda: cli(*(arg.format(**values) for arg in args)))
     assert_one_line(result, fragment.format(**values))
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("name, kind", [("train.log", "a FIFO"), ("metrics.jsonl", "a FIFO"), ("best.pt", "a directory"),
+                                        ("lock", "a directory")])
+def test_a_run_with_no_regular_file_where_it_writes_one_is_not_resumed(name, kind, trained_run, tmp_path):
+    """A writer would wait for ever on a FIFO where train.log belongs, and a directory where best.pt
+    belongs would fail the first save an epoch later: refused at once, before anything is written."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    (run / name).unlink()
+    os.mkfifo(run / name) if kind == "a FIFO" else (run / name).mkdir()
+    before = {path.name: path.stat().st_mtime_ns for path in run.iterdir() if path.is_file()}
+    result = within_a_second(run / name, lambda: cli("train", "--resume", run, "--epochs", "3"), seconds=10,
+                             other_end=os.O_RDONLY)
+    assert_one_line(result, f"run directory {run} cannot be resumed: {run / name} is {kind}, where the run keeps a file")
+    assert {path.name: path.stat().st_mtime_ns for path in run.iterdir() if path.is_file()} == before
+
+
+def test_eval_of_a_run_whose_metrics_jsonl_is_a_fifo_never_waits_on_it(trained_run, tiny_corpus, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    (run / "metrics.jsonl").unlink()
+    os.mkfifo(run / "metrics.jsonl")
+    result = within_a_second(run / "metrics.jsonl", lambda: cli("eval", run, "--data-dir", tiny_corpus), seconds=30,
+                             other_end=os.O_RDONLY)
+    assert_one_line(result, f"cannot write {run / 'metrics.jsonl'}: it is a FIFO, not a regular file")
 
 
 # --- a damaged run among good ones ------------------------------------------------------------------
@@ -152,6 +180,37 @@ def test_runs_lists_a_damaged_run_with_its_reason_and_the_good_ones(runs_with_da
     table = cli("runs", root, "--plain", check_code=0).stdout.splitlines()
     statuses = {Path(row.split("\t")[0]).name: row.split("\t")[-1] for row in table[1:]}
     assert statuses == {"good": "finished", "bad-config": "damaged", "bad-record": "damaged", "fifo": "damaged"}
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("[" * 100_000 + "]" * 100_000, "is not valid JSON (its values are nested too deeply)"),
+    ('{"train": {"train_fraction": NaN}}', "train.train_fraction must be a number (finite), not NaN"),
+])
+def test_a_config_json_no_listing_can_show_makes_a_damaged_row(text, reason, trained_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("*.pt"))
+    (run / "config.json").write_text(text, encoding="utf-8")
+    (row,) = json.loads(cli("runs", run, "--json", check_code=0).stdout)
+    assert row["status"] == "damaged" and row["damage"].startswith(str(run / "config.json")) and reason in row["damage"]
+
+
+def test_runs_json_is_json_whatever_numbers_the_run_files_hold(trained_run, tmp_path):
+    """A NaN score (a run that diverged) is null; a provenance.json holding NaN (no run writes one) is
+    unreadable, as damaged JSON is: `charlm runs --json` prints JSON that strict readers take."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("*.pt"))
+    (run / "provenance.json").write_text('{"command": "charlm train", "pid": NaN}', encoding="utf-8")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    for record in records:
+        if record["event"] == "epoch":
+            record["valid_bpc"] = math.nan
+    (run / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+
+    def refuse(constant):
+        raise ValueError(f"{constant} in the output")
+
+    (row,) = json.loads(cli("runs", run, "--json", check_code=0).stdout, parse_constant=refuse)
+    assert row["best_valid_bpc"] is None and row["provenance"] == {} and row["status"] == "finished"
 
 
 def test_report_reports_the_good_runs_and_says_which_it_skipped(runs_with_damage):

@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,32 @@ def test_report_past_the_limit_is_one_line_and_keeps_the_earlier_report(trained_
     assert digests(out) == before and temporaries(out) == []
 
 
+@pytest.mark.slow  # two reports and a subprocess: about 3 s
+def test_a_report_that_fails_midway_leaves_every_file_of_the_earlier_one(trained_run, tmp_path):
+    """Its tables fit and its figures do not: the tables used to be replaced already, leaving a report
+    half new, half old. (The report of another run: each file differs from the earlier one's.)"""
+    out, other = tmp_path / "report", tmp_path / "other-run"
+    cli("report", trained_run, "--out", out, check_code=0)
+    shutil.copytree(trained_run, other)
+    before = digests(out)
+    limit = max(path.stat().st_size for path in out.glob("*.png")) // 2
+    assert max(path.stat().st_size for path in out.glob("*.md")) < limit  # the tables would fit
+
+    result = run_with_file_size_limit(limit, "report", other, "--out", out, cwd=tmp_path)
+
+    assert Path(failed_target(result, limit)).parent == out  # the report's file, not its staging copy
+    assert digests(out) == before and temporaries(out) == [] and [p.name for p in out.iterdir() if p.is_dir()] == []
+
+
+@pytest.mark.slow  # a subprocess importing torch: about 2 s
+def test_a_limit_of_no_bytes_at_all_is_one_line_too(trained_run, tmp_path):
+    """`ulimit -f 0`: Python's tempfile, which torch calls as it is imported, finds no directory to
+    write in and raised FileNotFoundError, which read as a missing path (exit code 2, no file named)."""
+    result = run_with_file_size_limit(0, "export", trained_run, tmp_path / "model.pt", cwd=tmp_path)
+    assert_one_line_error(result, "cannot write", "at most 0 bytes", code=1)
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- in this process: the reasons, the exit codes, appends, downloads ------------------------------
 
 def test_append_that_fails_leaves_no_half_line(tmp_path, monkeypatch):
@@ -214,3 +241,28 @@ def test_a_download_that_fills_the_disk_stops_at_once_naming_the_archive(corpus_
         fetch(remote, tmp_path, policy=DownloadPolicy(attempts=3, backoff=0.0, timeout=5.0), progress=False,
               log=messages.append)
     assert messages == [] and len(corpus_server.requests) == 1  # the disk, not the network: no retry
+
+
+def test_a_run_lock_that_cannot_be_opened_is_a_write_failure_not_a_run_in_use(trained_run, tmp_path, monkeypatch):
+    """On a read-only file system the lock of a run cannot be opened: `train --resume` said so with
+    exit code 2 (bad input) and `runs --prune` skipped the run as "being trained"."""
+    import builtins
+
+    import charlm.runs.directory as directory
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    before = digests(run)
+
+    def read_only(path, mode="r", *args, **kwargs):
+        if Path(path).name == "lock" and mode != "r":
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return builtins.open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(directory, "open", read_only, raising=False)
+    lock = f"cannot write {run / 'lock'}: Read-only file system"
+    assert_one_line_error(cli("train", "--resume", run, "--epochs", "2"), lock, code=1)
+    assert_one_line_error(cli("runs", run, "--prune"), lock, code=1)
+    result = cli("runs", run, "--prune", "--dry-run", check_code=0)  # changes nothing: says what it would do
+    assert "skipped" not in result.stdout and "would free" in result.stdout
+    assert digests(run) == before

@@ -52,7 +52,14 @@ class CellRegistry:
         user cell ``module:Class`` is imported only when the caller names it in ``cells`` (a class,
         or its ``module:Class`` string) or trusts the file's code."""
         if ":" not in name:
-            return self.get(name)
+            try:
+                return self.get(name)
+            except CharlmError as error:  # a name no cell has: the file's, which the line names
+                raise CharlmError(f"{source}: {error}") from None
+        if isinstance(cells, (str, type)):  # one cell named alone
+            cells = (cells,)
+        if not isinstance(cells, (list, tuple, set, frozenset)):
+            raise CharlmError(f"cells must be a list of cell classes or 'module:Class' names, not {cells!r}")
         for cell in cells:
             if isinstance(cell, str) and cell == name:
                 return _import_cell(name)

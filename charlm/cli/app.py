@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import sys
+import typing
+from pathlib import PurePath
 
 import typer
+import typer.main
 
 from charlm import __version__
 from charlm.errors import CharlmError, ConfigError
@@ -90,7 +93,9 @@ def run(argv: list[str] | None = None) -> int:
     if not (sys.argv[1:] if argv is None else argv):  # bare `charlm`: the help, and nothing wrong
         argv = ["--help"]
     try:
-        result = app(args=argv, prog_name="charlm", standalone_mode=False)
+        command = typer.main.get_command(app)
+        _refuse_empty_paths(command)
+        result = command(args=argv, prog_name="charlm", standalone_mode=False)
     except CharlmError as error:
         print(f"charlm: error: {error_line(error)}", file=sys.stderr)
         return error.exit_code
@@ -98,6 +103,9 @@ def run(argv: list[str] | None = None) -> int:
         print("charlm: error: interrupted", file=sys.stderr)
         return 130
     except OSError as error:  # writes fail as WriteError (a CharlmError): this is a path that cannot be used
+        if error.filename is None and NO_TEMPORARY_DIRECTORY in str(error):  # tempfile, as torch imports: nothing can be written
+            print(f"charlm: error: cannot write a temporary file: {_no_temporary_file_reason(error)}", file=sys.stderr)
+            return 1
         where = f" {error.filename}" if error.filename else ""
         print(f"charlm: error: cannot access{where}: {error.strerror or error}", file=sys.stderr)
         return oserror_exit_code(error)
@@ -110,6 +118,58 @@ def run(argv: list[str] | None = None) -> int:
         print(f"charlm: error: {error_line(error)}", file=sys.stderr)
         return error.exit_code
     return result if isinstance(result, int) else 0
+
+
+def _refuse_empty_paths(command) -> None:
+    """Make every path option and argument of ``command`` (and of its commands) refuse an empty value:
+    pathlib reads "" as ".", so `report --out ""` would write into the current directory and
+    `runs --prune "$UNSET"` prune it. Judged on the text given, before it becomes a Path."""
+    for subcommand in getattr(command, "commands", {}).values():
+        _refuse_empty_paths(subcommand)
+    for param in command.params:
+        if _takes_paths(param) and hasattr(param, "process_value"):
+            param.process_value = _without_empty_paths(param, param.process_value)
+
+
+def _takes_paths(param) -> bool:
+    """Whether a typer parameter takes a path, or a list of them (typer keeps the annotation; an older
+    typer, only click's Path type)."""
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    if annotation is None:
+        return type(getattr(param, "type", None)).__name__ == "Path"
+    return any(isinstance(kind, type) and issubclass(kind, PurePath) for kind in (annotation, *typing.get_args(annotation)))
+
+
+def _without_empty_paths(param, process_value):
+    def process(ctx, value):
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(item, str) and item == "" for item in values):
+            raise click_bad_parameter("an empty path names no file or directory", ctx, param)
+        return process_value(ctx, value)
+
+    return process
+
+
+def click_bad_parameter(message: str, ctx, param) -> Exception:
+    """The BadParameter of the click that typer runs on (its own copy in newer typer versions)."""
+    try:
+        from typer._click.exceptions import BadParameter
+    except ImportError:
+        from click.exceptions import BadParameter
+    return BadParameter(message, ctx=ctx, param=param)
+
+
+NO_TEMPORARY_DIRECTORY = "No usable temporary directory"  # tempfile's words when no directory takes a test file
+
+
+def _no_temporary_file_reason(error: OSError) -> str:
+    """Why tempfile found no directory to write in: most often a file-size limit of 0 (``ulimit -f 0``)."""
+    from charlm.files import file_size_limit
+
+    limit = file_size_limit()
+    if limit is not None and limit < 1024:  # tempfile's test file is a few bytes
+        return f"this process may write files of at most {limit:,} bytes (see ulimit -f)"
+    return error.strerror or str(error)
 
 
 def oserror_exit_code(error: OSError) -> int:

@@ -33,6 +33,8 @@ def bench(given: dict = None):
     config = BenchmarkConfig(**given)
     validate(config)
     names = CELLS.names() if config.cells == "all" else [name.strip() for name in config.cells.split(",") if name.strip()]
+    if not names:  # as `charlm check --cells ""`: an empty list would time the fused baseline alone
+        raise ConfigError(BenchmarkConfig, "cells", "names no cell")
     for name in names:
         CELLS.get(name)
     parse_budget(config.params)

@@ -41,6 +41,8 @@ def check(
     precisions = None
     if precision is not None:
         precisions = [name.strip() for name in precision.split(",") if name.strip()]
+        if not precisions:  # not the default, every precision, by accident
+            raise CharlmError("--precision names no precision")
         for name in precisions:
             if name not in PRECISIONS:
                 raise CharlmError(f"--precision {name!r} is not one of fp32, bf16, fp16")

@@ -64,8 +64,8 @@ def runs(
     for row in rows:  # listed (status damaged) with the others; why, on stderr (and in --json's "damage")
         if row.get("damage"):
             get_logger().warning(f"warning: {row['run']} is damaged, its figures are not shown: {row['damage']}")
-    if as_json:
-        stdout.print_json(json.dumps(rows, default=str))
+    if as_json:  # NaN and infinity (the score of a run that diverged) are not JSON: null, as a missing figure is
+        stdout.print_json(json.dumps(_finite_or_none(rows), default=str))
         return
     table = []
     for row in rows:
@@ -137,6 +137,17 @@ def _number(value) -> str:
 
 def _bpc(value) -> str:
     return "-" if value is None or not math.isfinite(value) else f"{value:.4f}"
+
+
+def _finite_or_none(value):
+    """``value`` (a run's summary, read from its files) with every NaN or infinite number as None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(item) for item in value]
+    return value
 
 
 def _duration(seconds: float) -> str:

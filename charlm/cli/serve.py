@@ -12,7 +12,7 @@ import typer
 from charlm.cli.loading import CELL, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
 from charlm.config import ServeConfig
-from charlm.settings import validate
+from charlm.settings import shown, validate
 from charlm.errors import CharlmError
 from charlm.logs import get_logger
 
@@ -71,6 +71,8 @@ def _listen(host: str, port: int):
         listening.bind((host, port))
     except OSError as error:
         raise CharlmError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    except (UnicodeError, ValueError) as error:  # a name no resolver takes: a label over 63 characters, a NUL
+        raise CharlmError(f"cannot listen on {shown(host)}: it is not a host name or an address ({error})") from None
     listening.listen(128)
     listening.set_inheritable(True)
     return listening

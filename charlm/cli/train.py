@@ -44,6 +44,8 @@ def train(
                               f"{cell_from_file!r}; charlm never runs code named in a file: pass --cell {cell_from_file} "
                               "or --trust-code")
         settings.update({key: str(value) if isinstance(value, Path) else value for key, value in given.items()})
+        checked = TrainConfig.from_dict(settings)  # every value of its type before any is used (init_from, run_dir, cell_options)
+        settings = {name: getattr(checked, name) for name in settings}
         if cell_opt:
             settings["cell_options"] = {**settings.get("cell_options", {}), **parse_key_values(cell_opt)}
         settings = settings_from_init(settings)

@@ -49,16 +49,33 @@ class DownloadPolicy:
 
     @classmethod
     def from_environment(cls, environ=os.environ) -> "DownloadPolicy":
-        """Defaults, overridden by CHARLM_DOWNLOAD_ATTEMPTS, CHARLM_DOWNLOAD_BACKOFF, CHARLM_DOWNLOAD_TIMEOUT."""
+        """Defaults, overridden by CHARLM_DOWNLOAD_ATTEMPTS (1 to 100), CHARLM_DOWNLOAD_BACKOFF (seconds, 0 to
+        an hour) and CHARLM_DOWNLOAD_TIMEOUT (seconds, above 0 up to a day); anything else is one line naming the variable."""
         default = cls()
-        try:
-            return cls(
-                attempts=max(1, int(environ.get("CHARLM_DOWNLOAD_ATTEMPTS", default.attempts))),
-                backoff=float(environ.get("CHARLM_DOWNLOAD_BACKOFF", default.backoff)),
-                timeout=float(environ.get("CHARLM_DOWNLOAD_TIMEOUT", default.timeout)),
-            )
-        except ValueError as error:
-            raise CharlmError(f"bad CHARLM_DOWNLOAD_* setting: {error}") from None
+        return cls(attempts=int(_bounded(environ, "CHARLM_DOWNLOAD_ATTEMPTS", default.attempts, int, 1, MAX_ATTEMPTS)),
+                   backoff=_bounded(environ, "CHARLM_DOWNLOAD_BACKOFF", default.backoff, float, 0, MAX_WAIT),
+                   timeout=_bounded(environ, "CHARLM_DOWNLOAD_TIMEOUT", default.timeout, float, 0, MAX_TIMEOUT, low_open=True))
+
+
+MAX_ATTEMPTS = 100
+MAX_WAIT = 3600.0  # seconds: the longest wait between two attempts (the backoff doubles up to it)
+MAX_TIMEOUT = 86400.0  # seconds: socket timeouts beyond a day overflow on some platforms
+
+
+def _bounded(environ, name: str, default, kind: type, low, high, low_open: bool = False):
+    """The environment variable ``name`` as a ``kind`` (int: a whole number) from ``low`` to ``high``, or ``default``."""
+    text = environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text.strip()) if kind is int else float(text)
+    except ValueError:
+        value = None
+    if value is None or not (value > low if low_open else value >= low) or not value <= high:  # NaN fails both
+        words = "a whole number" if kind is int else "a number of seconds"
+        bound = f"above {low:g}" if low_open else f"from {low:g}"
+        raise CharlmError(f"{name} must be {words} {bound} to {high:g}, not {text!r}")
+    return value
 
 
 class _Incomplete(Exception):
@@ -162,7 +179,7 @@ def _download_with_retries(url: str, part: Path, policy: DownloadPolicy, progres
         except (_Incomplete, http.client.HTTPException, OSError) as error:
             failure = f"transfer from {host} broke off ({_reason(error)})"
         if attempt < policy.attempts:
-            wait = policy.backoff * 2 ** (attempt - 1)
+            wait = min(policy.backoff * 2.0 ** min(attempt - 1, 64), MAX_WAIT)
             log(f"{failure}; retrying in {wait:g}s (attempt {attempt + 1} of {policy.attempts})")
             time.sleep(wait)
     kept = f"; the partial file {part} is kept and resumed next time" if part.exists() else ""

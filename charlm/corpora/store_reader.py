@@ -16,6 +16,7 @@ import json
 import os
 import re
 import stat
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,7 +143,7 @@ def _check_splits(meta: dict, fail) -> None:
 def _check_tokenizer(meta: dict, fail) -> None:
     state, vocab = meta["tokenizer"], meta["vocab"]
     kind = state.get("kind")
-    if kind not in TOKENIZER_KINDS:
+    if not isinstance(kind, str) or kind not in TOKENIZER_KINDS:  # a list is no key of the table
         fail(f"names the tokenizer kind {_shown(kind)}, not one of {', '.join(TOKENIZER_KINDS)}")
     if kind not in UNITS[meta["unit"]]:
         fail(f"has a {kind} tokenizer for a {meta['unit']} corpus")
@@ -189,8 +190,8 @@ def array_layout(path: Path, which: str, meta: dict, directory: Path) -> ArrayLa
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, _, dtype = read(file, max_header_size=HEADER_LIMIT)
             offset = file.tell()
-        except (ValueError, TypeError, SyntaxError, OverflowError, OSError) as error:
-            fail(f"is not a readable .npy array ({str(error).splitlines()[0][:120]})")
+        except (ValueError, TypeError, SyntaxError, OverflowError, OSError, tokenize.TokenError) as error:
+            fail(f"is not a readable .npy array ({str(error).splitlines()[0][:120]})")  # TokenError: a header cut short
     if dtype.kind not in "iu":
         fail(f"holds {dtype} values, not integer token ids")
     if len(shape) != 1 or shape[0] < 0:

@@ -40,6 +40,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import re
 from importlib import resources
 from pathlib import Path
@@ -55,6 +56,7 @@ from charlm.experiments.plan_checks import CELL_OPTION, check_document, check_ta
 from charlm.files import plain_name, read_text
 
 MAX_POINT_NAME = 200  # a longer run directory name is cut, with a digest of its values to keep it unique
+MAX_POINTS = 10_000  # runs in one plan: far beyond any paper's grid, and checked point by point before anything trains
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +133,10 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
     text, source = _plan_text(str(reference))
     try:
         raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
+    except ValueError as error:  # TOMLDecodeError, or an integer of more digits than Python converts
         raise CharlmError(f"plan {source} is not valid TOML: {error}") from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise CharlmError(f"plan {source} is not valid TOML: its values are nested too deeply") from None
     check_document(raw, source)
     base, axes, origins = dict(raw.get("base", {})), dict(raw.get("axes", {})), {}
     if profile is not None:
@@ -155,10 +159,17 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
                 evals=tuple(EvalStep(**step) for step in raw.get("eval", [])),
                 paper_parameters=dict(raw.get("paper_parameters", {})), source=source, task=raw.get("task"),
                 budget=raw.get("budget"), origins=origins)
+    runs = math.prod(len(values) for values in plan.axes.values())
+    if runs > MAX_POINTS:  # before the grid is made: 29 values on each of 9 axes would never be enumerated
+        raise CharlmError(f"plan {source}: its axes make {runs:,} runs ({' x '.join(str(len(v)) for v in plan.axes.values())}), "
+                          f"more than the {MAX_POINTS:,} a sweep runs: split it into several plans")
     if plan.task is not None:
         check_task_points(plan, task_config)
     else:
         check_train_points(plan)
+    if not plan.axes:  # an empty file, or one cut short before its axes: it would train one run of every default
+        raise CharlmError(f"plan {source} has no axes: a plan names its runs with [axes] NAME = [values, ...] "
+                          "(one value for a single run)")
     return plan
 
 

@@ -57,6 +57,7 @@ def _unknown(source: str, path: str, key: str, known) -> CharlmError:
 # --- the shape of the document ---------------------------------------------------------------------
 def check_document(raw: dict, source: str) -> None:
     """Every key known and every table, list and value of the type the format gives it."""
+    _check_numbers(raw, source, "")
     for key in raw:
         if key not in PLAN_KEYS:
             raise _unknown(source, "", key, PLAN_KEYS)
@@ -85,6 +86,22 @@ def check_document(raw: dict, source: str) -> None:
             if key not in PROFILE_KEYS:
                 raise _unknown(source, path, key, PROFILE_KEYS)
         _check_tables(profile, source, path)
+
+
+MAX_BITS = 4096  # an integer of a plan: no setting takes more than 64 bits; 0x and 20,000 digits cannot even be printed
+
+
+def _check_numbers(document: dict, source: str, path: str) -> None:
+    """No integer anywhere in the document beyond ``MAX_BITS`` (TOML's 0x, 0o and 0b spell any size);
+    walked without recursion, however deep the document's lists go."""
+    waiting = [(path, document)]
+    while waiting:
+        where, value = waiting.pop()
+        if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_BITS:
+            raise CharlmError(f"plan {source}: {where} is a number of {value.bit_length():,} bits, more than any "
+                              "setting takes")
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        waiting.extend((key_path(where, key), item) for key, item in items)
 
 
 def _check_tables(table: dict, source: str, prefix: str) -> None:

@@ -86,9 +86,9 @@ class Sweep:
             return None
         try:
             record = json.loads(read_bytes(self.record_file, "sweep record").decode("utf-8"))  # a FIFO: refused
-        except (CharlmError, ValueError):
+        except (CharlmError, ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
             record = None
-        if not isinstance(record, dict):
+        if not isinstance(record, dict) or not isinstance(record.get("fingerprint"), str):  # what binds it to its plan
             raise CharlmError(f"{self.record_file} is damaged: remove it to start the sweep afresh")
         return record
 

@@ -11,12 +11,15 @@ from charlm.config import SampleConfig
 from charlm.errors import ConfigError
 from charlm.inference.beam import beam_search
 from charlm.inference.sampling import unknown_ids
+from charlm.runtime.memory import check_beam_fits
 
 LN2 = math.log(2.0)
 
 
 def check_stops(stop) -> list[str]:
     """The stop strings as a list (one string stands for itself); an empty one is an error."""
+    if stop is not None and not isinstance(stop, (str, list, tuple)):
+        raise ConfigError(SampleConfig, "stop", f"must be a string or a list of strings, not {stop!r}")
     stops = [stop] if isinstance(stop, str) else list(stop or ())
     for text in stops:
         if not isinstance(text, str) or not text:
@@ -108,7 +111,8 @@ class Generation:
 
 def beam_generation(model, tokenizer, prime_ids: Sequence[int], config: SampleConfig, stops: Sequence[str]) -> Generation:
     """The continuation a beam search of width ``config.beam`` finds, as one piece (cut after the
-    first stop string), searched when that piece is first asked for."""
+    first stop string), searched when that piece is first asked for; whether it fits is checked now."""
+    check_beam_fits(model, config.beam, config.length)
     found: list[int] = []
     log_probs: list[float] = []
 

@@ -61,7 +61,8 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         probabilities = torch.softmax(sorted_logits, dim=-1)
         mass_before = torch.cumsum(probabilities, dim=-1) - probabilities
-        drop_sorted = mass_before >= top_p  # the most likely token always stays
+        drop_sorted = mass_before >= top_p
+        drop_sorted[..., 0] = False  # the most likely token always stays (a top_p below float32's least is 0 there)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits

@@ -13,9 +13,11 @@ Saving ``last.pt`` first keeps the one it replaces as ``previous.pt``, the fallb
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -25,7 +27,7 @@ except ImportError:  # Windows: no advisory locks, one training per directory is
     fcntl = None
 
 from charlm.errors import CharlmError
-from charlm.files import WriteError, append_text, atomic_write_text, flush_directory, read_bytes, writing
+from charlm.files import WriteError, append_text, atomic_write_text, file_kind, flush_directory, path_value, read_bytes, writing
 from charlm.logs import get_logger
 from charlm.runs.records import KIND_WORDS, RunHistory, encode, is_of_kind, new_record
 from charlm.runs.retention import disk_usage
@@ -42,7 +44,7 @@ CONFIG_FIELDS = {"train": {"corpus": str, "cell": str, "params": str, "layers": 
 
 class Run:
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path = path_value(path, "a run directory")
         self.sinks = []  # objects with write(event, fields) and close()
         self._lock = None  # the open lock file while this process owns the directory
 
@@ -89,10 +91,28 @@ class Run:
             raise CharlmError(f"no run directory {run.path} to resume")
         if not (run.config_file.exists() or run.last.exists()):
             raise CharlmError(f"{run.path} is not a run directory (it has no config.json or last.pt)")
+        run.check_files()
         run.acquire()
         for leftover in run.path.glob(".*.tmp"):
             leftover.unlink(missing_ok=True)
         return run
+
+    def check_files(self) -> None:
+        """Refuse a run whose files a training writes are not regular files (a directory, a FIFO, a
+        link to nowhere or a loop of links where train.log or best.pt belongs): said before anything
+        is written or trained, not when the first write fails or waits on a FIFO for ever."""
+        for path in (self.config_file, self.provenance_file, self.metrics, self.log_file, self.last, self.previous,
+                     self.best, self.running_file, self.lock_file):
+            if not os.path.lexists(path):
+                continue
+            try:
+                mode = os.stat(path).st_mode
+            except OSError as error:  # a link to nowhere, a loop of links
+                raise CharlmError(f"run directory {self.path} cannot be resumed: {path} cannot be used "
+                                  f"({error.strerror or error}); remove it") from None
+            if not stat.S_ISREG(mode):
+                raise CharlmError(f"run directory {self.path} cannot be resumed: {path} is {file_kind(mode)}, where the "
+                                  "run keeps a file; remove it")
 
     # --- owning the directory --------------------------------------------------------------------
     def acquire(self, claim: bool = True) -> None:
@@ -100,10 +120,8 @@ class Run:
         ``claim=False`` (`charlm runs --prune`) leaves the holder line of the last training as it was."""
         if self._lock is not None or fcntl is None:
             return
-        try:
+        with writing(self.lock_file):  # a read-only file system is the machine (exit 1), as for every other file
             handle = open(self.lock_file, "a+", encoding="utf-8")
-        except OSError as error:
-            raise CharlmError(f"cannot write to run directory {self.path}: {error.strerror}") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -165,11 +183,12 @@ class Run:
         atomic_write_text(self.provenance_file, json.dumps(provenance, indent=2, sort_keys=True) + "\n")
 
     def read_json(self, path: Path) -> dict:
-        """A JSON object from a file of the run; {} when it is missing, unreadable, not an object, or
-        not a regular file (a FIFO is never waited on)."""
+        """A JSON object from a file of the run; {} when it is missing, unreadable, not an object, not
+        a regular file (a FIFO is never waited on), or holding NaN or Infinity (no run writes them, and
+        `charlm runs --json` would pass them on to readers that refuse them)."""
         try:
-            value = json.loads(read_bytes(path, "run file").decode("utf-8"))
-        except (CharlmError, ValueError):
+            value = json.loads(read_bytes(path, "run file").decode("utf-8"), parse_constant=_not_json)
+        except (CharlmError, ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
             return {}
         return value if isinstance(value, dict) else {}
 
@@ -183,6 +202,8 @@ class Run:
             config = json.loads(read_bytes(self.config_file, "run settings file").decode("utf-8"))
         except ValueError as error:
             raise CharlmError(f"{self.config_file} is not valid JSON ({error})") from None
+        except RecursionError:
+            raise CharlmError(f"{self.config_file} is not valid JSON (its values are nested too deeply)") from None
         if not isinstance(config, dict):
             raise CharlmError(f"{self.config_file} must hold a JSON object, not {_json_kind(config)}")
         for section, fields in CONFIG_FIELDS.items():
@@ -190,9 +211,10 @@ class Run:
             if not isinstance(values, dict):
                 raise CharlmError(f"{self.config_file}: {section} must be an object, not {_json_kind(values)}")
             for name, kind in fields.items():
-                if values.get(name) is not None and not is_of_kind(values[name], kind):
-                    raise CharlmError(f"{self.config_file}: {section}.{name} must be {KIND_WORDS[kind]}, "
-                                      f"not {json.dumps(values[name])[:60]}")
+                value = values.get(name)
+                if value is not None and (not is_of_kind(value, kind) or (isinstance(value, float) and not math.isfinite(value))):
+                    raise CharlmError(f"{self.config_file}: {section}.{name} must be {KIND_WORDS[kind]}"
+                                      f"{' (finite)' if kind is float else ''}, not {json.dumps(value)[:60]}")
         return config
 
     # --- what happens during a run ---------------------------------------------------------------
@@ -331,6 +353,11 @@ def default_run_dir(corpus: str, cell: str) -> Path:
     return Path("runs") / f"{safe_corpus}-{safe_cell}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def _not_json(constant: str):
+    """``json.loads``'s ``parse_constant``: NaN, Infinity and -Infinity are not JSON."""
+    raise ValueError(f"{constant} is not JSON")
+
+
 def _json_kind(value) -> str:
     return {list: "a list", str: "a string", bool: "true or false", type(None): "null"}.get(type(value), "a number")
 
@@ -348,6 +375,8 @@ def _alive(pid) -> bool:
 
 
 def _ends_without_newline(path: Path) -> bool:
+    if not path.is_file():  # missing, or a FIFO that opening would wait on (appending to it is refused)
+        return False
     try:
         with path.open("rb") as handle:
             handle.seek(0, os.SEEK_END)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import typing
 from pathlib import Path
@@ -179,7 +180,8 @@ def record_from_dict(row: dict) -> Record:
 
 def record_type_problem(row: dict) -> str | None:
     """What is wrong with the types of a record's JSON object (its event not a string, a field of
-    its event not of the field's type), or None. Unknown events and fields are not checked."""
+    its event not of the field's type, a time or a duration that is NaN or infinite), or None.
+    Unknown events and fields are not checked."""
     event = row.get("event")
     if not isinstance(event, str):
         return f"a record's event must be a string, not {_shown(event)}"
@@ -187,6 +189,8 @@ def record_type_problem(row: dict) -> str | None:
         value = row.get(name)
         if value is not None and not is_of_kind(value, kind):
             return f"the {event} record's {name} must be {KIND_WORDS[kind]}, not {_shown(value)}"
+        if (name == "time" or name.endswith("seconds")) and isinstance(value, float) and not math.isfinite(value):
+            return f"the {event} record's {name} must be a finite number, not {_shown(value)}"  # a loss may be NaN, a time not
     return None
 
 
@@ -289,7 +293,7 @@ class RunHistory:
         for number, line in enumerate(text.splitlines(), start=1):
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
                 continue
             if isinstance(row, dict):
                 problem = record_type_problem(row)

@@ -113,9 +113,14 @@ def prune(run, keep: int | None = None, dry_run: bool = False) -> Pruning:
     model; ``keep``: the epoch checkpoints to keep (default: the run's ``--keep-checkpoints``).
     The run's lock is held meanwhile, so no training starts; one that a training holds is skipped."""
     from charlm.errors import CharlmError
+    from charlm.files import WriteError
 
     try:
         run.acquire(claim=False)
+    except WriteError:  # its lock cannot even be opened (a read-only file system): said as it is, not as "in use"
+        if dry_run:  # which changes nothing: said all the same
+            return _prune(run, keep, dry_run)
+        raise
     except CharlmError:
         return Pruning(run.path, in_use=run.holder() or "another process")
     try:

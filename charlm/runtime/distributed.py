@@ -152,6 +152,9 @@ def world_from_environment(device: torch.device, timeout_minutes: float = DIST_T
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     except ValueError:
         raise CharlmError("RANK, WORLD_SIZE and LOCAL_RANK must be integers (they are set by torchrun)") from None
+    if size < 1 or not 0 <= rank < size or local_rank < 0:
+        raise CharlmError(f"RANK {rank}, WORLD_SIZE {size} and LOCAL_RANK {local_rank} name no process: RANK must be "
+                          "from 0 to WORLD_SIZE - 1 and LOCAL_RANK 0 or more (they are set by torchrun)")
     if size == 1:
         return World()
     if not dist.is_available():
@@ -161,7 +164,12 @@ def world_from_environment(device: torch.device, timeout_minutes: float = DIST_T
         if device.type == "cuda":
             torch.cuda.set_device(local_rank)
         timeout = datetime.timedelta(minutes=timeout_minutes)
-        store, _, _ = next(dist.rendezvous("env://", rank, size, timeout=STORE_TIMEOUT))
+        try:
+            store, _, _ = next(dist.rendezvous("env://", rank, size, timeout=STORE_TIMEOUT))
+        except (ValueError, RuntimeError) as error:  # MASTER_ADDR unset, its port taken: torch's DistError is a RuntimeError
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise CharlmError(f"process {rank} of {size} cannot reach the others (MASTER_ADDR, MASTER_PORT: set by "
+                              f"torchrun): {first}") from None
         # torchrun --max-restarts keeps its store across restarts: the processes of a new attempt
         # would read the addresses the failed attempt's processes left in it, and wait on the dead
         # ones. Each attempt's keys get a prefix of their own.

@@ -24,6 +24,7 @@ from charlm.api import Model
 from charlm.config import SampleConfig, ServeConfig
 from charlm.settings import validate
 from charlm.errors import CharlmError, ConfigError
+from charlm.inference.beam import check_beam_settings
 from charlm.logs import get_logger
 from charlm.serve.analysis import activations, score_text
 from charlm.serve.limits import Busy, Gate, Guard
@@ -137,7 +138,8 @@ def _add_routes(app: FastAPI, models: dict[str, Model], config: ServeConfig, gat
         _within("the prompt", len(body.prompt or ""), config.max_prompt, "--max-prompt", 413)
         _within("length", body.length, config.max_length, "--max-length")
         _within("num_samples", body.num_samples, config.max_samples, "--max-samples")
-        validate(SampleConfig(num_samples=body.num_samples))
+        _within("beam", body.beam, config.max_beam, "--max-beam")
+        _check_sample_settings(body)
         base_seed = body.seed
         if base_seed is None and not body.beam:
             base_seed = random.SystemRandom().randrange(2**31)
@@ -184,6 +186,15 @@ class GatedStream(StreamingResponse):
             self.gate.leave()
 
 
+def _check_sample_settings(body: SampleRequest) -> None:
+    """The request's settings together, by the checks `charlm sample` makes (``Model.stream`` sees
+    one sample's: not ``num_samples``, which beam search refuses beyond 1)."""
+    settings = SampleConfig(length=body.length, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                            seed=body.seed, num_samples=body.num_samples, beam=body.beam, stop=list(body.stop))
+    validate(settings)
+    check_beam_settings(settings)
+
+
 def _seed(base_seed: int | None, index: int) -> int | None:
     return None if base_seed is None else base_seed + index
 
@@ -204,8 +215,10 @@ def _draw_all(model: Model, body: SampleRequest, base_seed, prompt: str, first) 
     return samples
 
 
-def _take(generation, seconds: float = STREAM_BATCH_S) -> str | None:
-    """What the generation draws in about ``seconds`` (None: it has ended)."""
+def _take(generation, seconds: float | None = None) -> str | None:
+    """What the generation draws in about ``seconds`` (default: ``STREAM_BATCH_S`` as it is now; None: it has
+    ended)."""
+    seconds = STREAM_BATCH_S if seconds is None else seconds
     taken, started = [], time.perf_counter()
     for piece in generation:
         taken.append(piece)

@@ -26,7 +26,8 @@ class SampleRequest(Request):
     seed: int | None = Field(None, ge=-2**62, le=2**62, description="Sample i uses seed + i, as `charlm sample --seed` (default: drawn, "
                                                "and returned).")
     num_samples: int = Field(_SAMPLE.num_samples, description="How many samples.")
-    stop: list[str] = Field([], description="End a sample once its text holds one of these strings.")
+    stop: list[str] = Field([], max_length=16, description="End a sample once its text holds one of these strings "
+                                                          "(at most 16: each is looked for after every symbol).")
     beam: int = Field(_SAMPLE.beam, description="Beam width (0: draw at random).")
     stream: bool = Field(False, description="Send the text as it is drawn, as server-sent events.")
 

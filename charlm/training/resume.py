@@ -146,21 +146,53 @@ def resumed_config(run: Run, checkpoint: Checkpoint | None, changes: dict) -> Tr
     if checkpoint is not None:
         settings = checkpoint.train_config
     else:
-        recorded = run.read_json(run.config_file).get("train")
+        recorded = run.read_config().get("train")  # its types checked: a damaged config.json names itself
         if not recorded:
             raise CharlmError(f"run directory {run.path} holds no checkpoint and no readable config.json to resume")
-        settings = TrainConfig.from_dict(recorded)
+        try:  # the run's own settings, judged as the file's (not as flags the user gave) before anything is said
+            settings = TrainConfig.from_dict(recorded)
+            settings.validate()
+        except ConfigError as error:
+            raise CharlmError(f"{run.config_file} holds a setting out of its bounds: {error.field} {error.reason}") from None
+        except CharlmError as error:
+            raise CharlmError(f"{run.config_file} holds settings this charlm cannot read ({error})") from None
         get_logger().warning(f"warning: {run.path} holds no checkpoint (the run stopped before its first save): "
                              "starting it again from the beginning")
     return dataclasses.replace(settings, **{"run_dir": str(run.path), "max_minutes": None, **changes})
 
 
 def read_progress(checkpoint: Checkpoint) -> Progress:
-    """The checkpoint's progress, each value of its field's type."""
+    """The checkpoint's progress, each value of its field's type and within its range (``progress_problem``)."""
     try:
-        return from_dict(Progress, checkpoint.training.progress)
+        progress = from_dict(Progress, checkpoint.training.progress)
     except CharlmError as error:
         raise CharlmError(f"{checkpoint.path}: its training progress is damaged ({error})") from None
+    problem = progress_problem(progress)
+    if problem:
+        raise CharlmError(f"{checkpoint.path}: its training progress is damaged ({problem})")
+    return progress
+
+
+def progress_problem(progress: Progress) -> str | None:
+    """What in ``progress`` no training could have reached, or None: a count below zero or beyond 64
+    bits, a number of seconds, nats or bpc that is NaN, infinite or negative (but the best valid bpc,
+    infinite before the first evaluation), times and gradient sums that are not such numbers."""
+    for field in dataclasses.fields(Progress):
+        value = getattr(progress, field.name)
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < 2**63:
+            return f"{field.name} must be a count, not {value}"
+        if isinstance(value, float) and not (0 <= value < math.inf or (field.name == "best_valid_bpc" and value == math.inf)):
+            return f"{field.name} must be a finite number, zero or more, not {value}"
+        if isinstance(value, dict) and not all(isinstance(key, str) and _is_amount(number) for key, number in value.items()):
+            return f"{field.name} must map names to finite numbers, zero or more"
+    return None
+
+
+def _is_amount(value) -> bool:
+    """A finite number, zero or more, that a float holds (an integer of 10**400 is not one)."""
+    if isinstance(value, float):
+        return 0 <= value < math.inf
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 def restore(checkpoint: Checkpoint, config: TrainConfig, model, optimizer, scheduler, world: World,

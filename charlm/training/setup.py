@@ -16,7 +16,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from charlm.cells import CELLS
 from charlm.checkpoint import Checkpoint
-from charlm.checkpoint_checks import compare_weights
+from charlm.checkpoint_checks import (check_carried_state, check_optimizer_state, check_random_state,
+                                      check_schedule_state, compare_weights)
 from charlm.config import TrainConfig
 from charlm.corpora.streams import TokenStreams, check_streams_fit
 from charlm.errors import CharlmError, ConfigError
@@ -153,6 +154,32 @@ def optimizer_and_schedule(model: LanguageModel, config: TrainConfig, windows_pe
     return optimizer, Schedule(optimizer, config.schedule, lr=config.lr, lr_decay=config.lr_decay, min_lr=config.min_lr,
                                plateau_factor=config.plateau_factor, warmup_steps=config.warmup_steps,
                                total_steps=config.epochs * updates_per_epoch(windows_per_epoch, config.accumulate))
+
+
+def check_training_state(training, model, config, path) -> None:
+    """The training state of a checkpoint a run resumes from (``charlm.checkpoint_checks`` has
+    checked its weights against ``model``, the meta-device shape it returned): what resuming puts back, against what the run's own optimizer and schedule are (built from
+    its settings over ``model``, on the meta device): the optimizer's and the schedule's states, the
+    carried state and the random-number generators' states."""
+    optimizer, schedule = optimizer_and_schedule(model, config)  # over meta parameters: nothing allocated
+    if training.optimizer is not None:
+        check_optimizer_state(training.optimizer, list(model.parameters()), path,
+                              optimizer.state_dict()["param_groups"], _state_of_one_step(config), config.optimizer)
+    if training.scheduler is not None:
+        check_schedule_state(training.scheduler, schedule.scheduler, path)
+    if training.hidden is not None:
+        check_carried_state(training.hidden, model.initial_state(config.batch_size, device="meta"), path,
+                            next(model.parameters()).dtype)
+    check_random_state(training.rng, path)
+
+
+def _state_of_one_step(config) -> dict:
+    """The state the run's optimizer keeps per parameter, as one step over a one-element parameter makes it."""
+    weight = torch.zeros(1, requires_grad=True)
+    optimizer = build_optimizer([weight], config)
+    weight.grad = torch.zeros(1)
+    optimizer.step()
+    return dict(optimizer.state[weight])
 
 
 def updates_per_epoch(windows: int, accumulate: int) -> int:

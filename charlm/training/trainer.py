@@ -33,6 +33,7 @@ from charlm.checkpoint_checks import check_against_model
 from charlm.config import TrainConfig
 from charlm.corpora import load_corpus
 from charlm.errors import CharlmError
+from charlm.files import path_value
 from charlm.inference.scoring import LN2, characters_per_token
 from charlm.model import LanguageModel, count_parameters
 from charlm.runs import provenance
@@ -46,7 +47,7 @@ from charlm.training.control import (Interrupted, LossNotFinite, OutOfTime, OutO
 from charlm.training.evaluation import Scorer
 from charlm.training.resume import (Progress, check_resumable, check_same_run, last_good_checkpoint, read_progress, restore,
                                     restore_best, resumed_config, seed_this_process, training_checkpoint)
-from charlm.training.setup import (cell_class_for, check_streams, check_model_fits, forward_pass,
+from charlm.training.setup import (cell_class_for, check_training_state, check_streams, check_model_fits, forward_pass,
                                    gradient_sync_pause, load_initial_weights, model_config_for, optimizer_and_schedule,
                                    placement, training_streams)
 from charlm.training.step import TrainingStep, gradients_for, update_groups
@@ -65,6 +66,8 @@ class Trainer:
         """``_resume_from`` (used by ``resume``): the locked run and its checkpoint, or None for a run
         that was stopped before its first checkpoint and starts again."""
         self.last_valid_bpc = None  # the last validation score of this session, for the progress bar
+        if not isinstance(config, TrainConfig):
+            raise CharlmError(f"config must be a charlm.TrainConfig, not {type(config).__name__}")
         config.validate()
         if config.tensorboard:
             from charlm.runs.tensorboard import check_available
@@ -78,8 +81,10 @@ class Trainer:
         resumed_run, checkpoint = _resume_from or (None, None)
         cell_class = cell_class_for(config, resumed_run, checkpoint, cells, trust_code)
         if checkpoint is not None:  # weights, optimizer and carried state against the model's shapes, on the meta device
-            check_against_model(checkpoint, cell_class)
-            read_progress(checkpoint)
+            shape = check_against_model(checkpoint, cell_class)
+            if checkpoint.training is not None:
+                check_training_state(checkpoint.training, shape, checkpoint.train_config, checkpoint.path)
+            _check_tokens_left(read_progress(checkpoint), config)  # before anything is built or written
         self.device, self.world = placement(config)
         scaler = grad_scaler(config.precision, self.device)
         self.corpus = load_corpus(config.corpus, config.data_dir)
@@ -131,6 +136,7 @@ class Trainer:
         set only the settings that do not define the run (``RESUMABLE_SETTINGS``: epochs,
         max_minutes, device, ...)."""
         check_resumable(changes)
+        run_dir = path_value(run_dir, "run_dir")
         run = Run.resume(run_dir) if environment_rank() == 0 else FollowerRun(run_dir)
         try:
             checkpoint = last_good_checkpoint(run)
@@ -159,10 +165,11 @@ class Trainer:
     def fit(self) -> dict:
         """Train until ``epochs``, early stopping or ``max_minutes``; returns the summary."""
         config, progress, run = self.config, self.progress, self.run
-        if self._tokens_used_up():
+        try:
+            _check_tokens_left(progress, config)
+        except CharlmError:
             run.release()
-            raise CharlmError(f"the run has already trained on {progress.tokens_seen:,} tokens, its --max-tokens budget of "
-                              f"{config.max_tokens:,}: give a larger --max-tokens to go on")
+            raise
         with owning(run, self.world):
             if progress.finished and (progress.epoch >= config.epochs or progress.epochs_without_improvement >= config.patience):
                 return self._complete()
@@ -383,3 +390,10 @@ class Trainer:
             return self.summary()
         run.log(f"run {run.path} is already complete ({self.progress.epoch} epoch{'s' if self.progress.epoch != 1 else ''}); pass a larger --epochs to go on")
         return self.summary()
+
+
+def _check_tokens_left(progress: Progress, config: TrainConfig) -> None:
+    """Refuse to go on with a run that has trained on its whole ``--max-tokens`` budget already."""
+    if config.max_tokens is not None and progress.tokens_seen >= config.max_tokens:
+        raise CharlmError(f"the run has already trained on {progress.tokens_seen:,} tokens, its --max-tokens budget of "
+                          f"{config.max_tokens:,}: give a larger --max-tokens to go on")

@@ -100,6 +100,8 @@ CASES = [
     Case("config file that is a directory", "train --config FILES/empty-dir"),
     Case("config file naming a module", "train --config FILES/module-cell.json"),
     Case("config file that is a FIFO", "train --config FILES/fifo"),
+    Case("config file with an integer too large for a number", "train --config FILES/huge-number.json"),
+    Case("config file with a NUL in a path", "train --config FILES/nul-path.json"),
     Case("run directory already used", "train --run-dir RUN"),
     Case("resume a missing directory", "train --resume FILES/absent"),
     Case("resume a directory that is no run", "train --resume FILES/empty-dir"),
@@ -136,6 +138,7 @@ CASES = [
     Case("prime file that is a FIFO", "sample RUN --prime-file FILES/fifo"),
     Case("beam search with a temperature", "sample RUN --beam 4 --temperature 0.8"),
     Case("beam search with several samples", "sample RUN --beam 4 --num-samples 2"),
+    Case("beam search no machine holds", "sample RUN --beam 9223372036854775807", cpu_only=True),
     Case("length penalty without a beam", "sample RUN --length-penalty 0.7"),
     Case("empty stop string", "sample RUN --stop ''"),
     Case("infinite temperature", "sample RUN --temperature inf"),
@@ -184,6 +187,9 @@ CASES = [
     Case("task network no machine holds", "task parity --hidden-size 1000000"),
     Case("task batch no machine holds", "task parity --batch-size 100000000"),
     Case("demo with no time", "demo --minutes 0"),
+    Case("benchmark no cell", "bench --cells ''"),
+    Case("check no precision", "check --cells rnn --precision ''"),
+    Case("an empty path", "report RUN --out ''"),
 ]
 
 BAD_PLAN_FILES = {  # the plans of the sweep cases (the full table: tests/experiments/test_plan_reader.py)
@@ -216,6 +222,8 @@ def places(trained_run, tiny_corpus, tmp_path_factory) -> dict[str, Path]:
     (files / "unknown-key.json").write_text('{"hidden_size": 64}', encoding="utf-8")
     (files / "wrong-type.json").write_text('{"epochs": "many"}', encoding="utf-8")
     (files / "module-cell.json").write_text('{"cell": "evilmod:Nope"}', encoding="utf-8")
+    (files / "huge-number.json").write_text('{"lr": 1' + "0" * 400 + '}', encoding="utf-8")
+    (files / "nul-path.json").write_text('{"init_from": "runs/a\\u0000b"}', encoding="utf-8")
     (files / "latin-1.txt").write_bytes("café".encode("latin-1"))
     (files / "chinese.txt").write_text("中文", encoding="utf-8")
     (files / "short.txt").write_text("the cat", encoding="utf-8")

@@ -137,3 +137,28 @@ def test_unreachable_host_says_how_to_pass_a_local_copy(tmp_path):
 def test_policy_from_environment():
     policy = DownloadPolicy.from_environment({"CHARLM_DOWNLOAD_ATTEMPTS": "2", "CHARLM_DOWNLOAD_BACKOFF": "0.5"})
     assert policy.attempts == 2 and policy.backoff == 0.5 and policy.timeout == DownloadPolicy().timeout
+
+
+@pytest.mark.parametrize("name, value", [
+    *[("CHARLM_DOWNLOAD_ATTEMPTS", value) for value in ("0", "-1", "101", "1e3", "nan", "", "many", str(2**64))],
+    *[("CHARLM_DOWNLOAD_BACKOFF", value) for value in ("-1", "nan", "inf", "1e308", "3601", "")],
+    *[("CHARLM_DOWNLOAD_TIMEOUT", value) for value in ("0", "-1", "nan", "inf", "1e308", "86401", "")],
+])
+def test_policy_from_environment_is_bounded(name, value):
+    """Each is a number of its kind within bounds (time.sleep and socket timeouts refuse NaN, negative
+    and huge values with a traceback), refused in one line naming the variable; 0 attempts is no longer 1."""
+    with pytest.raises(CharlmError) as error:
+        DownloadPolicy.from_environment({name: value})
+    assert str(error.value).startswith(f"{name} must be ") and str(error.value).endswith(f"not {value!r}")
+
+
+def test_the_wait_between_attempts_doubles_up_to_an_hour(monkeypatch, tmp_path):
+    import charlm.corpora.download as download
+
+    waits = []
+    monkeypatch.setattr(download.time, "sleep", waits.append)
+    remote = RemoteFile(f"http://127.0.0.1:{closed_port()}/text8.zip", "text8.zip")
+    with pytest.raises(CharlmError):
+        fetch(remote, tmp_path, policy=DownloadPolicy(attempts=100, backoff=3600.0, timeout=2.0), progress=False,
+              log=lambda message: None)
+    assert waits[:2] == [3600.0, 3600.0] and len(waits) == 99 and max(waits) == 3600.0

@@ -97,6 +97,13 @@ DAMAGED_CORPORA = {  # what is done to the corpus → the file named, and what i
     "vocab with duplicates": (lambda d: edit_meta(d, duplicated_vocab), "meta", "has a tokenizer whose vocabulary holds '\\n' twice"),
     "tokenizer of an unknown kind": (lambda d: edit_meta(d, lambda m: m["tokenizer"].update(kind="morse")), "meta",
                                      "names the tokenizer kind 'morse', not one of char, byte, word, subword"),
+    "tokenizer kind a list": (lambda d: edit_meta(d, lambda m: m["tokenizer"].update(kind=["char"])), "meta",
+                              "names the tokenizer kind ['char'], not one of char, byte, word, subword"),
+    "a symbol no output can print": (
+        lambda d: edit_meta(d, lambda m: [v.__setitem__(0, "\ud800") for v in (m["vocab"], m["tokenizer"]["vocab"])]),
+        "meta", "has a tokenizer whose vocabulary holds '\\ud800', which is not Unicode text (a lone surrogate)"),
+    "meta.json nested too deeply": (lambda d: (d / "fox/meta.json").write_text("[" * 100_000 + "]" * 100_000), "meta",
+                                    "is not JSON (maximum recursion depth exceeded"),
     "multi-character entry in a character vocab": (
         lambda d: edit_meta(d, lambda m: [v.__setitem__(0, "\n\n") for v in (m["vocab"], m["tokenizer"]["vocab"])]),
         "meta", "has a tokenizer whose char vocabulary holds '\\n\\n', not one character"),
@@ -114,6 +121,9 @@ DAMAGED_CORPORA = {  # what is done to the corpus → the file named, and what i
                                          "holds 100 token ids, but meta.json records 12,150 for the train split"),
     ".npy not an array": (lambda d: (d / "fox/train.npy").write_bytes(b"not numpy at all" * 10), "train",
                           "is not a readable .npy array (the magic string is not correct"),
+    ".npy whose header is cut short": (lambda d: (d / "fox/train.npy").write_bytes(
+        b"\x93NUMPY\x01\x00\x40\x00" + b"{'descr': '|u1', 'shape': (12150,".ljust(63) + b"\n" + bytes(12150)), "train",
+        "is not a readable .npy array"),
     ".npy a FIFO": (lambda d: ((d / "fox/train.npy").unlink(), os.mkfifo(d / "fox/train.npy")), "train",
                     "is a FIFO, not a regular file"),
     # a split's ids and checksum are checked when it is first used: the valid split before any model is built

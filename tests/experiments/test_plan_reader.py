@@ -81,6 +81,12 @@ BAD_PLANS = [  # (what, the plan's text, the message after "plan FILE: ")
      "give each axis distinct values"),
     ("a repeated value", '[axes]\ncell = ["gru", "gru"]\n',
      'two runs would share the directory cell-gru ({"cell": "gru"} and {"cell": "gru"}): give each axis distinct values'),
+    ("an integer of 20,000 bits", "[base]\nhidden = 0x" + "f" * 5000 + "\n" + GOOD_AXES,
+     "base.hidden is a number of 20,000 bits, more than any setting takes"),
+    ("a grid too large to enumerate", "[axes]\n" + "".join(f"{axis} = [{', '.join(map(str, range(1, 30)))}]\n" for axis in (
+        "seed", "hidden", "bptt", "batch_size", "epochs", "patience", "log_every", "eval_batch_size", "accumulate")),
+     "its axes make 14,507,145,975,869 runs (29 x 29 x 29 x 29 x 29 x 29 x 29 x 29 x 29), more than the 10,000 a sweep "
+     "runs: split it into several plans"),
     ("name climbing", 'name = "../elsewhere"\n' + GOOD_AXES,
      "its name '../elsewhere' is not a plain name (letters, digits, '.', '_' and '-', starting with a letter or a "
      "digit, at most 200 characters)"),

@@ -199,6 +199,10 @@ def test_list_shows_every_shipped_plan_with_its_description():
     ('[axes]\nlr = [0.001, -1.0]\n', "axes.lr[1] must be positive, not -1.0 (run lr--1.0)"),
     ('[axes]\ncell = ["mycells:Cell"]\n', "asks to import module 'mycells'"),
     ('[axes\n', "is not valid TOML"),
+    ("[base]\nhidden = " + "9" * 5000 + "\n", "is not valid TOML: Exceeds the limit (4300 digits)"),
+    ("[axes]\ncell = " + "[" * 50_000 + "]" * 50_000 + "\n", "is not valid TOML: its values are nested too deeply"),
+    ("", "has no axes: a plan names its runs with [axes] NAME = [values, ...]"),  # empty, or cut short before its axes
+    ('name = "cut"\n[base]\nhidden = 8\n', "has no axes"),
     ('[base]\nrun_dir = "x"\n', "base.run_dir: a plan cannot set 'run_dir'"),
     ('[[eval]]\nsplit = "train"\n', "eval[0].split must be valid or test"),
     ('base = 3\n', "base must be a table"),
@@ -227,6 +231,10 @@ def test_other_bad_sweep_input_is_one_line(plan_file, tiny_corpus, tmp_path):
     assert_one_line_error(cli(*sweep_args(plan_file, directory, tiny_corpus)), "holds runs of another plan (other")
     dry = cli(*sweep_args(plan_file, directory, tiny_corpus, "--dry-run"), check_code=0)
     assert "warning: sweep directory" in dry.stderr and "holds runs of another plan (other" in dry.stderr
+    for record in ("{}", '{"plan": "other", "fingerprint": 7}', "[" * 100_000 + "]" * 100_000):  # no plan, damage
+        (directory / "sweep.json").write_text(record, encoding="utf-8")
+        assert_one_line_error(cli(*sweep_args(plan_file, directory, tiny_corpus)),
+                              f"{directory / 'sweep.json'} is damaged: remove it to start the sweep afresh")
 
 
 def test_a_point_that_cannot_run_is_reported_and_the_sweep_goes_on(tiny_corpus, tmp_path):

@@ -192,6 +192,21 @@ def test_settings_that_make_no_sense_are_refused(model, settings, message):
         model.stream("ab", 5, **settings)
 
 
+def test_a_beam_the_machine_cannot_hold_is_refused_before_the_search(model, monkeypatch):
+    """The live beams are counted (at most every continuation: a width beyond them costs nothing),
+    and a search that does not fit is refused when it is asked for (``stream`` searches later)."""
+    from charlm.runtime import memory
+    from charlm.runtime.memory import live_beams
+
+    monkeypatch.setattr(memory, "available_memory", lambda device: 2**30)  # 1 GiB free, whatever the machine
+    assert (live_beams(2**63, 4, 3), live_beams(10, 4, 3), live_beams(2**63, 1, 2**62)) == (64, 10, 1)
+    with pytest.raises(CharlmError, match=r"^beam search of width 9,223,372,036,854,775,807 over 100 symbols needs "
+                                          r"about .* \(9,223,372,036,854,775,807 live beams, .* but cpu has 1.0 GiB free: use a smaller "
+                                          r"--beam or --length$"):
+        model.stream("ab", 100, beam=2**63 - 1)
+    assert len(model.sample("ab", 3, beam=2**63 - 1)) == 5  # 64 continuations: exhaustive, and cheap
+
+
 # --- the command line --------------------------------------------------------------------------------
 
 LOG_PROB = re.compile(r"log probability (\S+) nats = (\S+) bits over (\d+) symbols \((\S+) bits per symbol\)")

@@ -138,6 +138,8 @@ def test_top_p_keeps_the_smallest_set_with_enough_mass():
     assert kept.tolist() == [True, False, False, False]
     kept = torch.isfinite(filter_logits(logits, top_k=3))
     assert kept.tolist() == [True, True, True, False]
+    for tiny in (1e-320, 5e-324):  # positive, so allowed, but 0 once compared in float32: the top symbol still stays
+        assert torch.isfinite(filter_logits(logits, top_p=tiny)).tolist() == [True, False, False, False]
 
 
 def test_unknown_entry_is_never_drawn():

@@ -3,6 +3,7 @@ versioned; files written before records carried a version read as version 1."""
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -91,9 +92,27 @@ def test_events_and_fields_of_a_newer_release_are_kept(tmp_path):
 
 
 def test_a_line_cut_short_and_a_line_that_is_no_object_are_skipped(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text('{"event": "start", "parameters": 3}\n[1, 2]\n{"event": "ep', encoding="utf-8")
+    nested = "[" * 100_000 + "]" * 100_000  # JSON, but nested deeper than Python's parser goes
+    (tmp_path / "metrics.jsonl").write_text('{"event": "start", "parameters": 3}\n[1, 2]\n' + nested + '\n{"event": "ep',
+                                            encoding="utf-8")
     history = Run(tmp_path).history()
     assert [record.event for record in history.records] == ["start"] and history.status == "interrupted"
+
+
+def test_a_time_that_is_nan_is_damage_and_a_loss_that_is_nan_is_a_record(tmp_path):
+    """A diverged run records its loss as NaN; no run records a duration as NaN or infinite (`charlm
+    runs` could not show it): that record is damage, a one-line error naming the file and the line."""
+    from charlm.errors import CharlmError
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"event": "start", "parameters": 3}\n{"event": "diverged", "epoch": 1, "step": 2, "loss": NaN}\n',
+                       encoding="utf-8")
+    assert math.isnan(Run(tmp_path).history().of("diverged")[0].loss)
+    with metrics.open("a", encoding="utf-8") as file:
+        file.write('{"event": "epoch", "epoch": 1, "valid_bpc": 2.0, "train_seconds": Infinity}\n')
+    with pytest.raises(CharlmError, match=f"{metrics} line 3: the epoch record's train_seconds must be a finite number, "
+                                          "not Infinity"):
+        Run(tmp_path).history()
 
 
 def test_the_writer_refuses_an_event_or_a_field_it_does_not_know_of(tmp_path):

@@ -66,6 +66,25 @@ def test_a_group_the_others_never_join_is_one_line_naming_the_option(fake_group)
         world_from_environment(torch.device("cpu"), timeout_minutes=1)
 
 
+@pytest.mark.parametrize("rank, size, local_rank", [("0", "0", "0"), ("0", "-1", "0"), ("2", "2", "0"), ("-1", "2", "0"),
+                                                    ("0", "2", "-1"), ("5", "1", "0")])
+def test_ranks_that_name_no_process_are_one_line(rank, size, local_rank, monkeypatch):
+    """A WORLD_SIZE of 0 or a RANK beyond it used to reach torch's rendezvous and end in a traceback."""
+    for name, value in (("RANK", rank), ("WORLD_SIZE", size), ("LOCAL_RANK", local_rank)):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(CharlmError, match=rf"^RANK {rank}, WORLD_SIZE {size} and LOCAL_RANK {local_rank} name no process"):
+        world_from_environment(torch.device("cpu"))
+
+
+def test_a_rendezvous_without_its_address_is_one_line(monkeypatch):
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    with pytest.raises(CharlmError, match=r"^process 0 of 2 cannot reach the others .*MASTER_ADDR"):
+        world_from_environment(torch.device("cpu"))
+
+
 def test_training_passes_its_setting_to_the_world(monkeypatch):
     from charlm.training import setup
 

@@ -68,6 +68,14 @@ def test_a_port_in_use_is_one_line_before_any_model_is_loaded(tmp_path, started)
     assert result.stderr.count("\n") == 1 and started == []
 
 
+@pytest.mark.parametrize("host", ["h" * 64, "h" * 64 + ".example", "x" * 5000])
+def test_a_host_no_resolver_takes_is_one_line(tmp_path, started, host):
+    """A label over 63 characters failed inside the IDNA codec with a traceback."""
+    result = cli("serve", tmp_path / "no-such-run", "--port", "0", "--host", host)
+    assert result.returncode == 2 and result.stderr.startswith("charlm: error: cannot listen on '")
+    assert "it is not a host name or an address" in result.stderr and result.stderr.count("\n") == 1 and started == []
+
+
 @pytest.mark.parametrize("flag, value, message", [
     ("--port", "70000", "--port must be in [0, 65535], not 70000"),
     ("--concurrency", "0", "--concurrency must be at least 1, not 0"),

@@ -232,6 +232,12 @@ def test_activations_refuse_a_layer_or_unit_the_model_lacks(client, body, status
     ("/v1/sample", '{"temperature": 1e999}', 400, "temperature must be finite, not inf"),
     ("/v1/sample", '{"prompt": ""}', 400, "the prime is empty: give at least one symbol"),
     ("/v1/sample", '{"stop": [""]}', 400, "stop must be a non-empty string, not ''"),
+    ("/v1/sample", '{"temperature": NaN}', 400, "temperature must be positive, not nan"),  # Python's json reads NaN
+    ("/v1/sample", '{"top_p": Infinity}', 400, "top_p must be finite, not inf"),
+    ("/v1/sample", '{"beam": 1, "num_samples": 2}', 400,
+     "num_samples must be 1 with beam search: it gives the one most probable continuation"),  # as charlm sample
+    ("/v1/sample", '{"beam": 17}', 400, "beam is 17: the limit is 16 (--max-beam)"),
+    ("/v1/sample", json.dumps({"stop": ["x"] * 17}), 400, "stop: list should have at most 16 items after validation, not 17"),
     ("/v1/activations", '{"text": "abc", "layer": -1}', 400, "layer must be in [0, 0] (the model has 1), not -1"),
     ("/v1/sample", json.dumps({"prompt": "a" * 2001}), 413, "the prompt is 2,001: the limit is 2,000 (--max-prompt)"),
     ("/v1/score", json.dumps({"text": "a" * 20_001}), 413, "the text is 20,001: the limit is 20,000 (--max-text)"),

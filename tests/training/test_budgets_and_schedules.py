@@ -121,9 +121,11 @@ def test_a_token_budget_stops_at_the_same_point_resumed_or_not(tiny_corpus, tmp_
     assert_same_weights(weights(tmp_path / "once"), weights(tmp_path / "twice"))
     ends = [records(run, "end")[-1] for run in (tmp_path / "once", tmp_path / "twice")]
     assert [end["tokens_seen"] for end in ends] == [6144, 6144] and {end["stopped_by"] for end in ends} == {"tokens"}
+    written = {path.name: path.stat().st_mtime_ns for path in (tmp_path / "twice").iterdir() if path.name != "lock"}
     result = cli("train", "--resume", str(tmp_path / "twice"), "--max-tokens", "6144")
     assert_one_line_error(result, "the run has already trained on 6,144 tokens, its --max-tokens budget of 6,144: "
                                   "give a larger --max-tokens to go on")
+    assert {path.name: path.stat().st_mtime_ns for path in (tmp_path / "twice").iterdir() if path.name != "lock"} == written
 
 
 def test_the_end_record_says_why_training_stopped(tiny_corpus, tmp_path):

@@ -189,7 +189,7 @@ def nominal_budget(run: Run) -> str | None:
     record = run.path.parent / "sweep.json"
     try:
         label = json.loads(record.read_text(encoding="utf-8")).get("budget") if record.is_file() else None
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: arrays nested thousands deep
         return None
     return label if isinstance(label, str) and label.strip() else None
 

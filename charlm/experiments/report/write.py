@@ -6,10 +6,14 @@ each ``write_*`` method writes one part, or adds a note to the index saying why 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from charlm.errors import CharlmError
@@ -20,7 +24,7 @@ from charlm.experiments.report.compare import (Group, RunRecord, Stat, best_of, 
 from charlm.experiments.report.markdown import display as _display
 from charlm.experiments.report.markdown import markdown_table as _markdown
 from charlm.experiments.report.tasks import is_task_run, read_task_runs, write_task_report
-from charlm.files import WriteError, atomic_write_text
+from charlm.files import WriteError, atomic_write_text, flush_directory, writing
 from charlm.runs.directory import find_runs
 
 DEFAULT_REFERENCE = "gru"
@@ -351,8 +355,9 @@ def build_report(directories: list[str | Path], out: str | Path | None = None, r
     task_runs = read_task_runs(directories)
     if task_runs and not any(not is_task_run(run) for directory in directories for run in find_runs(directory)):
         out = _report_directory(directories, out)
-        files, tables = write_task_report(out, task_runs, directories)
-        _remove_stale(out, files)
+        with _staged(out) as staging:
+            files, tables = write_task_report(staging, task_runs, directories)
+            _publish(staging, out, files)
         return Report(out, files, tables)
     skipped = []
     records = read_runs(directories, skipped)
@@ -360,11 +365,38 @@ def build_report(directories: list[str | Path], out: str | Path | None = None, r
     if reference is not None and reference not in cells:
         raise CharlmError(f"reference cell {reference} has no run here (cells: {', '.join(cells)})")
     out = _report_directory(directories, out)
-    writer = ReportWriter(out, records, reference or DEFAULT_REFERENCE, [str(directory) for directory in directories])
-    writer.notes.extend(f"Skipped the damaged run {name}: {reason}" for name, reason in skipped)
-    writer.write_all()
-    _remove_stale(out, writer.files)
+    with _staged(out) as staging:
+        writer = ReportWriter(staging, records, reference or DEFAULT_REFERENCE, [str(directory) for directory in directories])
+        writer.notes.extend(f"Skipped the damaged run {name}: {reason}" for name, reason in skipped)
+        writer.write_all()
+        _publish(staging, out, writer.files)
     return Report(out, writer.files, writer.tables)
+
+
+@contextlib.contextmanager
+def _staged(out: Path):
+    """A directory inside ``out`` that the new report is written into whole before any of its files
+    replaces the earlier report's: a write that fails (a full disk, a file-size limit) leaves that
+    report as it was, and is said naming the file of ``out`` meant, never the staging copy."""
+    with writing(out):
+        staging = Path(tempfile.mkdtemp(prefix=".report.", suffix=".partial", dir=out))
+    try:
+        yield staging
+    except WriteError as error:
+        if error.filename and Path(error.filename).parent == staging:
+            raise WriteError(out / Path(error.filename).name, error.strerror, error.errno) from None
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish(staging: Path, out: Path, files: list[str]) -> None:
+    """Move the files of the new report from ``staging`` into ``out`` (renames: no space needed), then
+    remove the files of an earlier report that this one did not write."""
+    for name in files:
+        os.replace(staging / name, out / name)
+    flush_directory(out)
+    _remove_stale(out, files)
 
 
 def _report_directory(directories, out) -> Path:
