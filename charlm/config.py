@@ -22,6 +22,7 @@ DEFAULT_HIDDEN = 256  # hidden size when neither a hidden size nor a parameter b
 MAX_LAYERS = 1024  # a model is built layer by layer (on the meta device too, to size it): 2**31 would never end
 MAX_WIDTH = 2**20  # --hidden, --embed-size: terabytes of weights already, and no weight's size overflows int64
 FLOAT32_MAX = 3.4028234663852886e38  # --weight-decay: torch's optimizers hold it as a float32
+MAX_LR = 1e37  # learning rates: torch's optimizers take them as float32, and Adam's first step divides by 1 - β₁ = 0.1
 DIST_TIMEOUT_MINUTES = 10.0  # --dist-timeout: how long a torchrun process waits for the others
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")  # --optimizer; built by charlm.training.optimizers
@@ -46,11 +47,11 @@ class TrainConfig:
     cell_options: dict = setting({}, "Options of the cell (--cell-opt key=value).", cli=False)
     batch_size: int = setting(32, "Parallel streams per step (the LRU paper's protocol: 250).", min=1)
     bptt: int = setting(50, "Truncated backpropagation window (steps).", min=1)
-    lr: float = setting(3e-3, "Initial learning rate (the LRU paper's protocol: 1e-3).", min=0, min_open=True)
+    lr: float = setting(3e-3, "Initial learning rate (the LRU paper's protocol: 1e-3).", min=0, min_open=True, limit=MAX_LR)
     lr_decay: float = setting(0.9, "Learning rate factor applied after every epoch (--schedule epoch-decay).", min=0, min_open=True)
     schedule: str = setting("epoch-decay", "Learning-rate schedule: epoch-decay (× --lr-decay every epoch; the LRU paper), plateau-halving (× --plateau-factor after an epoch whose validation loss did not improve, down to --min-lr; the Delta-RNN paper), constant, or warmup-cosine (linear warmup over --warmup-steps, then a cosine down to --min-lr).",
                             choices=("epoch-decay", "plateau-halving", "constant", "warmup-cosine"))
-    min_lr: float = setting(0.0, "Lower bound of plateau-halving; the final rate of warmup-cosine.", min=0)
+    min_lr: float = setting(0.0, "Lower bound of plateau-halving; the final rate of warmup-cosine.", min=0, limit=MAX_LR)
     plateau_factor: float = setting(0.5, "plateau-halving: the rate's factor after an epoch without improvement.", min=0, max=1, min_open=True, max_open=True)
     warmup_steps: int = setting(0, "warmup-cosine: steps of linear warmup.", min=0)
     epochs: int = setting(20, "Maximum number of epochs (with --resume: the new total).", min=1)

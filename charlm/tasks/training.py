@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from charlm.runtime.seeds import torch_seed
-from charlm.config import MAX_LAYERS, MAX_WIDTH
+from charlm.config import MAX_LAYERS, MAX_LR, MAX_WIDTH
 from charlm.settings import from_dict, setting, validate
 from charlm.errors import CharlmError
 from charlm.files import atomic_write
@@ -40,9 +40,6 @@ THRESHOLDS = (0.5, 0.8, 0.99, 1.0)  # held-out per-symbol accuracy: exceeded (or
 OPTIMIZERS = ("adam", "adagrad", "sgd")
 EVAL_STREAM = 1_000_003  # the held-out samples' seed is the run's seed plus this
 CHECKPOINT_FORMAT = "charlm-task-1"
-# torch's optimizers take the rate as a float32, and Adam's first step divides it by 1 - β₁ = 0.1: a rate
-# beyond about 3.4e37 stops the first step with a traceback (1e308 with adagrad or sgd at once).
-MAX_LR = 1e37
 
 
 def paper_default(name: str) -> str:

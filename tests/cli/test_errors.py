@@ -53,6 +53,7 @@ CASES = [
     Case("zero learning rate", "train --lr 0"),
     Case("learning rate not a number", "train --lr fast"),
     Case("infinite learning rate", "train --lr inf"),
+    Case("learning rate beyond float32", "train --optimizer sgd --lr 1e38"),
     Case("zero learning-rate decay", "train --lr-decay 0"),
     Case("more evaluation streams than the split has symbols", "train --eval-batch-size 100000"),
     Case("more training streams than the training tokens used", "train --train-fraction 0.01 --batch-size 1000"),
