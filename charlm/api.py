@@ -302,6 +302,8 @@ class Model:
         if progress is not None and not (callable(progress) if dynamic is None else hasattr(progress, "stage")):
             wanted = "a callable, progress(tokens)" if dynamic is None else "an object with stage(label, total)"
             raise CharlmError(f"progress must be {wanted}, not {progress!r}")
+        if record:
+            self._check_record_target()
         corpus = self.corpus(data_dir)
         if dynamic is None:
             config = EvalConfig(split="test", batch_size=_EVAL.batch_size if batch_size is None else batch_size, bptt=bptt)
@@ -331,6 +333,14 @@ class Model:
             fast_path = None if report.static.fast_path is None else report.static.fast_path.fields()
             self._record(**report.record_fields(), fast_path=fast_path)
         return report
+
+    def _check_record_target(self) -> None:
+        """Refuse, before any scoring, a run whose metrics.jsonl (where ``_record`` appends) is not a
+        regular file: found only after the scoring otherwise."""
+        from charlm.files import check_appendable
+
+        if self.checkpoint.path is not None:
+            check_appendable(self.checkpoint.path.parent / "metrics.jsonl")
 
     def _record(self, **fields) -> None:
         from charlm.runs.directory import Run

@@ -154,14 +154,20 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
         raise
 
 
+def check_appendable(path: str | Path) -> None:
+    """Refuse ``path`` for ``append_text`` when it is there and is not a regular file (a FIFO would be
+    waited on for ever, a device written to); callers that work first check it before they start."""
+    kind = not_a_directory(path)
+    if kind is not None and kind != "a regular file":
+        raise CharlmError(f"cannot write {path}: it is {kind}, not a regular file")
+
+
 def append_text(path: str | Path, text: str) -> None:
     """Append ``text`` (UTF-8) to ``path``, made if absent; a failed write cuts the file back to
     its length before, so no half line is left, and raises ``WriteError``. A FIFO or a device at
     ``path`` is refused (a ``CharlmError``), never waited on or written to."""
     path, data = Path(path), text.encode("utf-8")
-    kind = not_a_directory(path)
-    if kind is not None and kind != "a regular file":  # a FIFO would be waited on for ever, a device written to
-        raise CharlmError(f"cannot write {path}: it is {kind}, not a regular file")
+    check_appendable(path)
     with writing(path):  # non-blocking: a FIFO made since fails at once (ENXIO), never waits for a reader
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
         try:
