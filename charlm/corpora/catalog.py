@@ -1,5 +1,6 @@
 """Finding corpora: the recipes by name, and the prepared corpora in a data root."""
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ def load_corpus(name: str, data_dir: str | Path | None = None) -> PreparedCorpus
     if not is_plain_name(name):  # a name from a checkpoint, a config file or a plan: never a path
         raise CharlmError(f"{name!r} is not a corpus name (letters, digits, '.', '_' or '-', not starting with one)")
     root = data_root(data_dir)
-    if (root / name / META).exists():
+    if os.path.lexists(root / name / META):  # a link to nowhere is a damaged corpus, not a missing one
         return open_prepared(root / name)
     raise CharlmError(f"corpus {name!r} is not prepared in {root}/: {_how_to_prepare(name)}")
 

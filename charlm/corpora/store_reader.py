@@ -244,7 +244,8 @@ def _open_regular(path: Path, directory: Path, meta):
     try:
         descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
-        _fail(path, directory, meta, "is missing")
+        _fail(path, directory, meta, f"is a link to {os.readlink(path)}, which does not exist" if os.path.islink(path)
+              else "is missing")
     except OSError as error:  # a directory (EISDIR), no permission, a loop of links
         _fail(path, directory, meta, f"cannot be read ({error.strerror or error})")
     mode = os.fstat(descriptor).st_mode

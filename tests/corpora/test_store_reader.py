@@ -84,6 +84,10 @@ def with_id(data, which, position, value):
 FILE = {"meta": "fox/meta.json", "train": "fox/train.npy", "valid": "fox/valid.npy"}
 DAMAGED_CORPORA = {  # what is done to the corpus → the file named, and what is said of it
     "meta.json a list": (lambda d: (d / "fox/meta.json").write_text("[1, 2]"), "meta", "holds a list, not an object"),
+    "meta.json a link to nowhere": (lambda d: ((d / "fox/meta.json").unlink(), (d / "fox/meta.json").symlink_to(d / "gone")),
+                                    "meta", "is a link to "),
+    "meta.json a link to itself": (lambda d: ((d / "fox/meta.json").unlink(), (d / "fox/meta.json").symlink_to("meta.json")),
+                                   "meta", "cannot be read (Too many levels of symbolic links)"),
     "meta.json not JSON": (lambda d: (d / "fox/meta.json").write_text('{"name": '), "meta", "is not JSON (Expecting"),
     "meta.json without its tokenizer": (lambda d: edit_meta(d, without("tokenizer")), "meta", "has no 'tokenizer'"),
     "meta.json of another format": (lambda d: edit_meta(d, lambda m: m.update(format_version=99)), "meta",
