@@ -24,7 +24,7 @@ from charlm.errors import CharlmError
 from charlm.files import WriteError, append_text, atomic_write_text, read_bytes
 from charlm.logs import get_logger
 from charlm.experiments.plan import EvalStep, Plan, Point, task_config
-from charlm.experiments.sweep_checks import check_on_corpora, damage
+from charlm.experiments.sweep_checks import check_devices, check_on_corpora, damage
 from charlm.runs.directory import Run
 
 
@@ -162,6 +162,7 @@ class Sweep:
 
         self._prepare_embedded(points)
         self.check(points)  # before the sweep directory is made: a bad value is one line, nothing written
+        check_devices(self, points)
         self.bind()
         log = self._logging_to_file(log or get_logger().info)
         outcomes, started, trained_seconds, trained = [], time.monotonic(), 0.0, 0

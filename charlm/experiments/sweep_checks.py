@@ -63,6 +63,24 @@ def check_on_corpora(sweep, points) -> None:
         sized.add(key)
 
 
+def check_devices(sweep, points) -> None:
+    """Each device the points train on, available on this machine: before a real sweep starts (not a
+    dry run, whose plan may be meant for another machine), so that a plan naming `cuda:99` is one line
+    rather than every point failing in turn."""
+    from charlm.runtime.devices import resolve_device
+
+    seen = set()
+    for point in points:
+        device = getattr(sweep.config(point), "device", None)
+        if device is None or device in seen:
+            continue
+        try:
+            resolve_device(device)
+        except CharlmError as error:
+            raise point_error(sweep.plan, point, error, "device") from None
+        seen.add(device)
+
+
 def damage(run, check_checkpoints: bool = True) -> str | None:
     """Why run directory ``run`` cannot be trusted, or None. A finished run's ``best.pt`` and
     ``last.pt`` must be whole archives (a file cut short has no central directory; the check reads

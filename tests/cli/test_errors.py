@@ -181,6 +181,8 @@ CASES = [
     Case("plan with a bad value in its last point", "sweep FILES/late-bad-value.toml --data-dir DATA"),
     Case("plan setting misspelled", "sweep FILES/misspelled-plan.toml"),
     Case("plan evaluation wider than the split", "sweep FILES/wide-eval-plan.toml --data-dir DATA --dir FILES/sweep"),
+    Case("plan naming a device this machine lacks", "sweep FILES/absent-device-plan.toml --data-dir DATA --dir FILES/sweep",
+         cpu_only=True),
     Case("torchrun timeout of zero", "train --dist-timeout 0"),
     Case("benchmark zero steps", "bench --steps 0"),
     Case("benchmark an unknown cell", "bench --cells nope"),
@@ -198,6 +200,7 @@ BAD_PLAN_FILES = {  # the plans of the sweep cases (the full table: tests/experi
     "late-bad-value.toml": '[base]\ncorpus = "tiny"\n[axes]\nlayers = [1, 2, 2.5]\n',
     "misspelled-plan.toml": '[base]\nbatchsize = 32\n[axes]\ncell = ["gru"]\n',
     "wide-eval-plan.toml": '[base]\ncorpus = "tiny"\n[axes]\ncell = ["gru"]\n[[eval]]\nbatch_size = 100000\n',
+    "absent-device-plan.toml": '[base]\ncorpus = "tiny"\nhidden = 8\n[axes]\ndevice = ["cpu", "cuda:99"]\n',
 }
 
 BASE_ARGS = {  # put before the case's own arguments, which win; not shown in the README
