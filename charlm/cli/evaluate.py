@@ -30,6 +30,7 @@ def evaluate(
     dyn_search: bool = typer.Option(False, "--dyn-search", help="Grid-search η (and λ for rms) on a validation prefix, then evaluate with the best."),
     search_prefix: Optional[int] = typer.Option(None, "--search-prefix", max=INT64_MAX, help=f"Characters of the validation split the search scores (default: {DEFAULT_SEARCH_PREFIX})."),
     save_adapted: Optional[Path] = typer.Option(None, "--save-adapted", help="Write the adapted weights to this checkpoint file."),
+    force: bool = typer.Option(False, "--force", help="Let --save-adapted replace a file that exists."),
     data_dir: Optional[Path] = DATA_DIR,
     device: str = DEVICE,
     cell: Optional[str] = CELL,
@@ -47,7 +48,7 @@ def evaluate(
         raise CharlmError(f"--batch-size must be at least 1, not {batch_size}")
     split = static.get("split", EvalConfig.split)
     given = {"--batch-size": batch_size, "--bptt": static.get("bptt"), "--adapt-on": adapt_on,
-             "--search-prefix": search_prefix, "--save-adapted": save_adapted,
+             "--search-prefix": search_prefix, "--save-adapted": save_adapted, "--force": force,
              **{flag_of(DynamicOptions, name): value for name, value in dyn.items()}}
     options = resolve_options(dynamic, given, search=dyn_search)
     prefix = (search_prefix or DEFAULT_SEARCH_PREFIX) if dyn_search else None
@@ -57,7 +58,7 @@ def evaluate(
     if options is None:
         _evaluate_static(model, split, batch_size, static.get("bptt"), data_dir)
     else:
-        _evaluate_dynamic(model, split, options, adapt_on, prefix, save_adapted, data_dir)
+        _evaluate_dynamic(model, split, options, adapt_on, prefix, save_adapted, data_dir, force)
 
 
 def _evaluate_static(model, split, batch_size, bptt, data_dir):
@@ -82,11 +83,11 @@ def _print_fast_path(model):
         stdout.print(f"fast path       {model.last_fast_path.summary()}")
 
 
-def _evaluate_dynamic(model, split, options, adapt_on, search_prefix, save_adapted, data_dir):
+def _evaluate_dynamic(model, split, options, adapt_on, search_prefix, save_adapted, data_dir, force=False):
     from charlm.inference.dynamic_protocol import adapted_checkpoint, check_adapted_path
 
     if save_adapted is not None:
-        check_adapted_path(save_adapted, model.checkpoint.path)
+        check_adapted_path(save_adapted, model.checkpoint.path, force)
     corpus = model.corpus(data_dir)
     report = model.evaluate(split, dynamic=options, data_dir=data_dir, adapt_on=adapt_on, search_prefix=search_prefix,
                             progress=_ProgressBars("bits/token" if corpus.unit in ("subword", "word") else "bpc"))

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import itertools
 import math
+import os
 import time
 from pathlib import Path
 
@@ -289,8 +290,9 @@ def check_method(method: str | None, dynamic_only: list[str], *, purpose: str = 
         raise CharlmError(f"--dynamic must be sgd or rms, not {method!r}")
 
 
-def check_adapted_path(path, source) -> None:
-    """Fail before the long evaluation, not after it, if the adapted checkpoint cannot be written."""
+def check_adapted_path(path, source, force: bool = False) -> None:
+    """Fail before the long evaluation, not after it, if the adapted checkpoint cannot be written, or
+    would replace a file without ``force`` (as `charlm export` asks for --force)."""
     path = Path(path)
     if path.is_dir():
         raise CharlmError(f"--save-adapted {path} is a directory: give a file name such as {path / 'adapted.pt'}")
@@ -298,6 +300,8 @@ def check_adapted_path(path, source) -> None:
         raise CharlmError(f"--save-adapted {path}: the directory {path.parent} does not exist")
     if path.resolve() == Path(source).resolve():
         raise CharlmError(f"--save-adapted {path} would overwrite the evaluated checkpoint")
+    if os.path.lexists(path) and not force:
+        raise CharlmError(f"--save-adapted {path} exists: pass --force to replace it, or give another file name")
 
 
 def adapted_checkpoint(model, report: DynamicReport):

@@ -358,6 +358,25 @@ def test_save_adapted_refuses_to_overwrite_the_evaluated_checkpoint(trained_run)
     assert_one_line_error(result, "would overwrite the evaluated checkpoint")
 
 
+def test_save_adapted_replaces_a_file_only_with_force(trained_run, tiny_corpus, tmp_path, monkeypatch):
+    """As `charlm export` does: an existing file is refused before the evaluation, kept as it was; with
+    --force it is replaced by the adapted checkpoint."""
+    import charlm.api
+
+    target = tmp_path / "kept.pt"
+    target.write_bytes(b"an earlier file")
+    scored = []
+    monkeypatch.setattr(charlm.api.Model, "evaluate", lambda *args, **kwargs: scored.append(1))
+    result = cli("eval", trained_run, "--dynamic", "sgd", "--save-adapted", target, "--data-dir", tiny_corpus)
+    assert_one_line_error(result, f"--save-adapted {target} exists: pass --force to replace it, or give another file name")
+    assert target.read_bytes() == b"an earlier file" and scored == []
+    monkeypatch.undo()
+    cli("eval", trained_run, "--dynamic", "sgd", "--segment", "50", "--save-adapted", target, "--force",
+        "--data-dir", tiny_corpus, check_code=0)
+    assert Checkpoint.load(target).dynamic is not None
+    assert_one_line_error(cli("eval", trained_run, "--force"), "--force")  # without --dynamic it does nothing
+
+
 def test_options_record_only_what_the_method_uses():
     assert set(DynamicOptions("sgd").hyperparameters()) == {"method", "lr", "segment", "batch_size"}
     assert DynamicOptions("rms").hyperparameters()["decay"] == DynamicOptions().decay
