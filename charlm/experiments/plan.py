@@ -36,6 +36,7 @@ point's directory is named from its values, and run_dir, init_from and data_dir 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import itertools
@@ -138,14 +139,24 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
     except RecursionError:  # arrays or tables nested thousands deep
         raise CharlmError(f"plan {source} is not valid TOML: its values are nested too deeply") from None
     check_document(raw, source)
-    base, axes, origins = dict(raw.get("base", {})), dict(raw.get("axes", {})), {}
     if profile is not None:
         profiles = raw.get("profiles", {})
         if profile not in profiles:
             known = ", ".join(sorted(profiles)) or "none"
             raise CharlmError(f"plan {source} has no profile {profile!r} (its profiles: {known})")
         plain_name(profile, f"plan {source}: profile")  # part of the sweep directory's name
-        overrides = profiles[profile]
+    for other in raw.get("profiles", {}):  # every profile's points checked, chosen or not: a plan is checked whole
+        if other != profile:
+            _expanded(copy.deepcopy(raw), source, other)
+    return _expanded(raw, source, profile)
+
+
+def _expanded(raw: dict, source: str, profile: str | None) -> Plan:
+    """The plan ``raw`` (a checked document) describes with ``profile``'s overrides, every point checked."""
+    base, axes, origins = dict(raw.get("base", {})), dict(raw.get("axes", {})), {}
+    if profile is not None:
+        plain_name(profile, f"plan {source}: profile")
+        overrides = raw.get("profiles", {})[profile]
         if "budget" in overrides:
             raw["budget"] = overrides["budget"]
         for table, merged in (("base", base), ("axes", axes)):

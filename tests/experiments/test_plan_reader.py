@@ -3,6 +3,8 @@ one line naming the plan file and the key path of the value at fault."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from charlm.errors import CharlmError
@@ -106,12 +108,12 @@ def test_each_bad_plan_is_one_line_naming_the_file_and_the_key(what, text, messa
     assert "\n" not in str(raised.value)
 
 
-def test_a_profile_is_checked_when_chosen_and_named_in_the_path(tmp_path):
+def test_a_profile_is_checked_chosen_or_not_and_named_in_the_path(tmp_path):
     path = tmp_path / "plan.toml"
     path.write_text(GOOD_AXES + "[profiles.small]\nbase = { layers = 2.5 }\n", encoding="utf-8")
-    assert [point.settings for point in load_plan(path).points()] == [{"cell": "gru"}]  # as written: no layers
-    with pytest.raises(CharlmError, match=r"profiles\.small\.base\.layers must be an integer, not 2\.5 \(run cell-gru\)$"):
-        load_plan(path, "small")
+    for chosen in ("small", None):  # the plan as written has no layers, but the file is checked whole
+        with pytest.raises(CharlmError, match=r"profiles\.small\.base\.layers must be an integer, not 2\.5 \(run cell-gru\)$"):
+            load_plan(path, chosen)
 
 
 def test_a_bad_value_in_the_last_point_stops_the_sweep_before_the_first_trains(tiny_corpus, tmp_path, monkeypatch):
@@ -176,3 +178,21 @@ def test_a_paired_axis_cell_options_merge_with_the_base_ones(tmp_path):
     assert [point.settings for point in load_plan(path).points()] == [
         {"cell": "lstm", "hidden": 8, "cell_options": {"peephole": "diagonal"}},
         {"cell": "lstm", "hidden": 9, "cell_options": {"peephole": "full"}}]
+
+
+@pytest.mark.parametrize("profile, expected", [
+    ("base", "profiles.small.base.layers must be an integer, not 2.5"),
+    ("axes", "profiles.small.axes.layers[1] must be an integer, not 2.5"),
+])
+def test_a_profile_not_chosen_is_checked_too(tmp_path, profile, expected):
+    """A plan is checked whole: a bad value in a profile is found whichever profile (or none) runs."""
+    from charlm.errors import CharlmError
+    from charlm.experiments.plan import load_plan
+
+    value = "layers = 2.5" if profile == "base" else "layers = [1, 2.5]"
+    plan = tmp_path / "profiles.toml"
+    plan.write_text(f'[base]\ncorpus = "pydoc"\n[axes]\ncell = ["gru"]\n[profiles.small.{profile}]\n{value}\n'
+                    '[profiles.tiny.base]\nhidden = 8\n', encoding="utf-8")
+    for chosen in (None, "tiny"):
+        with pytest.raises(CharlmError, match=re.escape(f"plan {plan}: {expected}")):
+            load_plan(plan, chosen)
