@@ -224,7 +224,16 @@ def path_value(value, what: str) -> Path:
         raise CharlmError(f"{what} must be a path (a str or a pathlib.Path), not {_cut(repr(value))}")
     if "\x00" in text:
         raise CharlmError(f"{what} {_cut(repr(text))} holds a NUL character, which no path can hold")
+    encoded = os.fsencode(text)
+    longest = max((len(part) for part in encoded.split(b"/")), default=0)
+    if longest > NAME_MAX or len(encoded) > PATH_MAX:  # the system would say ENAMETOOLONG at the first use
+        what_is_long = f"a name of {longest:,} bytes (at most {NAME_MAX})" if longest > NAME_MAX else \
+            f"{len(encoded):,} bytes (at most {PATH_MAX:,})"
+        raise CharlmError(f"{what} {_cut(repr(text))} is too long for a path: {what_is_long}")
     return Path(text)
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes in one path component and in a whole path (Linux; macOS allows 1024)
 
 
 def _cut(text: str, width: int = 80) -> str:

@@ -430,3 +430,19 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(trained_run
                     ["sample", tmp_path / "nan.pt", "--length", "5"]):
         assert_one_line_error(cli(*command), f"({name} holds NaN or infinity): it cannot score, sample or export")
     assert not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.parametrize("path, said", [("a" * 5000, "is too long for a path: a name of 5,000 bytes (at most 255)"),
+                                        ("x/" * 3000 + "y", "is too long for a path: 6,001 bytes (at most 4,096)")],
+                         ids=["a name of 5,000 bytes", "a path of 6,001 bytes"])
+def test_a_path_too_long_for_the_system_is_one_charlm_error(path, said, tmp_path):
+    """As on the command line: not the OSError (ENAMETOOLONG) of the first system call."""
+    import re
+
+    import charlm
+
+    with pytest.raises(charlm.CharlmError, match=re.escape(said)):
+        charlm.load(path)
+    with pytest.raises(charlm.CharlmError, match=re.escape(said)):
+        charlm.train(corpus="pydoc", data_dir=path, hidden=8, run_dir=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
