@@ -69,6 +69,8 @@ def check_devices(sweep, points) -> None:
     rather than every point failing in turn."""
     from charlm.runtime.devices import resolve_device
 
+    if sweep.plan.task is not None:  # a task plan names no device: its runs take the machine's
+        return
     seen = set()
     for point in points:
         device = getattr(sweep.config(point), "device", None)
