@@ -236,6 +236,20 @@ def path_value(value, what: str) -> Path:
 NAME_MAX, PATH_MAX = 255, 4096  # bytes in one path component and in a whole path (Linux; macOS allows 1024)
 
 
+def why_missing(path: str | Path) -> str:
+    """Why ``path``, which does not exist as far as ``Path.exists`` can tell, cannot be read, in words
+    that follow it: "does not exist", or what its link is (one to nowhere, or a loop of links)."""
+    path = Path(path)
+    if not os.path.islink(path):
+        return "does not exist"
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errnos.ELOOP:
+            return "is a loop of symbolic links"
+    return f"is a link to {os.readlink(path)}, which does not exist"
+
+
 def _cut(text: str, width: int = 80) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 

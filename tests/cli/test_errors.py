@@ -164,6 +164,8 @@ CASES = [
     Case("download from a non-address", "prepare wp --url 'not a url'"),
     Case("download from a local file URL", "prepare wp --url file:///etc/passwd"),
     Case("local copy that is a FIFO", "prepare ptb --source FILES/fifo"),
+    Case("local copy that is a loop of links", "prepare ptb --source FILES/loop"),
+    Case("prepare a link to nowhere", "prepare text FILES/dangling --name mine"),
     Case("prepare into a data directory that is a file", "prepare pydoc --data-dir FILES/latin-1.txt"),
     Case("corpus array truncated", "train --data-dir FILES/truncated-data"),
     Case("corpus meta.json that is a list", "train --data-dir FILES/list-meta-data"),
@@ -233,6 +235,8 @@ def places(trained_run, tiny_corpus, tmp_path_factory) -> dict[str, Path]:
     (files / "short.txt").write_text("the cat", encoding="utf-8")
     (files / "empty-dir").mkdir()
     os.mkfifo(files / "fifo")  # a reader that opened it would wait for a writer for ever
+    (files / "loop").symlink_to("loop")  # a link to itself
+    (files / "dangling").symlink_to(files / "absent.txt")
     (files / "climbing-plan.toml").write_text('name = "../elsewhere"\n[axes]\ncell = ["lru"]\n', encoding="utf-8")
     for name, text in BAD_PLAN_FILES.items():
         (files / name).write_text(text, encoding="utf-8")
