@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 

@@ -25,7 +25,7 @@ import math
 import torch
 
 from charlm.corpora.vocabulary import value_kind as _kind, vocabulary_problem
-from charlm.errors import CharlmError, ConfigError
+from charlm.errors import CharlmError, ConfigError, shown
 from charlm.settings import validate
 
 TRAINING_PARTS = ("optimizer", "scheduler", "rng", "progress", "hidden")
@@ -44,8 +44,9 @@ def check_parts(payload: dict, path) -> None:
         if not isinstance(name, str) or not torch.is_tensor(tensor):
             raise CharlmError(f"{path} is a damaged charlm checkpoint: its weight {str(name)[:60]!r} is {_kind(tensor)}, "
                               "not a tensor")
-        if tensor_problem(tensor):
-            raise CharlmError(f"{path} is a damaged charlm checkpoint: its weight {name[:60]} is {tensor_problem(tensor)}")
+        problem = tensor_problem(tensor)
+        if problem:
+            raise CharlmError(f"{path} is a damaged charlm checkpoint: its weight {name[:60]} is {problem}")
     for name, value in (payload.get("scores") or {}).items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise CharlmError(f"{path} is a damaged charlm checkpoint: its score {str(name)[:40]!r} is {_kind(value)}, "
@@ -226,7 +227,7 @@ def _moment_problem(key, value, parameter, made) -> str | None:
     if not torch.is_tensor(value):
         return f"{_kind(value)}, not a tensor"
     if tensor_problem(value):
-        return tensor_problem(value)
+        return tensor_problem(value)  # a sparse or meta tensor: nothing below applies
     if not value.is_floating_point():
         return f"of {value.dtype}, not floating-point numbers"
     if value.shape != parameter.shape:
@@ -278,8 +279,7 @@ def _shown(value) -> str:
         return "missing"
     if torch.is_tensor(value):
         return f"a tensor of shape {_shape(value)}" if value.dim() else f"{value.item()!r} (a tensor of {value.dtype})"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return shown(value, 40)
 
 
 def check_carried_state(hidden: list, expected: list, path, dtype=None) -> None:

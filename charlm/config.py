@@ -14,9 +14,9 @@ import dataclasses
 import math
 import re
 
-from charlm.errors import ConfigError
+from charlm.errors import ConfigError, shown
 from charlm.files import not_a_directory
-from charlm.settings import INT64_MAX, from_dict, setting, shown, validate
+from charlm.settings import INT64_MAX, from_dict, setting, validate
 
 DEFAULT_HIDDEN = 256  # hidden size when neither a hidden size nor a parameter budget is given
 MAX_LAYERS = 1024  # a model is built layer by layer (on the meta device too, to size it): 2**31 would never end

@@ -1,4 +1,10 @@
-"""The exceptions that reach the user as a single line on stderr."""
+"""The exceptions that reach the user as a single line on stderr, and how a value is shown in one."""
+
+
+def shown(value, width: int = 80) -> str:
+    """``repr(value)``, cut to ``width`` characters (a value of 5,000 characters in a one-line error)."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 class CharlmError(Exception):

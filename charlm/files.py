@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, shown
 
 BAD_PATH = {errnos.ENOENT, errnos.ENOTDIR, errnos.EISDIR, errnos.EEXIST, errnos.ENAMETOOLONG, errnos.ELOOP}
 TORCH_WRITER = ("inline_container", "PytorchStreamWriter", "file write failed")  # its zip writer's failures
@@ -221,15 +221,15 @@ def path_value(value, what: str) -> Path:
     a number), or a path holding a NUL character, is a one-line error saying that ``what`` ("data_dir") must be one."""
     text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
     if not isinstance(text, str):
-        raise CharlmError(f"{what} must be a path (a str or a pathlib.Path), not {_cut(repr(value))}")
+        raise CharlmError(f"{what} must be a path (a str or a pathlib.Path), not {shown(value)}")
     if "\x00" in text:
-        raise CharlmError(f"{what} {_cut(repr(text))} holds a NUL character, which no path can hold")
+        raise CharlmError(f"{what} {shown(text)} holds a NUL character, which no path can hold")
     encoded = os.fsencode(text)
     longest = max((len(part) for part in encoded.split(b"/")), default=0)
     if longest > NAME_MAX or len(encoded) > PATH_MAX:  # the system would say ENAMETOOLONG at the first use
         what_is_long = f"a name of {longest:,} bytes (at most {NAME_MAX})" if longest > NAME_MAX else \
             f"{len(encoded):,} bytes (at most {PATH_MAX:,})"
-        raise CharlmError(f"{what} {_cut(repr(text))} is too long for a path: {what_is_long}")
+        raise CharlmError(f"{what} {shown(text)} is too long for a path: {what_is_long}")
     return Path(text)
 
 
@@ -248,10 +248,6 @@ def why_missing(path: str | Path) -> str:
         if error.errno == errnos.ELOOP:
             return "is a loop of symbolic links"
     return f"is a link to {os.readlink(path)}, which does not exist"
-
-
-def _cut(text: str, width: int = 80) -> str:
-    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # one path component: never '..', '/', hidden or an option

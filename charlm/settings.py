@@ -17,7 +17,7 @@ import types
 import typing
 from pathlib import Path
 
-from charlm.errors import CharlmError, ConfigError
+from charlm.errors import CharlmError, ConfigError, shown
 
 
 def setting(default, help: str, *, flag: str | None = None, min=None, max=None, min_open: bool = False,
@@ -158,12 +158,6 @@ def check_type(owner, name: str, value) -> None:
         raise ConfigError(owner, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {shown(value)}")
     if isinstance(value, str) and "\x00" in value:
         raise ConfigError(owner, name, f"must not hold a NUL character, as {shown(value)} does")
-
-
-def shown(value, width: int = 80) -> str:
-    """``repr(value)``, cut to ``width`` characters (a value of 5,000 characters in a one-line error)."""
-    text = repr(value)
-    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def from_dict(cls, values: dict):

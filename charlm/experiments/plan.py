@@ -144,7 +144,6 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
         if profile not in profiles:
             known = ", ".join(sorted(profiles)) or "none"
             raise CharlmError(f"plan {source} has no profile {profile!r} (its profiles: {known})")
-        plain_name(profile, f"plan {source}: profile")  # part of the sweep directory's name
     for other in raw.get("profiles", {}):  # every profile's points checked, chosen or not: a plan is checked whole
         if other != profile:
             _expanded(copy.deepcopy(raw), source, other)
@@ -155,7 +154,7 @@ def _expanded(raw: dict, source: str, profile: str | None) -> Plan:
     """The plan ``raw`` (a checked document) describes with ``profile``'s overrides, every point checked."""
     base, axes, origins = dict(raw.get("base", {})), dict(raw.get("axes", {})), {}
     if profile is not None:
-        plain_name(profile, f"plan {source}: profile")
+        plain_name(profile, f"plan {source}: profile")  # part of the sweep directory's name
         overrides = raw.get("profiles", {})[profile]
         if "budget" in overrides:
             raw["budget"] = overrides["budget"]

@@ -164,12 +164,7 @@ class Trainer:
     # --- the protocol --------------------------------------------------------------------------------
     def fit(self) -> dict:
         """Train until ``epochs``, early stopping or ``max_minutes``; returns the summary."""
-        config, progress, run = self.config, self.progress, self.run
-        try:
-            _check_tokens_left(progress, config)
-        except CharlmError:
-            run.release()
-            raise
+        config, progress, run = self.config, self.progress, self.run  # a used-up --max-tokens: refused in __init__
         with owning(run, self.world):
             if progress.finished and (progress.epoch >= config.epochs or progress.epochs_without_improvement >= config.patience):
                 return self._complete()
@@ -308,7 +303,7 @@ class Trainer:
         return {"valid_fraction": self.config.eval_fraction} if self.config.eval_fraction < 1.0 else {}
 
     def _tokens_used_up(self) -> bool:
-        return self.config.max_tokens is not None and self.progress.tokens_seen >= self.config.max_tokens
+        return tokens_used_up(self.progress, self.config)
 
     def _end_epoch(self, partial: bool) -> bool:
         """Evaluate, record, checkpoint. Returns True when early stopping ends training."""
@@ -392,8 +387,13 @@ class Trainer:
         return self.summary()
 
 
+def tokens_used_up(progress: Progress, config: TrainConfig) -> bool:
+    """Whether the run has trained on its whole ``--max-tokens`` budget."""
+    return config.max_tokens is not None and progress.tokens_seen >= config.max_tokens
+
+
 def _check_tokens_left(progress: Progress, config: TrainConfig) -> None:
     """Refuse to go on with a run that has trained on its whole ``--max-tokens`` budget already."""
-    if config.max_tokens is not None and progress.tokens_seen >= config.max_tokens:
+    if tokens_used_up(progress, config):
         raise CharlmError(f"the run has already trained on {progress.tokens_seen:,} tokens, its --max-tokens budget of "
                           f"{config.max_tokens:,}: give a larger --max-tokens to go on")

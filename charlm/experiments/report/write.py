@@ -6,14 +6,10 @@ each ``write_*`` method writes one part, or adds a note to the index saying why 
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import io
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from charlm.errors import CharlmError
@@ -23,8 +19,9 @@ from charlm.experiments.report.compare import (Group, RunRecord, Stat, best_of, 
                                                ordering_note, read_runs, reference_loss, table1_sections, unequal_data)
 from charlm.experiments.report.markdown import display as _display
 from charlm.experiments.report.markdown import markdown_table as _markdown
+from charlm.experiments.report.publish import publish, report_directory, staged
 from charlm.experiments.report.tasks import is_task_run, read_task_runs, write_task_report
-from charlm.files import WriteError, atomic_write_text, flush_directory, writing
+from charlm.files import atomic_write_text
 from charlm.runs.directory import find_runs
 
 DEFAULT_REFERENCE = "gru"
@@ -354,63 +351,20 @@ def build_report(directories: list[str | Path], out: str | Path | None = None, r
         raise CharlmError("several directories: say where the report goes with --out REPORT_DIR")
     task_runs = read_task_runs(directories)
     if task_runs and not any(not is_task_run(run) for directory in directories for run in find_runs(directory)):
-        out = _report_directory(directories, out)
-        with _staged(out) as staging:
+        out = report_directory(directories, out)
+        with staged(out) as staging:
             files, tables = write_task_report(staging, task_runs, directories)
-            _publish(staging, out, files)
+            publish(staging, out, files, REPORT_FILES)
         return Report(out, files, tables)
     skipped = []
     records = read_runs(directories, skipped)
     cells = sorted({record.cell for record in records})
     if reference is not None and reference not in cells:
         raise CharlmError(f"reference cell {reference} has no run here (cells: {', '.join(cells)})")
-    out = _report_directory(directories, out)
-    with _staged(out) as staging:
+    out = report_directory(directories, out)
+    with staged(out) as staging:
         writer = ReportWriter(staging, records, reference or DEFAULT_REFERENCE, [str(directory) for directory in directories])
         writer.notes.extend(f"Skipped the damaged run {name}: {reason}" for name, reason in skipped)
         writer.write_all()
-        _publish(staging, out, writer.files)
+        publish(staging, out, writer.files, REPORT_FILES)
     return Report(out, writer.files, writer.tables)
-
-
-@contextlib.contextmanager
-def _staged(out: Path):
-    """A directory inside ``out`` that the new report is written into whole before any of its files
-    replaces the earlier report's: a write that fails (a full disk, a file-size limit) leaves that
-    report as it was, and is said naming the file of ``out`` meant, never the staging copy."""
-    with writing(out):
-        staging = Path(tempfile.mkdtemp(prefix=".report.", suffix=".partial", dir=out))
-    try:
-        yield staging
-    except WriteError as error:
-        if error.filename and Path(error.filename).parent == staging:
-            raise WriteError(out / Path(error.filename).name, error.strerror, error.errno) from None
-        raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _publish(staging: Path, out: Path, files: list[str]) -> None:
-    """Move the files of the new report from ``staging`` into ``out`` (renames: no space needed), then
-    remove the files of an earlier report that this one did not write."""
-    for name in files:
-        os.replace(staging / name, out / name)
-    flush_directory(out)
-    _remove_stale(out, files)
-
-
-def _report_directory(directories, out) -> Path:
-    """``out``, or DIR/report for a single directory, created."""
-    out = Path(out) if out is not None else Path(directories[0]) / "report"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise WriteError(out, error.strerror, error.errno, action="create report directory") from None
-    return out
-
-
-def _remove_stale(out: Path, files: list[str]) -> None:
-    """Files of an earlier report that this one did not write."""
-    for name in REPORT_FILES:
-        if name not in files:
-            (out / name).unlink(missing_ok=True)
