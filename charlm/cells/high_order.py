@@ -210,7 +210,7 @@ class HighOrderLSTMInference(LSTMInference):
     def gates(self, projected: Tensor, h: Tensor) -> Tensor:
         width = 4 * self.hidden_size
         features = projected.narrow(-1, width, self.factors_input.shape[1]) * (h @ self.factors_hidden)
-        return super().gates(projected.narrow(-1, 0, width), h).addmm_(features, self.mixing)
+        return torch.addmm(super().gates(projected.narrow(-1, 0, width), h), features, self.mixing)  # out of place: autocast casts it
 
 
 class HighOrderGRU(GRU):
@@ -295,4 +295,4 @@ class HighOrderGRUInference(GRUInference):
 
     def gates(self, projected: Tensor, h: Tensor) -> Tensor:
         features = projected.narrow(-1, 3 * self.hidden_size, self.factors_input.shape[1]) * (h @ self.factors_hidden)
-        return super().gates(projected, h).addmm_(features, self.mixing)
+        return torch.addmm(super().gates(projected, h), features, self.mixing)  # out of place: autocast casts it

@@ -132,3 +132,16 @@ def test_draw_is_multinomial():
         ours, torchs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
         for _ in range(4):
             assert draw(probabilities, ours).tolist() == torch.multinomial(probabilities, 1, generator=torchs).tolist()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_evaluation_window_runs_under_bfloat16_autocast(case):
+    """Scoring under ``--precision bf16`` (found on the first GPU run: ho-lstm and ho-gru added
+    their second-order terms in place, which autocast does not cast) agrees with float32."""
+    model = randomised_model(case, 2)
+    tokens = torch.randint(5, (3, 8))
+    with torch.inference_mode():
+        reference, _ = model(tokens, model.initial_state(3))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits, _ = model(tokens, model.initial_state(3))
+    torch.testing.assert_close(logits.float(), reference, atol=0.1, rtol=0.05)
