@@ -110,6 +110,34 @@ def on_device(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def default_generator(device: torch.device):
+    """The default random generator of a CUDA ``device``, or None elsewhere (or on a torch without
+    graph-safe generator states, before 2.4)."""
+    if device.type != "cuda":
+        return None
+    generator = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return generator if hasattr(generator, "graphsafe_set_state") else None
+
+
+@contextlib.contextmanager
+def generator_kept_on_failure(device: torch.device):
+    """Runs a capture; where it fails, the device's random generator is put back as it was.
+
+    A capture that fails midway leaves the generator marked as capturing, and every later random
+    draw on the device fails with "Offset increment outside graph capture encountered unexpectedly"
+    (seen on the first GPU run, an H200 under torch 2.11: after one failed training capture the next
+    cell's sampling and scoring failed). A copy of the generator's state is taken before and set back
+    in its place after a failure, so the eager code that runs next draws as if nothing was tried."""
+    generator = default_generator(device)
+    saved = None if generator is None else generator.clone_state()
+    try:
+        yield
+    except BaseException:
+        if saved is not None:
+            generator.graphsafe_set_state(saved)
+        raise
+
+
 class CudaCapture:
     """What :class:`CudaGraph` asks of CUDA, in one place (tests pass a stand-in that records the calls)."""
 
@@ -164,7 +192,7 @@ class CudaGraph:
             cuda.synchronize()
             graph = cuda.new_graph()
             try:
-                with cuda.on(side):
+                with cuda.on(side), generator_kept_on_failure(self.device):
                     graph.capture_begin()
                     try:
                         outputs = function()

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.cuda import make_graphed_callables
 
 from charlm.logs import get_logger
-from charlm.runtime.cuda_graphs import flatten_state, on_device, one_line, synchronisation_errors, unaliased, unflatten_state
+from charlm.runtime.cuda_graphs import flatten_state, generator_kept_on_failure, on_device, one_line, synchronisation_errors, unaliased, unflatten_state
 from charlm.runtime.fast_path_check import (ENVIRONMENT_SWITCH, FastPathCheck, detached_copies, graphs_disabled,
                                             largest_difference, poison_, probe_loss, random_state, set_random_state,
                                             tolerance_for)
@@ -67,6 +67,7 @@ class GraphedWindow:
         self.capture_seconds = 0.0
         self.check = FastPathCheck("training graph")
         self._shape = None  # the window shape captured for
+        self.first_failure = None  # why a first capture failed, where the second was tried
         self._graphed = None
 
     @property
@@ -124,9 +125,21 @@ class GraphedWindow:
         return expected
 
     def _capture(self, window: FlatWindow, tokens: Tensor, flat: list[Tensor]) -> None:
+        """Captures, and where that fails, captures once more before giving up: on the first GPU
+        run (an H200, torch 2.11) one cell's capture failed while the same cell's passed in another
+        process, and the next cell's passed in the same one."""
         sample = (tokens.clone(), *(tensor.detach().clone() for tensor in flat))
-        with on_device(self.device), without_autocast_cache(self.device):
-            self._graphed = self.graph_callables(window, sample, allow_unused_input=True)
+        for attempt in (1, 2):
+            try:
+                with on_device(self.device), without_autocast_cache(self.device), generator_kept_on_failure(self.device):
+                    self._graphed = self.graph_callables(window, sample, allow_unused_input=True)
+                break
+            except Exception as error:
+                if attempt == 2:
+                    raise
+                self.first_failure = one_line(error)
+                get_logger().warning(f"warning: --cuda-graph: capturing the training window failed "
+                                     f"({self.first_failure}); trying once more")
         self._shape = tokens.shape
 
     def _compare(self, tokens: Tensor, flat: list[Tensor], expected: list, randomness) -> None:

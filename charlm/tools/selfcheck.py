@@ -26,7 +26,7 @@ import warnings
 import torch
 
 from charlm.cells import CELLS
-from charlm.model import LanguageModel, ModelConfig
+from charlm.model import LanguageModel, ModelConfig, detach_state
 from charlm.runtime.fast_path_check import TOLERANCES, largest_difference, probe_loss, tolerance_for
 from charlm.runtime.precision import PRECISIONS, layer_output_dtypes, set_tf32, tf32_in_use, wrong_layer_dtypes
 
@@ -233,12 +233,13 @@ def training_graph_against_eager(cell: str, device: torch.device, windows: int =
     for window in torch.randint(VOCAB, (windows, BATCH, STEPS), device=device):
         eager_logits, eager_state = model(window, state)
         eager = torch.autograd.grad(probe_loss(eager_logits), parameters, allow_unused=True)
+        eager_logits, eager_state = eager_logits.detach(), detach_state(eager_state)  # no eager graph alive at capture
         graph_logits, graph_state = graphed(window, state)
         if not graphed.active:
             raise RuntimeError(graphed.failure)
         replayed = torch.autograd.grad(probe_loss(graph_logits), parameters, allow_unused=True)
         worst = max(worst, largest_difference([graph_logits, *replayed], [eager_logits, *eager]))
-        state = [tuple(tensor.detach().clone() for tensor in layer) for layer in eager_state]
+        state = [tuple(tensor.clone() for tensor in layer) for layer in eager_state]
     return judged("", worst, tolerance_for(device))
 
 

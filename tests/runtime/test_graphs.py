@@ -106,12 +106,57 @@ def test_a_failed_capture_falls_back_in_one_line_and_trains_the_same(tiny_corpus
                  "--lr", "1e-3", "--run-dir", str(tmp_path / "graphed"), "--cuda-graph")
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "--cuda-graph" in line]
-    assert warnings == ["warning: --cuda-graph: the training window's graphs are not used (RuntimeError: CUDA error: "
+    assert warnings == ["warning: --cuda-graph: capturing the training window failed (RuntimeError: CUDA error: "
+                        "operation not permitted when stream is capturing); trying once more",
+                        "warning: --cuda-graph: the training window's graphs are not used (RuntimeError: CUDA error: "
                         "operation not permitted when stream is capturing); training continues without them (the same "
                         "results at eager speed)"]
     assert_same_weights(weights(tmp_path / "eager"), weights(tmp_path / "graphed"))
     (record,) = records(tmp_path / "graphed", "cuda_graph")
     assert not record["active"] and "not permitted" in record["failure"]
+
+
+def test_a_capture_that_fails_once_is_tried_again_and_used(tiny_corpus, tmp_path, monkeypatch):
+    """On the first GPU run one cell's first capture failed where the next cell's passed: a second
+    attempt is made before training falls back."""
+    attempts = []
+
+    def fails_the_first_time(module, sample_args, allow_unused_input=False):
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+        return replayed_by_calling(module, sample_args, allow_unused_input)
+
+    Trainer(tiny_config(tiny_corpus, tmp_path / "eager", epochs=1, cell="gru")).fit()
+    graph_on_the_cpu(monkeypatch, fails_the_first_time)
+    Trainer(tiny_config(tiny_corpus, tmp_path / "graphed", epochs=1, cell="gru", cuda_graph=True)).fit()
+    assert len(attempts) == 2
+    (record,) = records(tmp_path / "graphed", "cuda_graph")
+    assert record["active"] and record["checked"] and record["failure"] is None
+    assert_same_weights(weights(tmp_path / "eager"), weights(tmp_path / "graphed"))
+
+
+def test_a_failed_capture_puts_the_random_generator_back(monkeypatch):
+    """A capture that fails midway leaves CUDA's generator marked as capturing (every later draw
+    fails); the state copied before is set back in its place, and only after a failure."""
+    calls = []
+
+    class Generator:
+        def clone_state(self):
+            calls.append("clone")
+            return "saved"
+
+        def graphsafe_set_state(self, state):
+            calls.append(("set", state))
+
+    monkeypatch.setattr(charlm.runtime.cuda_graphs, "default_generator", lambda device: Generator())
+    with charlm.runtime.cuda_graphs.generator_kept_on_failure(torch.device("cuda")):
+        pass
+    assert calls == ["clone"]
+    with pytest.raises(RuntimeError, match="capture"):
+        with charlm.runtime.cuda_graphs.generator_kept_on_failure(torch.device("cuda")):
+            raise RuntimeError("capture invalidated")
+    assert calls == ["clone", "clone", ("set", "saved")]
 
 
 def test_the_capture_runs_with_autocast_caching_off():
