@@ -20,10 +20,17 @@ def check(
     compile: bool = typer.Option(False, "--compile", help="Also check torch.compile of each cell's training "
                                  "forward against eager (compiles every cell: minutes on a CPU)."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of a table."),
+    full: bool = typer.Option(False, "--full", help="Also run the cuda tests, the benchmark (fp32, bf16, bf16 "
+                              "with graphs, compiled; 10M parameters on a GPU) and a short training of each cell "
+                              "with and without graphs, within --budget; writes report.md and report.json to --out."),
+    out: Optional[str] = typer.Option(None, "--out", help="--full: the directory of the report (default: "
+                                      "charlm-check-DEVICE-TIME here); must be new or empty."),
+    budget: float = typer.Option(8.0, "--budget", help="--full: minutes for every step together; a step that runs "
+                                 "past its share of the time left is stopped and named."),
 ):
     """Check every cell's fast paths (training window, evaluation, sampling; CUDA graphs and compiled
     steps where they run) against its step equations and the eager code, on this device. Exits 1
-    when a check fails."""
+    when a check fails. With --full: every check a GPU machine needs, in one report."""
     import torch
 
     from charlm.cells import CELLS
@@ -47,6 +54,12 @@ def check(
             if name not in PRECISIONS:
                 raise CharlmError(f"--precision {name!r} is not one of fp32, bf16, fp16")
             check_precision(name, target)
+    if full:
+        if precisions is not None or compile:
+            raise CharlmError("--full checks every precision and compiles in its benchmark: leave out --precision and --compile")
+        return _full(target, names, out, budget, as_json)
+    if out is not None:
+        raise CharlmError("--out is where --full writes its report: give --full too")
     progress = None if as_json else (lambda cell: print(f"check: {cell}", file=sys.stderr, flush=True))
     rows = run_checks(target, names, precisions or precisions_on(target), compile=compile, progress=progress)
     failures = sum(row.failed for row in rows)
@@ -57,6 +70,33 @@ def check(
         print_table(f"charlm check on {target}: {failures} failure(s)", ["check", "result", "figure", "tolerance"],
                     [[row.check, row.result, row.figure, row.tolerance] for row in rows])
     if failures:
+        raise typer.Exit(1)
+
+
+def _full(target, names: list[str], out: Optional[str], budget: float, as_json: bool) -> None:
+    import time
+    from pathlib import Path
+
+    from charlm.errors import CharlmError
+    from charlm.tools.full_check import FullCheck
+
+    if not (0 < budget <= 24 * 60):
+        raise CharlmError(f"--budget is {budget:g} minutes: give a positive number of minutes, at most a day")
+    directory = Path(out if out is not None else f"charlm-check-{str(target).replace(':', '')}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise CharlmError(f"--out {directory} already exists and is not an empty directory: give a new one")
+    report = FullCheck(target, names, budget * 60, directory,
+                       progress=lambda message: print(message, file=sys.stderr, flush=True)).run()
+    if as_json:
+        print(json.dumps(report, indent=1, default=str))
+    else:
+        print_table(f"charlm check --full on {target}: {len(report['failures'])} failure(s)",
+                    ["step", "status", "seconds", "found"],
+                    [[step["name"], step["status"], f"{step['seconds']:.0f}", step["detail"]] for step in report["steps"]])
+        for failure in report["failures"]:
+            print(f"failed: {failure}", file=sys.stderr)
+        print(f"report: {directory / 'report.md'} and report.json")
+    if report["failures"]:
         raise typer.Exit(1)
 
 

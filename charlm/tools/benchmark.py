@@ -85,6 +85,7 @@ class Throughput:
     compile_seconds: float | None = None  # with --compile: the warm-up step, compilation included
     capture_seconds: float | None = None  # with --cuda-graph: the warm-up step, graph capture included
     eval_path: str = "eager"  # "cuda graph" where evaluation replays a checked graph, as `charlm eval` does
+    train_path: str = "eager"  # "cuda graph" or "compiled" where training ran through them, else why not
     layer_dtypes: list[str] = field(default_factory=list)  # each layer's output type in a training forward
 
     def to_dict(self, baseline: "Throughput") -> dict:
@@ -97,7 +98,7 @@ class Throughput:
             "train_ratio_flop_normalised": self.train_ratio.median * flop_scale,
             "eval_ratio_flop_normalised": self.eval_ratio.median * flop_scale,
             "eval_over_train": self.eval.median / self.train.median,
-            "eval_path": self.eval_path,
+            "eval_path": self.eval_path, "train_path": self.train_path,
         }
         if self.layer_dtypes:
             values["layer_dtypes"] = self.layer_dtypes
@@ -198,6 +199,10 @@ class _Contender:
             self.result.compile_seconds = time.perf_counter() - started
         if graphed:
             self.result.capture_seconds = time.perf_counter() - started
+        if compiled or graphed:
+            fast = self.train_forward
+            self.result.train_path = (("compiled" if compiled else "cuda graph") if fast.active
+                                      else f"eager ({fast.failure})")
         self.eval_forward = self.model
         with torch.inference_mode(), autocast(config.precision, device):
             self.model.eval()

@@ -206,6 +206,7 @@ def test_bench_trains_every_cell_through_the_graphs_and_reports_the_capture(monk
     assert "capture_seconds" not in baseline  # the fused baseline stays eager
     assert [cell["name"] for cell in cells] == ["gru", "rhn"] and all(cell["capture_seconds"] > 0 for cell in cells)
     assert len(replayed_by_calling.captures) == 2
+    assert baseline["train_path"] == "eager" and all(cell["train_path"] == "cuda graph" for cell in cells)
 
 
 def scoring_through(monkeypatch, graph_factory):
