@@ -224,6 +224,8 @@ def library_rnn(kernel, inputs: Tensor, hidden, weights: list[Tensor], training:
     cuDNN 9.13; before that PyTorch's own kernel does).
     """
     device_type = inputs.device.type
+    # cuDNN refuses a state that is not contiguous, as torch.compile may hand it on ("hx is not contiguous")
+    hidden = tuple(h.contiguous() for h in hidden) if isinstance(hidden, (tuple, list)) else hidden.contiguous()
     if not (torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16):
         return kernel(inputs, hidden, weights, True, 1, 0.0, training, False, False)
     low = torch.bfloat16

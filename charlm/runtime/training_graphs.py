@@ -118,8 +118,13 @@ class GraphedWindow:
         return detached_copies([*outputs, *gradients])
 
     def _eager_outputs_and_gradients(self, window: FlatWindow, tokens: Tensor, flat: list[Tensor]) -> list:
+        """The eager reference, with autocast's cache emptied and off: a cached cast of a weight
+        keeps its autograd node alive, made on the default stream, and a capture whose backward
+        meets such a node is invalidated (the first GPU run: rnn under bf16 on an H200)."""
         randomness = random_state(self.device)
-        with on_device(self.device), synchronisation_errors(self.device):
+        if torch.is_autocast_enabled(self.device.type):
+            torch.clear_autocast_cache()
+        with on_device(self.device), synchronisation_errors(self.device), without_autocast_cache(self.device):
             expected = self._outputs_and_gradients(window, tokens, flat)
         set_random_state(self.device, randomness)
         return expected
