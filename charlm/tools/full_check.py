@@ -34,11 +34,12 @@ from pathlib import Path
 import torch
 
 SHARES = {"check": 3, "cuda tests": 2, "benchmark": 4, "training": 3, "benchmark (compile)": 1}
-# A graphed run against the eager one: the same arithmetic on another stream, so their rounding differs
-# (the first-use check: up to 1e-9) and the gap grows as training goes (rnn on an H200: 0.017 bpc after 60
-# windows). A mistake in the graphs shows at once: the loss of the first logged step, and a large gap.
-FIRST_LOSS_GAP = 1e-3  # the loss at step 10
-GRAPH_BPC_GAP = 0.05  # the validation bpc at the end
+# A graphed run against the eager one: the same arithmetic, so a mistake in the graphs (a state not
+# carried, a weight read stale) shows within the first windows, in the loss at step 10. The validation
+# bpc at the end is compared too, but only noted: some runs are not repeatable on a GPU (rnn through
+# cuDNN on an H200: two eager runs of one seed ended at 3.58 and 3.98 bpc, their step-10 losses equal).
+FIRST_LOSS_GAP = 1e-3  # a failure: the loss at step 10
+GRAPH_BPC_GAP = 0.01  # a note: the validation bpc at the end
 GOAL_PER_FLOP = 0.5  # the performance goal: bf16 with graphs at least half the fused LSTM's rate per FLOP
 SLOWER_MARGIN = 0.95  # graphs "slower than eager" below this fraction of eager's rate (the rounds' noise)
 
@@ -121,6 +122,9 @@ class FullCheck:
             return
         if not (tests / "conftest.py").is_file():
             step.status = "skipped: not a source checkout (the tests are in charlm's repository)"
+            return
+        if importlib.util.find_spec("pytest") is None:
+            step.status = "skipped: pytest is not installed"
             return
         summaries = []
         for label, arguments, environment_extra in (
@@ -294,7 +298,8 @@ def performance_notes(tables: dict) -> dict:
 
 def training_verdicts(rows: list[dict], cuda: bool) -> list[dict]:
     """Each run's ``problem``, if it has one: an error, a graph not used or not checked, or a graphed
-    validation bpc more than ``GRAPH_BPC_GAP`` from the eager run's."""
+    loss at step 10 more than ``FIRST_LOSS_GAP`` from the eager run's; and a ``note`` where only the
+    validation bpc at the end differs (by more than ``GRAPH_BPC_GAP``)."""
     eager = {row["cell"]: row for row in rows if row["mode"] == "eager"}
     for row in rows:
         if row.get("error"):
@@ -310,7 +315,8 @@ def training_verdicts(rows: list[dict], cuda: bool) -> list[dict]:
                 if loss_gap > FIRST_LOSS_GAP:
                     row["problem"] = f"loss at step 10 {row['first_loss']:.5f} against eager {reference['first_loss']:.5f}"
                 elif row["bpc_gap"] > GRAPH_BPC_GAP:
-                    row["problem"] = f"validation bpc {row['valid_bpc']:.4f} against eager {reference['valid_bpc']:.4f}"
+                    row["note"] = (f"validation bpc {row['valid_bpc']:.4f} against eager {reference['valid_bpc']:.4f}, "
+                                   "the loss at step 10 the same: a run that does not repeat exactly")
     return rows
 
 
@@ -384,14 +390,14 @@ def markdown(report: dict) -> str:
                   f"- graphs slower than eager (bf16): {slower}"]
     if report.get("training"):
         lines += ["", "## Training (embedded corpus `pydoc`)", "",
-                  "| cell | mode | loss at step 10 | valid bpc | test bpc | chars/s | graph check | problem |", "|---|---|---:|---:|---:|---:|---|---|"]
+                  "| cell | mode | loss at step 10 | valid bpc | test bpc | chars/s | graph check | problem or note |", "|---|---|---:|---:|---:|---:|---|---|"]
         for r in report["training"]:
             graph = r.get("cuda_graph") or {}
             check = (f"active {graph.get('active')}, checked {graph.get('checked')}, "
                      f"{graph.get('max_difference')} ≤ {graph.get('tolerance')}") if graph else "-"
             bpc = lambda value: f"{value:.4f}" if isinstance(value, (int, float)) else "-"
             lines.append(f"| {r['cell']} | {r['mode']} | {bpc(r.get('first_loss'))} | {bpc(r.get('valid_bpc'))} | {bpc(r.get('test_bpc'))} | "
-                         f"{r.get('chars_per_s', '-')} | {check} | {r.get('problem', '')} |")
+                         f"{r.get('chars_per_s', '-')} | {check} | {r.get('problem') or r.get('note', '')} |")
     return "\n".join(lines) + "\n"
 
 

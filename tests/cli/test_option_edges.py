@@ -45,6 +45,7 @@ COMMANDS = {
     "serve": ["serve", "RUN"],
     "demo": ["demo", "--data-dir", "NEW", "--run-dir", "NEW"],
     "prepare": ["prepare", "pydoc", "--data-dir", "NEW", "--quiet"],
+    "check": ["check", "--full", "--device", "cpu", "--cells", "rnn", "--out", "NEW"],
     "task": ["task", "parity", "--bits", "4", "--hidden-size", "4", "--max-samples", "20", "--eval-every", "20",
              "--eval-samples", "4", "--run-dir", "NEW", "--device", "cpu"],
 }
@@ -69,6 +70,7 @@ STOP_AT = {
     "prepare": "charlm.cli.prepare.prepare_corpus",
     "task": "charlm.tasks.training.build_task_model",  # after the settings, the task and its memory estimate are checked
     "bench": "charlm.tools.benchmark.benchmark_cells",  # after its memory estimate
+    "check": "charlm.tools.full_check.FullCheck.run",
     "eval": "charlm.cli.evaluate.load_model",
     "score": "charlm.cli.score.load_model",
     **{("sample", flag): "charlm.cli.sample.load_model" for flag in ("--length", "--num-samples", "--beam")},
