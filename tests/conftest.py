@@ -2,6 +2,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -13,6 +14,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # width the shell that runs the tests exports; tests that want another width set it themselves.
 os.environ.pop("COLUMNS", None)
 torch.set_num_threads(1)
+
+
+# --- no test sees the user's ./data, ./runs or ./sweeps ------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def _in_a_directory_of_its_own(tmp_path, monkeypatch):
+    """Every test runs in its own empty directory with CHARLM_DATA unset, so the defaults (./data,
+    ./runs/..., ./sweeps/...) never reach the repository's directories, whatever a user has there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CHARLM_DATA", raising=False)
 
 
 # --- corpora: the shared reference corpora, and a local HTTP server for download tests -----------

@@ -17,7 +17,7 @@ from charlm.errors import CharlmError, shown
 from charlm.logs import get_logger
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-INSTALL = "charlm serve needs FastAPI and uvicorn: pip install 'charlm[serve]'"
+INSTALL = "charlm serve needs FastAPI and uvicorn: python3 -m pip install -e '.[serve]' in charlm's clone"
 
 
 @settings_options(ServeConfig)

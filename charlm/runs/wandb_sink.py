@@ -19,7 +19,7 @@ from charlm.errors import CharlmError
 from charlm.files import atomic_write_text, read_bytes
 from charlm.runs.tensorboard import _scalars as numeric_fields
 
-EXTRA_HINT = "install the extra: python3 -m pip install 'charlm[wandb]' (or: pip install wandb)"
+EXTRA_HINT = "install the extra from charlm's clone: python3 -m pip install -e '.[wandb]' (or: pip install wandb)"
 DEFAULT_PROJECT = "charlm"
 RUN_ID_FILE = "wandb.json"
 

@@ -270,6 +270,7 @@ def test_pydoc_is_python_documentation_split_90_5_5(tmp_path):
 # --- errors, atomic output, idempotence, catalog ------------------------------------------------
 
 def test_unknown_corpus_and_missing_corpus_errors(tmp_path):
+    # "data" is relative: the directory of this test's own (conftest), never the repository's ./data
     with pytest.raises(CharlmError, match="unknown corpus 'nope': known corpora are ptb, "):
         prepare_corpus("nope", data_dir=tmp_path)
     with pytest.raises(CharlmError) as error:

@@ -233,7 +233,7 @@ def test_torchscript_export_from_the_command_line(trained_run, tmp_path):
 def test_onnx_without_the_extra_says_how_to_install_it(trained_run, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     result = cli("export", trained_run, tmp_path / "model.onnx", "--format", "onnx")
-    assert_one_line_error(result, "--format onnx needs", "charlm[onnx]")
+    assert_one_line_error(result, "--format onnx needs", "-e '.[onnx]'")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -26,12 +26,12 @@ def test_without_tensorboard_the_run_is_refused_before_it_starts(data_dir, tmp_p
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     run = tmp_path / "run"
     result = cli(*train_args(data_dir, run, "--epochs", "1", "--tensorboard"))
-    assert_one_line_error(result, "--tensorboard", "charlm[tensorboard]")
+    assert_one_line_error(result, "--tensorboard", "-e '.[tensorboard]'")
     assert not run.exists()
 
     cli(*train_args(data_dir, run, "--epochs", "1"), check_code=0)  # the same run without it trains
     before = (run / "metrics.jsonl").read_text(encoding="utf-8")
-    assert_one_line_error(cli("train", "--resume", run, "--epochs", "2", "--tensorboard"), "charlm[tensorboard]")
+    assert_one_line_error(cli("train", "--resume", run, "--epochs", "2", "--tensorboard"), "-e '.[tensorboard]'")
     assert (run / "metrics.jsonl").read_text(encoding="utf-8") == before and not (run / "tensorboard").exists()
 
 

@@ -58,7 +58,7 @@ def logged_rows(wandb_file) -> list[dict]:
 def test_without_wandb_the_run_is_refused_before_it_starts(data_dir, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now raises ImportError
     run = tmp_path / "run"
-    assert_one_line_error(cli(*train_args(data_dir, run, "--epochs", "1", "--wandb")), "--wandb", "charlm[wandb]")
+    assert_one_line_error(cli(*train_args(data_dir, run, "--epochs", "1", "--wandb")), "--wandb", "-e '.[wandb]'")
     assert not run.exists()
 
 

@@ -16,7 +16,7 @@ def test_without_the_serve_extra_the_command_says_how_to_install_it(trained_run,
     monkeypatch.setitem(sys.modules, "fastapi", None)  # `import fastapi` raises ImportError
     result = cli("serve", trained_run)
     assert result.returncode == 2
-    assert result.stderr == "charlm: error: charlm serve needs FastAPI and uvicorn: pip install 'charlm[serve]'\n"
+    assert result.stderr == "charlm: error: charlm serve needs FastAPI and uvicorn: python3 -m pip install -e '.[serve]' in charlm's clone\n"
 
 
 @pytest.fixture
