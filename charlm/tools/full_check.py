@@ -89,11 +89,13 @@ class FullCheck:
 
     def run(self) -> dict:
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        runners = {"check": self._check, "cuda tests": self._cuda_tests, "benchmark": self._benchmark,
+                   "training": self._training, "benchmark (compile)": self._benchmark_compile}
         for name, step in self.steps.items():
             self.progress(f"check --full: {name}")
             started = self._step_started = time.monotonic()
             step.status, step.limit_seconds = "running", self._limit(name)
-            getattr(self, "_" + name.replace(" ", "_").replace("(", "").replace(")", ""))(step)
+            runners[name](step)
             step.seconds = round(time.monotonic() - started, 1)
             self._write()
         return self.report
@@ -161,6 +163,7 @@ class FullCheck:
 
     def _bench_variants(self, step: Step, variants: list) -> None:
         tables = self.report.setdefault("benchmark", {})
+        earlier = len(self.failures)
         for index, (label, options) in enumerate(variants):
             command = [*charlm(), "bench", "--cells", ",".join(self.cells), "--device", str(self.device),
                        *self.scale.bench, *options, "--json"]
@@ -174,7 +177,7 @@ class FullCheck:
             for problem in bench_problems(label, tables[label], self.cuda):
                 self.failures.append(f"bench {label}: {problem}")
             self._write()
-        problems = [failure for failure in self.failures if failure.startswith("bench ")]
+        problems = self.failures[earlier:]
         step.status = "fail" if problems else "pass"
         step.detail = f"{', '.join(label for label, _ in variants)}: " + (f"{len(problems)} problem(s)" if problems else "every cell ran")
         self.report["performance"] = performance_notes(tables)
