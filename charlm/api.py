@@ -14,6 +14,7 @@ Every command of the CLI that reads a checkpoint goes through this class.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 
@@ -43,17 +44,28 @@ def train(config: TrainConfig | None = None, **settings) -> dict:
     """Train a new run under ``config`` and return its summary (``charlm.Trainer(config).fit()``;
     ``Trainer.resume(run_dir).fit()`` continues a run). Settings may also be given as keywords,
     alone or over ``config``: ``charlm.train(corpus="pydoc", cell="lru", hidden=128, epochs=1)``;
-    each is checked as a ``--config`` file's values are (``layers=1.5`` is refused)."""
+    each is checked as a ``--config`` file's values are (``layers=1.5`` is refused).
+
+    ``text="input.txt"`` (or a list of files, or ``corpus="input.txt"``) prepares the text first, as
+    ``charlm train --text`` does; an ``eval_batch_size`` left at its default is lowered to what a
+    short split allows."""
+    from charlm.training.text_input import new_run_inputs
     from charlm.training.trainer import Trainer
 
     if config is not None and not isinstance(config, TrainConfig):
         raise CharlmError(f"config must be a charlm.TrainConfig (or give the settings as keywords), "
                           f"not {type(config).__name__}")
+    if isinstance(settings.get("text"), (str, os.PathLike)):  # one file
+        settings["text"] = [settings["text"]]
+    if isinstance(settings.get("text"), (list, tuple)):  # paths as text, as a --config file holds them
+        settings["text"] = [os.fspath(path) if isinstance(path, os.PathLike) else path for path in settings["text"]]
+    defaults = TrainConfig().to_dict()
+    named = set(settings) | {name for name, value in (config.to_dict() if config else {}).items() if value != defaults[name]}
     # Through from_dict whichever way the settings came, so that both get the same checks (and a Path
     # for run_dir becomes text, as a keyword's does).
     config = TrainConfig.from_dict({**(config or TrainConfig()).to_dict(), **settings})
     config.validate()  # every setting, before anything is made (the Trainer checks again)
-    return Trainer(config).fit()
+    return Trainer(new_run_inputs(config, named)).fit()
 
 
 def load(reference: str | Path, device: str = "auto", *, cells=(), trust_code: bool = False,
@@ -133,7 +145,8 @@ class Model:
                top_k: int = _SAMPLE.top_k, top_p: float = _SAMPLE.top_p, seed: int | None = _SAMPLE.seed, *,
                stop: str | list[str] = (), beam: int = _SAMPLE.beam,
                length_penalty: float = _SAMPLE.length_penalty) -> Generation:
-        """The generated text (after the prime), piece by piece as it is drawn: a ``Generation``,
+        """The continuation only, without the prime (``sample`` returns the prime and the
+        continuation), piece by piece as it is drawn: a ``Generation``,
         which once read to the end also gives the continuation's ``log_prob`` (natural log, under
         the model itself given the prime), ``log2_prob`` and ``bits_per_symbol``. The settings and
         the prime are checked here, before the first piece is asked for.
@@ -166,8 +179,10 @@ class Model:
     def sample(self, prime: str | None = None, length: int = _SAMPLE.length, temperature: float = _SAMPLE.temperature,
                top_k: int = _SAMPLE.top_k, top_p: float = _SAMPLE.top_p, seed: int | None = _SAMPLE.seed, *,
                stop: str | list[str] = (), beam: int = _SAMPLE.beam, length_penalty: float = _SAMPLE.length_penalty) -> str:
-        """The prime followed by ``length`` generated symbols, as one string (fewer where a ``stop``
-        string ended it; ``beam``: the most probable continuation, see ``stream``)."""
+        """The prime followed by ``length`` generated symbols, as one string: unlike ``stream``, which
+        gives the continuation alone, the text starts with the prime (as normalised; the default
+        prime, a line break, where none is given). Fewer symbols where a ``stop`` string ended it; ``beam``: the most
+        probable continuation, see ``stream``."""
         pieces = self.stream(prime, length, temperature, top_k, top_p, seed, stop=stop, beam=beam,
                              length_penalty=length_penalty)
         return self._prime(prime)[1] + "".join(pieces)
@@ -229,12 +244,18 @@ class Model:
 
     def score(self, text: str, *, per_char: bool = False, unknown: str = _SCORE.unknown,
               dynamic: DynamicOptions | str | None = None, batch_size: int = _SCORE.batch_size,
-              data_dir=None) -> TextScore:
+              data_dir=None, progress=None) -> TextScore:
         """Bits per character of ``text``, state carried through it; ``per_char`` adds each
         predicted symbol's log-probability. ``dynamic`` ("sgd", "rms" or DynamicOptions) adapts
         the weights test-then-train while scoring (rms reads its gradient statistics from the
-        training split of the model's corpus); the model's weights are restored afterwards."""
+        training split of the model's corpus); the model's weights are restored afterwards.
+        ``progress``: an object with ``stage(label, total)``, as ``evaluate``'s with ``dynamic``."""
+        from charlm.inference.dynamic_protocol import NoProgress
+
         validate(ScoreConfig(unknown=unknown, batch_size=batch_size))
+        if progress is not None and not hasattr(progress, "stage"):
+            raise CharlmError(f"progress must be an object with stage(label, total), not {progress!r}")
+        progress = progress or NoProgress()
         text = self.normalise(text)
         ids, skipped = self.encode(text, unknown)
         if len(ids) < 2:
@@ -250,19 +271,22 @@ class Model:
             check_evaluation_fits(self.network, self.device, predictions=len(ids) - 1, batch_size=batch_size, bptt=bptt,
                                   cuda_graph=self.cuda_graphs, advice="use a smaller --batch-size (the windows are "
                                                                       f"the training bptt, {bptt:,} steps)")
-            score = score_tokens(self.network, tokens, batch_size=batch_size, bptt=bptt, device=self.device,
-                                 chars_per_token=chars_per_token, per_token=per_char, cuda_graph=self.cuda_graphs)
+            with progress.stage("score", len(tokens) - 1) as callback:
+                score = score_tokens(self.network, tokens, batch_size=batch_size, bptt=bptt, device=self.device,
+                                     chars_per_token=chars_per_token, per_token=per_char, cuda_graph=self.cuda_graphs,
+                                     progress=lambda count: callback(count, 0.0))
             self.last_fast_path = score.fast_path
         else:
-            score = self._score_dynamically(tokens, dynamic, batch_size, chars_per_token, per_char, data_dir)
+            score = self._score_dynamically(tokens, dynamic, batch_size, chars_per_token, per_char, data_dir, progress)
         result = TextScore(score.nats, score.tokens, max(characters, 1), skipped)
         if per_char:
             result.symbols = [self.tokenizer.decode([token]) for token in ids[1:]]
             result.log_probs = -score.token_nats
         return result
 
-    def _score_dynamically(self, tokens, dynamic, batch_size, chars_per_token, per_token, data_dir) -> Score:
+    def _score_dynamically(self, tokens, dynamic, batch_size, chars_per_token, per_token, data_dir, progress) -> Score:
         from charlm.inference.dynamic import collect_gradient_statistics, dynamic_score, make_update
+        from charlm.inference.dynamic_protocol import statistics_tokens
 
         options = dynamic_options(dynamic)
         options = dataclasses.replace(options, batch_size=batch_size)
@@ -276,12 +300,16 @@ class Model:
         try:
             rms = None
             if options.method == "rms":
-                rms, _ = collect_gradient_statistics(self.network, train, segment=options.segment,
-                                                     batch_size=options.stat_batch_size, max_batches=options.stat_batches,
-                                                     device=self.device)
+                with progress.stage("gradient statistics (train)", statistics_tokens(train, options)) as callback:
+                    rms, _ = collect_gradient_statistics(self.network, train, segment=options.segment,
+                                                         batch_size=options.stat_batch_size,
+                                                         max_batches=options.stat_batches, device=self.device,
+                                                         progress=callback)
             update = make_update(self.network, options, rms)
-            return dynamic_score(self.network, tokens, update, segment=options.segment, batch_size=batch_size,
-                                 device=self.device, chars_per_token=chars_per_token, per_token=per_token)
+            with progress.stage(f"score, dynamic {options.method}", len(tokens) - 1) as callback:
+                return dynamic_score(self.network, tokens, update, segment=options.segment, batch_size=batch_size,
+                                     device=self.device, chars_per_token=chars_per_token, per_token=per_token,
+                                     progress=callback)
         finally:
             self.network.load_state_dict(trained)
 

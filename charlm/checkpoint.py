@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import os
 import pickle
 import re
 import warnings
@@ -102,7 +103,8 @@ class Checkpoint:
                 warnings.simplefilter("ignore")
                 payload = torch.load(path, map_location=map_location, weights_only=True)
         except Exception as error:  # torch.load raises many kinds on a file that is not a checkpoint
-            raise CharlmError(f"{path} is not a readable charlm checkpoint: {_load_failure(error)}") from None
+            link = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
+            raise CharlmError(f"{path}{link} is not a readable charlm checkpoint: {load_failure(error, path)}") from None
         try:
             return cls.from_payload(payload, path)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
@@ -248,8 +250,19 @@ def _from_format_1(old: dict) -> dict:
     }
 
 
-def _load_failure(error: Exception) -> str:
-    """Why ``torch.load(weights_only=True)`` refused a file, in a few words."""
+TORCH_FILE_STARTS = (b"PK\x03\x04", b"\x80")  # torch.save's zip archive; a legacy torch file (a pickle, protocol 2+)
+
+
+def load_failure(error: Exception, path: Path) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in a few words: first whether it could be
+    a torch file at all (the unpickler's own errors on a text file are IndexError, KeyError...)."""
+    try:
+        with open(path, "rb") as file:
+            start = file.read(4)
+    except OSError:
+        start = None
+    if start and not start.startswith(TORCH_FILE_STARTS):
+        return "it is not a torch file at all (torch writes a zip archive or a pickle)"
     text = str(error)
     if isinstance(error, pickle.UnpicklingError) and "WeightsUnpickler error:" in text:
         detail = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n", 1)[0].strip()

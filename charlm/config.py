@@ -22,6 +22,7 @@ DEFAULT_HIDDEN = 256  # hidden size when neither a hidden size nor a parameter b
 MAX_LAYERS = 1024  # a model is built layer by layer (on the meta device too, to size it): 2**31 would never end
 MAX_WIDTH = 2**20  # --hidden, --embed-size: terabytes of weights already, and no weight's size overflows int64
 FLOAT32_MAX = 3.4028234663852886e38  # --weight-decay: torch's optimizers hold it as a float32
+MAX_SAMPLE_LENGTH = 10**9  # --length, Model.sample: the symbols drawn are all kept (ids, the text), gigabytes already
 MAX_LR = 1e37  # learning rates: torch's optimizers take them as float32, and Adam's first step divides by 1 - β₁ = 0.1
 DIST_TIMEOUT_MINUTES = 10.0  # --dist-timeout: how long a torchrun process waits for the others
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -37,7 +38,8 @@ class TrainConfig:
     (the LRU paper's batch 250 at 1e-3, the Delta-RNN paper's batch 64 with plateau halving) is
     written out in full in its plan (``charlm sweep PLAN``)."""
 
-    corpus: str = setting("pydoc", "Prepared corpus to train on (see `charlm corpora`).")
+    corpus: str = setting("pydoc", "Prepared corpus to train on (see `charlm corpora`); a path to a text file is taken as --text FILE.")
+    text: list[str] = setting([], "Your own UTF-8 text file (or directory; repeatable) to train on: prepared first as `charlm prepare text` does (split 90/5/5) into a corpus named after the first file (or --corpus NAME) in the data root, and reused while the files' sha256 are unchanged.", show_default="none")
     cell: str = setting("lstm", "Recurrent cell (see `charlm cells`), or module:Class for your own.")
     layers: int = setting(1, "Number of stacked recurrent layers.", min=1, limit=MAX_LAYERS)
     hidden: int | None = setting(None, "Hidden size n.", min=1, limit=MAX_WIDTH, show_default=f"{DEFAULT_HIDDEN} when neither --hidden nor --params is given")
@@ -72,7 +74,7 @@ class TrainConfig:
     cuda_graph: bool = setting(False, "CUDA only: capture the forward and backward of a training window as CUDA graphs once and replay them (checked against eager on first use; falls back to eager where capture or the check fails).")
     tf32: bool = setting(False, "CUDA only: let float32 matrix products and cuDNN run on TensorFloat-32 units (a 10-bit mantissa; faster on Ampere and later). Off by default, so fp32 is float32 in charlm's own loops and in cuDNN alike.")
     train_fraction: float = setting(1.0, "Train on this leading fraction of the training split (0.2, 0.4, ...).", min=0, max=1, min_open=True)
-    eval_batch_size: int = setting(16, "Streams used to score validation/test.", min=1)
+    eval_batch_size: int = setting(16, "Streams used to score validation/test; when not given, lowered (with a note) to what a split too short for 16 allows.", min=1)
     eval_fraction: float = setting(1.0, "Score validation during training on this leading fraction of the validation split (the same tokens every time; nanoGPT's eval_iters): faster with a small --train-fraction. The test score at the end is always the whole split.", min=0, max=1, min_open=True)
     eval_every: int = setting(0, "Also score validation every K steps (0: epoch ends only).", min=0)
     log_every: int = setting(50, "Write a step record to metrics.jsonl every K steps.", min=1)
@@ -99,6 +101,8 @@ class TrainConfig:
             raise ConfigError(TrainConfig, "device", f"must be auto, cpu, cuda, cuda:N or mps, not {self.device!r}")
         if not isinstance(self.cell_options, dict) or not all(isinstance(key, str) for key in self.cell_options):
             raise ConfigError(TrainConfig, "cell_options", "must be a mapping of option names to values")
+        if not isinstance(self.text, list) or not all(isinstance(path, str) and path for path in self.text):
+            raise ConfigError(TrainConfig, "text", f"must be a list of file paths, not {shown(self.text)}")
         save_interval(self.save_every)
         for name in ("data_dir", "run_dir"):  # a file where the directory belongs: said now, named by its flag
             kind = not_a_directory(getattr(self, name)) if getattr(self, name) else None
@@ -195,7 +199,7 @@ class ScoreConfig:
 class SampleConfig:
     """`charlm sample` and `Model.sample`."""
 
-    length: int = setting(500, "Symbols (tokens) to generate per sample.", min=0)
+    length: int = setting(500, "Symbols (tokens) to generate per sample.", min=0, limit=MAX_SAMPLE_LENGTH)
     temperature: float = setting(1.0, "Softmax temperature: below 1 is more conservative.", min=0, min_open=True)
     top_k: int = setting(0, "Draw only from the k most likely symbols (0: off).", min=0)
     top_p: float = setting(1.0, "Draw only from the smallest set with this much probability (1: off).", min=0, max=1, min_open=True)

@@ -296,6 +296,23 @@ def not_a_directory(path: str | Path) -> str | None:
     return None if stat.S_ISDIR(mode) else file_kind(mode)
 
 
+def make_directory(path: str | Path, action: str = "create directory") -> None:
+    """``mkdir -p path``; a failure is a ``WriteError`` (``cannot ACTION PATH: ...``), which names what
+    is in the way where a file stands at ``path`` or at one of its parents."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        if error.errno in (errnos.EEXIST, errnos.ENOTDIR):
+            for place in (path, *path.parents):
+                kind = not_a_directory(place)
+                if kind is not None:
+                    reason = f"{kind} is in the way" if place == path else f"{place} is {kind}, in the way"
+                    break
+        raise WriteError(path, reason, error.errno, action=action) from None
+
+
 def check_directory(path: str | Path | None, flag: str) -> None:
     """A directory option (``--data-dir``): a directory, or a path where one can be made; a file is bad input."""
     kind = None if path is None else not_a_directory(path)

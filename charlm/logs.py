@@ -3,11 +3,15 @@
 A Python caller silences them with ``logging.getLogger("charlm").setLevel(logging.WARNING)`` or
 redirects them with handlers of its own. When nobody has configured logging, the first message
 installs a handler on stderr (rich's on a terminal), so scripts and the CLI both show progress.
+Progress bars (``progress_bar``), for training and for scoring alike, are drawn on stderr only
+where it is a terminal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import sys
 
 logger = logging.getLogger("charlm")
@@ -63,3 +67,38 @@ def use_default_handler(stream=None) -> None:
 def info(message: str) -> None:
     """A progress message (the default ``log`` callback of the corpus machinery)."""
     get_logger().info(message)
+
+
+# The label and the figures first, then the bar: a narrow terminal narrows the bar, never the figures.
+BAR_FORMAT = "{desc}{postfix} |{bar}| {n_fmt}/{total_fmt} eta {remaining}"
+
+
+def progress_bar(total: int, label: str, *, initial: int = 0, show: bool = True, scale: bool = False):
+    """A tqdm bar on stderr, drawn only where ``show`` and stderr is a terminal (nothing otherwise);
+    its figures go in with ``set_postfix_str``. ``scale``: counts shown as 2.30M."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=label, unit_scale=scale, leave=False,
+                disable=None if show else True, dynamic_ncols=True, bar_format=BAR_FORMAT)
+
+
+class ProgressBars:
+    """One ``progress_bar`` per stage of a scoring, with the running bits per symbol: ``stage(label,
+    total)`` is a context giving ``callback(tokens, nats)``."""
+
+    def __init__(self, unit: str = "bpc"):
+        self.unit = unit
+
+    @contextlib.contextmanager
+    def stage(self, label: str, total: int):
+        with progress_bar(total, label, scale=True) as bar:
+            seen = {"tokens": 0, "nats": 0.0}
+
+            def callback(tokens: int, nats: float) -> None:
+                seen["tokens"] += tokens
+                seen["nats"] += nats
+                if seen["nats"]:
+                    bar.set_postfix_str(f"{self.unit} {seen['nats'] / math.log(2) / seen['tokens']:.3f}", refresh=False)
+                bar.update(tokens)
+
+            yield callback

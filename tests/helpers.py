@@ -64,6 +64,32 @@ def cli(*args, check_code=None, stdin: str | None = None) -> CliResult:
     return result
 
 
+def terminal_of(monkeypatch, columns: int = 80) -> None:
+    """Print as on a terminal of ``columns`` columns (``COLUMNS=80 charlm ...``): charlm's stdout
+    console is created at import, so its width is set too; typer's --help reads COLUMNS itself."""
+    from charlm.cli import output
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setattr(output.stdout, "width", columns)
+
+
+def assert_fits(text: str, columns: int = 80) -> None:
+    """No line of ``text`` is wider than ``columns``."""
+    wide = [line for line in text.splitlines() if len(line) > columns]
+    assert not wide, f"{len(wide)} line(s) wider than {columns} columns:\n" + "\n".join(wide)
+
+
+def table_header(text: str) -> list[str]:
+    """The column names of the (first) table in ``text``, as its first header line shows them."""
+    line = next(line for line in text.splitlines() if line.startswith("┃"))
+    return [cell.strip() for cell in line.split("┃")[1:-1]]
+
+
+def table_lines(text: str) -> list[list[str]]:
+    """The cells of each body line of the tables in ``text`` (a row that wraps takes several lines)."""
+    return [[cell.strip() for cell in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
+
+
 def run_cli(*args, cwd=None, env=None, check_code=None, timeout=300) -> subprocess.CompletedProcess:
     """Run `python -m charlm ARGS` in a real subprocess (for exit codes, tracebacks, signals)."""
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

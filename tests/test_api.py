@@ -355,6 +355,16 @@ def test_the_api_refuses_what_the_cli_refuses(model):
         model.evaluate("train", record=False)
 
 
+def test_a_length_the_cli_refuses_is_refused_from_python_before_any_text(model, trained_run):
+    """Issue 34: Model.sample(prime, 10**13) ran until memory ran out; it takes the bound of `sample --length`."""
+    from charlm.config import MAX_SAMPLE_LENGTH
+
+    for call in (model.sample, model.stream):
+        with pytest.raises(CharlmError, match=f"length must be at most {MAX_SAMPLE_LENGTH}, not 10000000000000"):
+            call("The", 10**13)
+    assert_one_line_error(cli("sample", trained_run, "--length", str(10**13)), f"--length must be at most {MAX_SAMPLE_LENGTH}")
+
+
 # A value of the wrong type at each parameter: one CharlmError saying what the parameter takes, never
 # a TypeError or AttributeError from inside charlm. (call, the start of the message)
 WRONG_TYPES = [

@@ -86,6 +86,10 @@ def _check_cell_class(cell, label: str) -> None:
 
 def _import_cell(reference: str) -> type[RecurrentCell]:
     module_name, _, class_name = reference.partition(":")
+    if not (all(part.isidentifier() for part in module_name.split(".")) and class_name.isidentifier()):
+        # importlib raises ValueError or TypeError (a relative name) on what is not a module's name
+        raise CharlmError(f"cell {reference!r} is not a registered name or module:Class (a module's dotted name, "
+                          "a colon and a class name, such as mycells:MyCell)")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:

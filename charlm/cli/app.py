@@ -38,6 +38,40 @@ def _label_flags_without_a_type() -> None:
 _label_flags_without_a_type()
 
 
+def _keep_option_names_whole() -> None:
+    """Typer's --help tables let every column wrap: at 80 columns, once the help text is as narrow as
+    the longest flag, rich narrows both and cuts the flag (``--no-test-every-epo…``). Here only the
+    last two columns of a row (an option's type and help text; a command's help) may wrap, folding a
+    word too long for them rather than cutting it: the option names and flags before them stay whole.
+    Installed when a help is first shown (typer.rich_utils takes a while to import)."""
+    from typer import core
+
+    def install():
+        from rich.table import Table
+        from typer import rich_utils
+
+        class HelpTable(Table):
+            def add_row(self, *renderables, **options):
+                super().add_row(*renderables, **options)
+                for column in self.columns[:-2]:
+                    column.no_wrap = True
+                for column in self.columns[-2:]:
+                    column.overflow = "fold"
+
+        if getattr(rich_utils, "Table", None) is Table:
+            rich_utils.Table = HelpTable
+
+    for kind in (core.TyperCommand, core.TyperGroup):
+        def format_help(self, ctx, formatter, shown=kind.format_help):
+            install()
+            return shown(self, ctx, formatter)
+
+        kind.format_help = format_help
+
+
+_keep_option_names_whole()
+
+
 def _show_version(value: bool):
     if value:
         typer.echo(f"charlm {__version__}")

@@ -87,7 +87,8 @@ def bench(given: dict = None):
     print_table(title, ["model", "n", "params", "MFLOP/char", "train chars/s", "× fused", "× fused/FLOP",
                         "eval chars/s", "× fused", "eval/train", "sample chars/s"] + (["compile s"] if config.compile else [])
                 + (["capture s"] if config.cuda_graph else []),
-                rows)
+                rows, drop_order=("eval/train", "× fused/FLOP", "MFLOP/char", "n", "sample chars/s", "params", "compile s",
+                                  "capture s"))  # the model and its train and eval throughput stay
 
 
 def _bench_scaling(names: list[str], config: BenchmarkConfig) -> None:
@@ -120,7 +121,8 @@ def _bench_scaling(names: list[str], config: BenchmarkConfig) -> None:
     title = (f"Scaling on {config.device}: {world.size} processes × {torch.get_num_threads()} threads, global batch "
              f"{config.batch_size} × bptt {config.bptt}, ~{config.params} parameters, median of {config.repeat} rounds")
     print_table(title, ["model", "params", "1 process chars/s", f"{world.size} processes chars/s", "speed-up",
-                        "efficiency", "step ms", "all-reduce MiB/step"], rows)
+                        "efficiency", "step ms", "all-reduce MiB/step"], rows,
+                drop_order=("all-reduce MiB/step", "step ms", "params", "efficiency", "1 process chars/s"))
 
 
 def _progress(text: str) -> None:

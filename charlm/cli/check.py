@@ -8,13 +8,14 @@ from typing import Optional
 
 import typer
 
+from charlm.cli.completion import complete_cell_lists
 from charlm.cli.loading import DEVICE
-from charlm.cli.output import print_table
+from charlm.cli.output import print_table, stdout
 
 
 def check(
     device: str = DEVICE,
-    cells: str = typer.Option("all", "--cells", help="Comma-separated cells to check, or all."),
+    cells: str = typer.Option("all", "--cells", help="Comma-separated cells to check, or all.", autocompletion=complete_cell_lists),
     precision: Optional[str] = typer.Option(None, "--precision", help="Comma-separated precisions whose layer types "
                                             "are checked (default: every one the device runs: fp32, bf16, fp16)."),
     compile: bool = typer.Option(False, "--compile", help="Also check torch.compile of each cell's training "
@@ -68,7 +69,10 @@ def check(
                           "rows": [row.__dict__ for row in rows]}, indent=2))
     else:
         print_table(f"charlm check on {target}: {failures} failure(s)", ["check", "result", "figure", "tolerance"],
-                    [[row.check, row.result, row.figure, row.tolerance] for row in rows])
+                    [[row.check, row.result, row.figure, row.tolerance] for row in rows],
+                    drop_order=("tolerance",), wrap=("check", "result", "figure", "tolerance"))
+        results = [row.result.split(":")[0] for row in rows]  # pass, fail, skipped (: why) or info
+        stdout.print(", ".join(f"{results.count(result)} {result}" for result in ("pass", "fail", "skipped", "info")))
     if failures:
         raise typer.Exit(1)
 
@@ -92,7 +96,8 @@ def _full(target, names: list[str], out: Optional[str], budget: float, as_json: 
     else:
         print_table(f"charlm check --full on {target}: {len(report['failures'])} failure(s)",
                     ["step", "status", "seconds", "found"],
-                    [[step["name"], step["status"], f"{step['seconds']:.0f}", step["detail"]] for step in report["steps"]])
+                    [[step["name"], step["status"], f"{step['seconds']:.0f}", step["detail"]] for step in report["steps"]],
+                    wrap=("status", "found"))
         for failure in report["failures"]:
             print(f"failed: {failure}", file=sys.stderr)
         print(f"report: {directory / 'report.md'} and report.json")

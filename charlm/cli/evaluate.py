@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 from pathlib import Path
 from typing import Optional
@@ -12,9 +11,10 @@ import typer
 from charlm.errors import CharlmError
 
 from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
-from charlm.cli.options import settings_options
+from charlm.cli.options import dynamic_option, settings_options
 from charlm.cli.output import print_table, stdout
 from charlm.config import DEFAULT_SEARCH_PREFIX, DynamicOptions, EvalConfig
+from charlm.logs import ProgressBars, progress_bar
 from charlm.settings import INT64_MAX, flag_of, validate
 
 
@@ -25,7 +25,7 @@ def evaluate(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", max=INT64_MAX, help=(
         "Parallel streams; every symbol is scored once whatever the value. Must be at least 1. (default: "
         f"{EvalConfig.batch_size} static, {DynamicOptions.batch_size} dynamic (exact, in text order)).")),
-    dynamic: Optional[str] = typer.Option(None, "--dynamic", help="Also evaluate dynamically, adapting the weights test-then-train: sgd (Delta-RNN paper) or rms (Krause et al. 2018)."),
+    dynamic: Optional[str] = typer.Option(None, "--dynamic", callback=dynamic_option, help="Also evaluate dynamically, adapting the weights test-then-train: sgd (Delta-RNN paper) or rms (Krause et al. 2018)."),
     adapt_on: Optional[str] = typer.Option(None, "--adapt-on", help="valid: adapt over the whole validation split first, then evaluate the test split from the adapted weights (#2)."),
     dyn_search: bool = typer.Option(False, "--dyn-search", help="Grid-search η (and λ for rms) on a validation prefix, then evaluate with the best."),
     search_prefix: Optional[int] = typer.Option(None, "--search-prefix", max=INT64_MAX, help=f"Characters of the validation split the search scores (default: {DEFAULT_SEARCH_PREFIX})."),
@@ -51,7 +51,7 @@ def evaluate(
              "--search-prefix": search_prefix, "--save-adapted": save_adapted, "--force": force,
              **{flag_of(DynamicOptions, name): value for name, value in dyn.items()}}
     options = resolve_options(dynamic, given, search=dyn_search)
-    prefix = (search_prefix or DEFAULT_SEARCH_PREFIX) if dyn_search else None
+    prefix = (DEFAULT_SEARCH_PREFIX if search_prefix is None else search_prefix) if dyn_search else None  # 0 is refused, not the default
     if options is not None:
         check_protocol(split, adapt_on, prefix)
     model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
@@ -62,10 +62,8 @@ def evaluate(
 
 
 def _evaluate_static(model, split, batch_size, bptt, data_dir):
-    from tqdm import tqdm
-
     corpus = model.corpus(data_dir)
-    with tqdm(total=corpus.tokens(split), desc=f"eval {split}", unit="tok", unit_scale=True, leave=False, disable=None) as bar:
+    with progress_bar(corpus.tokens(split), f"eval {split}", scale=True) as bar:
         score = model.evaluate(split, data_dir=data_dir, batch_size=batch_size, bptt=bptt, progress=bar.update)
     unit = "bits per byte" if corpus.unit == "byte" else "bits per character"
     stdout.print(f"checkpoint      {model.checkpoint.path}")
@@ -90,7 +88,7 @@ def _evaluate_dynamic(model, split, options, adapt_on, search_prefix, save_adapt
         check_adapted_path(save_adapted, model.checkpoint.path, force)
     corpus = model.corpus(data_dir)
     report = model.evaluate(split, dynamic=options, data_dir=data_dir, adapt_on=adapt_on, search_prefix=search_prefix,
-                            progress=_ProgressBars("bits/token" if corpus.unit in ("subword", "word") else "bpc"))
+                            progress=ProgressBars("bits/token" if corpus.unit in ("subword", "word") else "bpc"))
     _print_dynamic(report, model.checkpoint.path, corpus)
     _print_fast_path(model)
     if save_adapted is not None:
@@ -131,29 +129,6 @@ def _print_dynamic(report, path, corpus):
     ]
     unit = "bits per byte" if corpus.unit == "byte" else "bpc"
     print_table(None, ["mode", unit, f"perplexity (per {corpus.unit})", "chars/s"], rows)
-
-
-class _ProgressBars:
-    """One tqdm bar (stderr) per stage of the protocol, with the running bits per symbol."""
-
-    def __init__(self, unit: str):
-        self.unit = unit
-
-    @contextlib.contextmanager
-    def stage(self, label: str, total: int):
-        from tqdm import tqdm
-
-        with tqdm(total=total, desc=label, unit="tok", unit_scale=True, leave=False, disable=None) as bar:
-            seen = {"tokens": 0, "nats": 0.0}
-
-            def callback(tokens: int, nats: float) -> None:
-                seen["tokens"] += tokens
-                seen["nats"] += nats
-                if seen["nats"]:
-                    bar.set_postfix_str(f"{self.unit} {seen['nats'] / math.log(2) / seen['tokens']:.3f}", refresh=False)
-                bar.update(tokens)
-
-            yield callback
 
 
 def register(app: typer.Typer) -> None:

@@ -18,6 +18,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from charlm.cli.completion import completion_for
 from charlm.settings import bound_text, flag_of
 
 
@@ -38,7 +39,7 @@ def help_text(owner, name: str) -> str:
 # The panels `--help` groups a command's settings into, so that a long list reads at 80 columns.
 PANELS = {
     "Model": ("cell", "hidden", "params", "layers", "embed_size", "dropout"),
-    "Data": ("corpus", "data_dir", "train_fraction", "batch_size", "bptt", "unknown"),
+    "Data": ("corpus", "text", "data_dir", "train_fraction", "batch_size", "bptt", "unknown"),
     "Optimisation": ("optimizer", "lr", "weight_decay", "momentum", "nesterov", "accumulate", "clip", "seed", "precision"),
     "Schedule and stopping": ("schedule", "lr_decay", "min_lr", "plateau_factor", "warmup_steps", "epochs", "patience",
                               "max_minutes", "max_tokens"),
@@ -53,18 +54,18 @@ PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
 def option_for(owner, name: str, *extra_flags: str, help: str | None = None):
     """The typer option of one field (default None: the command sees whether it was given)."""
     flags = [flag_of(owner, name), *extra_flags]
-    if _base_type(typing.get_type_hints(owner)[name]) is bool:
+    if _base_type(_hints(owner)[name]) is bool:
         flags = [f"{flags[0]}/--no-{flags[0].removeprefix('--')}"]
-    hint = typing.get_type_hints(owner)[name]
+    hint = _hints(owner)[name]
     metavar = f"<{typing.get_args(hint)[0].__name__}>" if typing.get_origin(hint) is list else None  # not <list[str]>
     return typer.Option(None, *flags, help=help or help_text(owner, name), show_default=False,
-                        rich_help_panel=PANEL_OF.get(name), metavar=metavar)
+                        rich_help_panel=PANEL_OF.get(name), metavar=metavar, autocompletion=completion_for(owner, name))
 
 
 def option_type(owner, name: str):
     """The annotation of a field's option: Optional of its type (choices are checked by the library);
     a list field is an option given once per item."""
-    hint = typing.get_type_hints(owner)[name]
+    hint = _hints(owner)[name]
     if typing.get_origin(hint) is list:
         return Optional[typing.List[typing.get_args(hint)[0]]]
     return Optional[_base_type(hint)]
@@ -98,6 +99,12 @@ def settings_options(owner, *, into: str = "given", exclude: tuple = ()):
     return decorate
 
 
+@functools.cache
+def _hints(owner) -> dict:
+    """The evaluated annotations of a settings dataclass, once per dataclass (not once per option: start-up)."""
+    return typing.get_type_hints(owner)
+
+
 def _base_type(hint):
     arguments = [kind for kind in typing.get_args(hint) if kind is not type(None)]
     return arguments[0] if arguments else hint
@@ -107,6 +114,17 @@ def _plain(value) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return str(value)
+
+
+def dynamic_option(value: str | None):
+    """The callback of ``--dynamic``: its method checked as it is read, before the rest of the line is,
+    so that ``--dynamic --dyn-lr 0.1`` (the next option taken as the method) names the methods instead
+    of an "unexpected extra argument"."""
+    if value is not None:
+        from charlm.inference.dynamic_protocol import check_method
+
+        check_method(value, [])
+    return value
 
 
 def directory_option(param: typer.CallbackParam, value):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
@@ -49,28 +50,51 @@ def print_summary(summary: dict) -> None:
         stdout.print(f"{key:<15} {value}")
 
 
+# A column that may wrap counts ROOMY characters at most when the columns to keep are chosen (the room
+# it is then sure of); if the columns kept need more, it is narrowed, to NARROWEST at the least.
+ROOMY, NARROWEST = 24, 10
+
+
 def print_table(title: str | None, columns: list[str], rows: list[list[str]], *, drop_order: tuple = (),
                 wrap: tuple = ()) -> None:
-    """A table on stdout. With ``drop_order`` (column names, the least needed first) columns are left
-    out until the table fits the terminal, and every column but those in ``wrap`` is kept whole
-    (a number is never broken across lines)."""
-    keep = list(range(len(columns)))
-    if drop_order:
-        def width(indices):  # a column that may wrap counts at most 24 characters
-            return 1 + sum(3 + min(max([len(columns[i]), *(len(row[i]) for row in rows)]),
-                                   24 if columns[i] in wrap else 10**6) for i in indices)
+    """A table on stdout that fits the terminal's width (``stdout.width``: COLUMNS when piped) without
+    breaking a figure. The rule, for every table charlm prints:
 
-        for name in drop_order:
-            if width(keep) <= stdout.width:
-                break
-            if name in columns:
-                keep.remove(columns.index(name))
-    table = Table(title=title, show_lines=False)
+    - every column is kept whole on one line (a number is never broken across lines), except those
+      named in ``wrap``: free text (a description, a run's path) that wraps in the room left;
+    - while the table is too wide, the columns named in ``drop_order`` are left out in that order (the
+      least needed first), a ``wrap`` column counting ``ROOMY`` characters at most; the columns not
+      named there (those that identify a row) always stay;
+    - the ``wrap`` columns then share the room left, the widest narrowed first, to no fewer than
+      ``NARROWEST`` characters: where even that does not fit, the table is wider than the terminal
+      (the terminal folds its lines) rather than cut."""
+    cells = [[column, *(row[index] for row in rows)] for index, column in enumerate(columns)]
+    longest = [max(map(cell_len, column)) for column in cells]
+    wraps = [column in wrap for column in columns]
+    keep = list(range(len(columns)))
+
+    def needed(indices):  # borders and padding: 3 a column, 1 at the end
+        return 1 + sum(3 + (min(longest[i], ROOMY) if wraps[i] else longest[i]) for i in indices)
+
+    for name in drop_order:
+        if needed(keep) <= stdout.width:
+            break
+        if name in columns:
+            keep.remove(columns.index(name))
+    widths = {i: longest[i] for i in keep}
+    room = stdout.width - needed(i for i in keep if not wraps[i]) - 3 * sum(wraps[i] for i in keep)
+    while sum(widths[i] for i in keep if wraps[i]) > room:
+        narrower = [i for i in keep if wraps[i] and widths[i] > min(longest[i], NARROWEST)]
+        if not narrower:
+            break
+        widths[max(narrower, key=widths.get)] -= 1
+    table = Table(show_lines=False, width=1 + sum(3 + width for width in widths.values()))
     for index in keep:
-        whole = bool(drop_order) and columns[index] not in wrap
-        table.add_column(columns[index], overflow="fold", no_wrap=whole)
+        table.add_column(columns[index], width=widths[index], no_wrap=not wraps[index], overflow="fold")
     for row in rows:
         table.add_row(*(row[index] for index in keep))
+    if title:
+        stdout.print(title, soft_wrap=False)  # wrapped at the terminal's width
     stdout.print(table)
 
 

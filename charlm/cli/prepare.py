@@ -3,25 +3,29 @@
 Results go to stdout; progress bars and diagnostics to stderr.
 """
 
+from __future__ import annotations
+
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
-from rich import box
-from rich.table import Table
 
+from charlm.cli.completion import complete_recipes
 from charlm.cli.options import directory_option, help_text
-from charlm.cli.output import stdout
+from charlm.cli.output import print_table
 from charlm.config import PrepareConfig
 from charlm.settings import INT64_MAX
-from charlm.corpora import PreparedCorpus, data_root, list_corpora, prepare_corpus
 from charlm.corpora.splits import SPLITS, parse_fractions
+
+if TYPE_CHECKING:
+    from charlm.corpora.store import PreparedCorpus
 
 
 def prepare(
-    corpus: str = typer.Argument(..., help="Corpus to prepare: ptb, ptb-contiguous, ptb-word, ptb-subword, wp, text8, "
-                                           "enwik8, imdb-subword, pydoc, or `text` for your own files (see "
-                                           "`charlm corpora`)."),
+    corpus: str = typer.Argument(..., help="Corpus to prepare: ptb, ptb-contiguous, ptb-word, ptb-subword, wp, shakespeare, "
+                                           "shakespeare-nanogpt, text8, enwik8, imdb-subword, pydoc, or `text` for "
+                                           "your own files (see `charlm corpora`).",
+                                 autocompletion=complete_recipes),
     paths: Optional[list[Path]] = typer.Argument(None, help="For `text`: UTF-8 files or directories, read in order."),
     source: Optional[Path] = typer.Option(None, "--source", help="Prepare from a local copy instead of downloading: "
                                           "the archive itself, or a directory or file holding its members."),
@@ -33,6 +37,8 @@ def prepare(
                                           "split: bpe or unigram. A character corpus becomes <corpus>-<kind><N>."),
     vocab_size: int = typer.Option(PrepareConfig.vocab_size, "--vocab-size", min=2, max=INT64_MAX, help=help_text(PrepareConfig, "vocab_size")),
     name: Optional[str] = typer.Option(None, "--name", help="Name of the prepared corpus (required for `text`)."),
+    force: bool = typer.Option(False, "--force", help="Let --name be the name of a built-in corpus (see `charlm "
+                               "corpora`): what is prepared replaces it in the data root."),
     split: Optional[str] = typer.Option(None, "--split", help="For `text`: train,valid,test fractions, contiguous "
                                         "(default 0.9,0.05,0.05)."),
     no_verify: bool = typer.Option(False, "--no-verify", help="Use files whose size or checksum differ from the "
@@ -43,10 +49,12 @@ def prepare(
                                "and errors still go to stderr)."),
 ):
     """Download (or read from --source), verify, split and encode a corpus into the data root."""
+    from charlm.corpora import prepare_corpus
+
     prepared = prepare_corpus(
         corpus, data_dir=data_dir, source=source, url=url, verify=not no_verify, subword=subword,
         vocab_size=vocab_size, paths=paths or None, output_name=name,
-        split=parse_fractions(split) if split is not None else None, unknown=unknown, progress=not quiet,
+        split=parse_fractions(split) if split is not None else None, unknown=unknown, progress=not quiet, force=force,
     )
     typer.echo(summary(prepared))
 
@@ -69,21 +77,19 @@ def corpora(
 
     A corpus prepared from inputs whose checksums were not enforced (--no-verify) is marked unverified.
     """
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), title=f"corpora in {data_root(data_dir)}/")
-    for column in ("corpus", "prepared", "unit"):
-        table.add_column(column, no_wrap=True)
-    for column in ("vocab", *SPLITS):
-        table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("description", min_width=10)
+    from charlm.corpora import data_root, list_corpora
+
+    rows = []
     for entry in list_corpora(data_dir):
         corpus = entry.corpus
         if corpus is None:
-            table.add_row(entry.name, "no", entry.unit, "", "", "", "", entry.description, style="dim")
+            rows.append([entry.name, "no", entry.unit, "", "", "", "", entry.description])
         else:
             sizes = [f"{corpus.tokens(s):,}" for s in SPLITS]
             prepared = "yes" if corpus.verified else "yes, unverified"
-            table.add_row(entry.name, prepared, corpus.unit, f"{corpus.vocab_size:,}", *sizes, entry.description)
-    stdout.print(table)
+            rows.append([entry.name, prepared, corpus.unit, f"{corpus.vocab_size:,}", *sizes, entry.description])
+    print_table(f"corpora in {data_root(data_dir)}/", ["corpus", "prepared", "unit", "vocab", *SPLITS, "description"], rows,
+                drop_order=("valid", "test", "vocab", "unit", "train"), wrap=("description",))
 
 
 def register(app):

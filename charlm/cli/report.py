@@ -24,8 +24,8 @@ def report(
     from charlm.experiments.report.write import build_report
 
     result = build_report(directories, out=out, reference=reference)
-    for title, columns, rows in result.tables:
-        print_table(title, columns, rows)
+    for title, columns, rows in result.tables:  # the first column names a row; the others may wrap at spaces
+        print_table(title, columns, rows, wrap=tuple(columns[1:]))
     stdout.print(f"report: {result.out / 'index.md'} ({len(result.files)} files)")
 
 

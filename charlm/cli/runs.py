@@ -16,8 +16,9 @@ from charlm.errors import CharlmError
 from charlm.settings import INT64_MAX
 from charlm.logs import get_logger
 
-# The columns left out first when the terminal is narrow; run, cell, the scores and the status stay.
-DROP_ORDER = ("disk", "dynamic bpc", "corpus", "best", "params", "tokens", "time", "fraction", "epochs", "size")
+# The columns left out first when the terminal is narrow (but not the one sorted by); run, corpus
+# (runs on different corpora are not comparable), cell, the scores and the status stay.
+DROP_ORDER = ("disk", "dynamic bpc", "best", "params", "tokens", "time", "fraction", "epochs", "size")
 
 COLUMNS = {  # sort key → field of Run.summary()
     "run": "run", "corpus": "corpus", "cell": "cell", "params": "parameters", "epochs": "epochs",
@@ -86,7 +87,9 @@ def runs(
     if plain:
         print_plain(columns, table)
         return
-    print_table(f"{len(rows)} run(s) in {directory}", columns, table, drop_order=DROP_ORDER, wrap=("run", "dynamic bpc"))
+    shown = {"best-epoch": "best", "valid": "valid bpc", "test": "test bpc"}.get(sort.value, sort.value)  # its column
+    print_table(f"{len(rows)} run(s) in {directory}", columns, table,
+                drop_order=tuple(name for name in DROP_ORDER if name != shown), wrap=("run", "dynamic bpc"))
 
 
 def _prune(found, keep: int | None, dry_run: bool) -> None:

@@ -14,7 +14,6 @@ from charlm.config import SampleConfig
 from charlm.settings import INT64_MAX, validate
 from charlm.errors import CharlmError, ConfigError
 from charlm.files import read_text
-from charlm.inference.beam import check_beam_settings
 from charlm.logs import get_logger
 
 
@@ -34,6 +33,8 @@ def sample(
     given: dict = None,
 ):
     """Generate text from a checkpoint, streamed as it is drawn."""
+    from charlm.inference.beam import check_beam_settings
+
     if prime is not None and prime_file is not None:
         raise CharlmError("give --prime or --prime-file, not both")
     if prime_file is not None:

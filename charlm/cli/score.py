@@ -10,9 +10,10 @@ from typing import Optional
 import typer
 
 from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
-from charlm.cli.options import settings_options
+from charlm.cli.options import dynamic_option, settings_options
 from charlm.cli.output import print_table, stdout
 from charlm.config import DynamicOptions, ScoreConfig
+from charlm.logs import ProgressBars
 from charlm.settings import flag_of, validate
 from charlm.errors import CharlmError
 
@@ -23,7 +24,7 @@ def score(
     checkpoint: Path = CHECKPOINT,
     text_file: str = typer.Argument(..., metavar="FILE|-", help="UTF-8 text to score, or - for standard input."),
     per_char: Optional[Path] = typer.Option(None, "--per-char", help="Write each predicted symbol's log-probability to this TSV file (- for stdout)."),
-    dynamic: Optional[str] = typer.Option(None, "--dynamic", help="Also score dynamically (sgd or rms, as in `charlm eval`); rms reads gradient statistics from the model's training split."),
+    dynamic: Optional[str] = typer.Option(None, "--dynamic", callback=dynamic_option, help="Also score dynamically (sgd or rms, as in `charlm eval`); rms reads gradient statistics from the model's training split."),
     data_dir: Optional[Path] = DATA_DIR,
     device: str = DEVICE,
     cell: Optional[str] = CELL,
@@ -43,12 +44,13 @@ def score(
         dynamic_options.validate()  # before the model is loaded, as eval does
     text = _read(text_file)
     model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
+    bars = ProgressBars("bits/token" if model.unit in ("subword", "word") else "bpc")
     static = model.score(text, per_char=per_char is not None and dynamic is None, unknown=config.unknown,
-                         batch_size=config.batch_size)
+                         batch_size=config.batch_size, progress=bars)
     adapted = None
     if dynamic_options is not None:
         adapted = model.score(text, per_char=per_char is not None, unknown=config.unknown, dynamic=dynamic_options,
-                              batch_size=config.batch_size, data_dir=data_dir)
+                              batch_size=config.batch_size, data_dir=data_dir, progress=bars)
     unit = {"byte": "bits per byte"}.get(model.unit, "bits per character")
     source = "standard input" if text_file == "-" else text_file
     stdout.print(f"checkpoint      {model.checkpoint.path}")

@@ -16,8 +16,8 @@ from charlm.logs import get_logger
 
 def sweep(
     plan: Optional[str] = typer.Argument(None, help="A plan: a .toml file, or the name of one shipped with charlm (see --list)."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="A profile of the plan, such as small (default: the plan as written, the papers' settings)."),
-    directory: Optional[Path] = typer.Option(None, "--dir", callback=directory_option, help="The sweep directory (default: sweeps/PLAN-PROFILE)."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="A profile of the plan, such as small (default: the plan as written: a shipped plan's paper settings, in sweeps/PLAN-paper; a plan of your own in sweeps/PLAN)."),
+    directory: Optional[Path] = typer.Option(None, "--dir", callback=directory_option, help="The sweep directory (default: sweeps/PLAN-PROFILE; sweeps/PLAN for a plan of your own run as written)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the runs (settings, hidden size, parameters, state) without training."),
     only: Optional[List[str]] = typer.Option(None, "--only", help="Only the runs with KEY=VALUE (repeatable), e.g. --only cell=lru."),
     shard: Optional[str] = typer.Option(None, "--shard", help="Run the I-th of N disjoint shares, written I/N with I from 0 (e.g. 0/4; in a Slurm array "
@@ -35,7 +35,8 @@ def sweep(
     from charlm.experiments.sweep import Sweep
 
     if list_plans:
-        print_table(None, ["plan", "description"], [[name, text] for name, text in shipped_plans().items()])
+        print_table(None, ["plan", "description"], [[name, text] for name, text in shipped_plans().items()],
+                    wrap=("description",))
         return
     if plan is None:
         raise CharlmError("give a plan (a .toml file or a shipped plan's name; charlm sweep --list shows them)")
@@ -43,18 +44,21 @@ def sweep(
         raise CharlmError("charlm sweep runs its points in one process: train a point across processes with "
                           "`torchrun ... -m charlm train` into the sweep's directory (see the README, Multi-GPU)")
     loaded = load_plan(plan, profile)
-    target = directory or Path("sweeps") / f"{loaded.name}-{loaded.profile}"
+    target = directory or Path("sweeps") / loaded.label
     runner = Sweep(loaded, target, data_dir=data_dir, trust_code=trust_code)
     points = select(loaded.points(), only or [], parse_shard(shard))
     if dry_run:
         runner.check(points)  # the values a prepared corpus judges, as the real run does before it writes
         rows = [runner.describe(point) for point in points]
-        paper = loaded.paper_parameters if loaded.profile == "paper" else {}
-        print_table(f"{len(rows)} run(s) of {loaded.name} ({loaded.profile}) in {target}",
-                    ["run", "corpus", "cell", "layers", "budget", "hidden", "parameters", "paper's count", "state"],
+        paper = loaded.paper_parameters if loaded.profile == "paper" else {}  # the column only where a paper gives counts
+        profile = "" if loaded.profile is None else f" ({loaded.profile})"
+        print_table(f"{len(rows)} run(s) of {loaded.name}{profile} in {target}",
+                    ["run", "corpus", "cell", "layers", "budget", "hidden", "parameters"] + (["paper's count"] if paper else [])
+                    + ["state"],
                     [[row["run"], row["corpus"], row["cell"], str(row["layers"]), row["params"] or "-",
-                      _or_unknown(row["hidden"]), _or_unknown(row["parameters"], "{:,}"),
-                      _paper_count(paper, row), row["state"]] for row in rows])
+                      _or_unknown(row["hidden"]), _or_unknown(row["parameters"], "{:,}")]
+                     + ([_paper_count(paper, row)] if paper else []) + [row["state"]] for row in rows],
+                    drop_order=("layers", "budget", "paper's count", "hidden"), wrap=("run",))  # the point's name is in run
         if any(row["vocabulary_assumed"] for row in rows):
             stdout.print("(sizes of corpora not prepared yet use their documented vocabulary sizes)")
         for warning in runner.warnings(points):

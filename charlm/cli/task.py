@@ -8,9 +8,10 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
+from charlm.cli.completion import complete_cells
 from charlm.cli.options import help_text
 from charlm.errors import CharlmError
-from charlm.tasks.training import TaskConfig
+from charlm.tasks.config import TaskConfig
 
 
 def _help(name: str) -> str:
@@ -20,7 +21,7 @@ def _help(name: str) -> str:
 
 def task(
     name: Optional[str] = typer.Argument(None, help="memorization, addition or parity (not with --resume)."),
-    cell: str = typer.Option("grid-lstm", "--cell", help=_help("cell"), show_default=False),
+    cell: str = typer.Option("grid-lstm", "--cell", help=_help("cell"), show_default=False, autocompletion=complete_cells),
     layers: int = typer.Option(1, "--layers", help=_help("layers"), show_default=False),
     tied: Optional[bool] = typer.Option(None, "--tied/--untied", help=_help("tied")),
     cell_opt: Optional[List[str]] = typer.Option(None, "--cell-opt", help="Cell option key=value (repeatable)."),
@@ -28,7 +29,7 @@ def task(
     symbols: Optional[int] = typer.Option(None, "--symbols", help=_help("symbols")),
     digits: Optional[int] = typer.Option(None, "--digits", help=_help("digits")),
     bits: Optional[int] = typer.Option(None, "--bits", help=_help("bits")),
-    hidden_size: Optional[int] = typer.Option(None, "--hidden-size", help=_help("hidden_size")),
+    hidden_size: Optional[int] = typer.Option(None, "--hidden", "--hidden-size", help=_help("hidden_size")),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help=_help("batch_size")),
     optimizer: Optional[str] = typer.Option(None, "--optimizer", help=_help("optimizer")),
     lr: Optional[float] = typer.Option(None, "--lr", help=_help("lr")),
@@ -66,8 +67,12 @@ def task(
         end = train_task(config, run_dir=target)
     reached = ", ".join(f">{float(key):.0%} at {value:,}" if float(key) < 1 else f"100% at {value:,}"
                         for key, value in end["reached"].items()) or "no threshold"
-    stdout.print(f"{end['run_dir']}: {end['stopped_by']} after {end['samples']:,} samples; held-out accuracy "
+    why = STOPPED_BY.get(end["stopped_by"], f"stopped ({end['stopped_by']})")
+    stdout.print(f"{end['run_dir']}: {why} after {end['samples']:,} samples; held-out accuracy "
                  f"{end['accuracy']:.2%} (sequences {end['sequence_accuracy']:.2%}); {reached}", highlight=False)
+
+
+STOPPED_BY = {"solved": "solved", "samples": "stopped at --max-samples"}  # why a run ended, in the last line
 
 
 def register(app: typer.Typer) -> None:

@@ -15,7 +15,7 @@ from charlm.errors import CharlmError
 
 @settings_options(TrainConfig)
 def train(
-    cell_opt: Optional[List[str]] = typer.Option(None, "--cell-opt", help="Cell option key=value (repeatable), e.g. --cell-opt peephole=true."),
+    cell_opt: Optional[List[str]] = typer.Option(None, "--cell-opt", help="Cell option key=value (repeatable), e.g. --cell-opt peephole=diagonal."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory from its last checkpoint."),
     config: Optional[Path] = typer.Option(None, "--config", help="JSON file of settings (keys as the options, e.g. \"cell_options\"); options given here win."),
     trust_code: bool = typer.Option(False, "--trust-code", help="Allow a --config file or a resumed checkpoint to import the module of its module:Class cell."),
@@ -27,6 +27,7 @@ def train(
     from charlm.settings import read_config_file
     from charlm.training.resume import fixed_settings, run_to_go_on_with
     from charlm.training.setup import settings_from_init
+    from charlm.training.text_input import new_run_inputs
     from charlm.training.trainer import Trainer
 
     if resume is not None:
@@ -48,6 +49,7 @@ def train(
         settings = {name: getattr(checked, name) for name in settings}
         if cell_opt:
             settings["cell_options"] = {**settings.get("cell_options", {}), **parse_key_values(cell_opt)}
+        named = set(settings)  # given here or in the config file
         settings = settings_from_init(settings)
         restarted = run_to_go_on_with(settings)
         if restarted is not None:
@@ -55,7 +57,7 @@ def train(
             named_cell = settings.get("cell") if ":" in str(settings.get("cell", "")) else None
             trainer = Trainer.resume(restarted, cells=[named_cell] if named_cell else [], **changes)
         else:
-            trainer = Trainer(TrainConfig.from_dict(settings))
+            trainer = Trainer(new_run_inputs(TrainConfig.from_dict(settings), named))
     summary = trainer.fit()
     if trainer.world.is_main:  # under torchrun, rank 0 speaks for every process
         print_summary(summary)

@@ -4,26 +4,32 @@
     corpus = prepare_corpus("wp", source="warpeace_input.txt")   # or load_corpus("wp") once prepared
     ids = corpus.split("train")                                   # memory-mapped token ids
     text = corpus.tokenizer.decode(ids[:100])
+
+The names below load on first use: the recipes (``charlm.corpora.recipes``) and the data root
+(``charlm.corpora.root``) are read without numpy or torch, for the command line's help and completion.
 """
 
-from charlm.corpora.catalog import CorpusEntry, get_recipe, list_corpora, load_corpus
-from charlm.corpora.download import DownloadPolicy, RemoteFile
-from charlm.corpora.prepare import prepare_corpus
-from charlm.corpora.recipes import RECIPES, Recipe
-from charlm.corpora.store import PreparedCorpus, data_root
-from charlm.corpora.tokenizer import Tokenizer
+_EXPORTS = {
+    "RECIPES": "charlm.corpora.recipes",
+    "Recipe": "charlm.corpora.recipes",
+    "CorpusEntry": "charlm.corpora.catalog",
+    "get_recipe": "charlm.corpora.catalog",
+    "list_corpora": "charlm.corpora.catalog",
+    "load_corpus": "charlm.corpora.catalog",
+    "DownloadPolicy": "charlm.corpora.download",
+    "RemoteFile": "charlm.corpora.download",
+    "prepare_corpus": "charlm.corpora.prepare",
+    "PreparedCorpus": "charlm.corpora.store",
+    "data_root": "charlm.corpora.root",
+    "Tokenizer": "charlm.corpora.tokenizer",
+}
 
-__all__ = [
-    "RECIPES",
-    "CorpusEntry",
-    "DownloadPolicy",
-    "PreparedCorpus",
-    "Recipe",
-    "RemoteFile",
-    "Tokenizer",
-    "data_root",
-    "get_recipe",
-    "list_corpora",
-    "load_corpus",
-    "prepare_corpus",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'charlm.corpora' has no attribute {name!r}")

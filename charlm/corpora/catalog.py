@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from charlm.corpora.recipes import RECIPES, Recipe
-from charlm.corpora.store import META, PreparedCorpus, data_root, open_prepared
+from charlm.corpora.root import META, data_root, prepared_names
+from charlm.corpora.store import PreparedCorpus, open_prepared
 from charlm.errors import CharlmError
 from charlm.files import is_plain_name
 
@@ -61,15 +62,18 @@ def list_corpora(data_dir: str | Path | None = None) -> list[CorpusEntry]:
     """Every recipe, then every other corpus prepared in the data root, with its prepared form if any."""
     root = data_root(data_dir)
     prepared = {}
-    if root.is_dir():
-        for path in sorted(root.iterdir()):
-            if not path.name.startswith(".") and (path / META).exists():
-                try:
-                    prepared[path.name] = open_prepared(path)
-                except CharlmError:
-                    continue  # an unreadable or older-format corpus is listed as not prepared
-    entries = [CorpusEntry(name, recipe.description, recipe.unit, prepared.pop(name, None))
-               for name, recipe in RECIPES.items()]
+    for name in prepared_names(root):
+        try:
+            prepared[name] = open_prepared(root / name)
+        except CharlmError:
+            continue  # an unreadable or older-format corpus is listed as not prepared
+    entries = []
+    for name, recipe in RECIPES.items():
+        corpus = prepared.pop(name, None)
+        if corpus is not None and corpus.meta.get("recipe", name) != name:  # another corpus under its name (--force)
+            entries.append(CorpusEntry(name, corpus.meta.get("description", ""), corpus.unit, corpus))
+        else:
+            entries.append(CorpusEntry(name, recipe.description, recipe.unit, corpus))
     entries += [CorpusEntry(name, corpus.meta.get("description", ""), corpus.unit, corpus)
                 for name, corpus in prepared.items()]
     return entries

@@ -18,10 +18,11 @@ from charlm.config import PrepareConfig
 from charlm.corpora.catalog import get_recipe
 from charlm.corpora.download import DownloadPolicy
 from charlm.corpora.inputs import GatherRequest
-from charlm.corpora.recipes import Recipe
+from charlm.corpora.recipes import RECIPES, Recipe
+from charlm.corpora.root import data_root
 from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS, check_fractions
-from charlm.corpora.store import (FORMAT_VERSION, PreparedCorpus, data_root, open_prepared, read_meta,
-                                  remove_abandoned_staging, write_prepared)
+from charlm.corpora.store import (FORMAT_VERSION, PreparedCorpus, open_prepared, read_meta, remove_abandoned_staging,
+                                  write_prepared)
 from charlm.corpora.store_reader import DamagedCorpus
 from charlm.corpora.subword import SUBWORD_KINDS, train_subword_tokenizer
 from charlm.corpora.tokenizer import UNK, ByteTokenizer, CharTokenizer, Tokenizer
@@ -46,7 +47,8 @@ class PrepareOptions:
     unknown: str
 
     @classmethod
-    def resolve(cls, recipe: Recipe, *, subword, vocab_size, split, unknown, output_name) -> "PrepareOptions":
+    def resolve(cls, recipe: Recipe, *, subword, vocab_size, split, unknown, output_name,
+                force: bool = False) -> "PrepareOptions":
         if unknown not in UNKNOWN_POLICIES:
             raise CharlmError(f"--unknown must be one of {', '.join(UNKNOWN_POLICIES)}, not {unknown!r}")
         if split is not None and not recipe.user_split and tuple(map(float, split)) not in (recipe.fractions,
@@ -65,6 +67,9 @@ class PrepareOptions:
             name, unit, kind = f"{name}-{suffix}", "subword", subword
         if not CORPUS_NAME.fullmatch(name):
             raise CharlmError(f"corpus name {name!r} must be letters, digits, '.', '_' or '-' (not starting with one)")
+        if name != recipe.name and name in RECIPES and not force:  # it would replace the built-in corpus of that name
+            raise CharlmError(f"{name!r} is a built-in corpus ({RECIPES[name].description}): choose another --name, "
+                              f"or pass --force to prepare {recipe.name} under that name instead")
         fractions = check_fractions(split) if split is not None else recipe.fractions
         if kind == "vowel-linked":
             vocab_size = recipe.vowel_symbols  # the size its paper gives, or None: the cutoff 15
@@ -77,7 +82,7 @@ class PrepareOptions:
 
 def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, verify: bool = True,
                    subword: str | None = None, vocab_size: int = PrepareConfig.vocab_size, paths=None, output_name: str | None = None,
-                   split=None, unknown: str | None = None, progress: bool = True,
+                   split=None, unknown: str | None = None, progress: bool = True, force: bool = False,
                    download_policy: DownloadPolicy | None = None, log=None) -> PreparedCorpus:
     """Prepare corpus ``name`` (a recipe name, or a ``Recipe``) in the data root, and return it.
 
@@ -85,7 +90,7 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
     ``verify=False`` uses files whose checksums differ, with a warning. ``subword``/``vocab_size``:
     a sentencepiece model ("bpe" or "unigram"); a character corpus becomes ``<name>-<kind><N>``.
     ``paths``, ``output_name`` and ``split`` (train, valid, test fractions; default 0.9, 0.05, 0.05)
-    are for ``text``. ``unknown="unk"`` maps valid/test symbols absent from training to an unknown
+    are for ``text``; ``force`` lets ``output_name`` be a built-in corpus's name. ``unknown="unk"`` maps valid/test symbols absent from training to an unknown
     entry instead of failing; None takes the recipe's default ("error" except for ``pydoc``). Messages go to ``log`` (default: stderr); ``progress=False`` keeps only
     warnings and the "nothing to do" notice, and no progress bars.
     """
@@ -93,7 +98,7 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
     say = log if progress else _silent  # progress messages; warnings and "nothing to do" always go to log
     recipe = name if isinstance(name, Recipe) else get_recipe(name)
     options = PrepareOptions.resolve(recipe, subword=subword, vocab_size=vocab_size, split=split,
-                                     unknown=unknown or recipe.unknown, output_name=output_name)
+                                     unknown=unknown or recipe.unknown, output_name=output_name, force=force)
     root = data_root(data_dir)
     for done in remove_abandoned_staging(root):
         say(f"{done}, left in {root} by a preparation that was killed")

@@ -39,12 +39,13 @@ class Recipe:
     vocab_size: int | None = None  # what its default preparation gives (corpora.md); None: it depends on the text
     vowel_symbols: int | None = None  # the vocabulary size its vowel-linked subwords aim at (the paper's)
     word_text: Callable[[str], str] | None = None  # its raw text as words, before vowel-linked subwords
+    split_text: str | None = None  # its split in words, where ``parse`` splits by a rule of its own (not fractions)
 
     def split_rule(self, fractions=None) -> str:
         """How the splits are made, in words, for meta.json and messages."""
         fractions = fractions or self.fractions
         if fractions is None:
-            return "the source's own train/valid/test files"
+            return self.split_text or "the source's own train/valid/test files"
         return f"contiguous {describe_fractions(fractions)} by {'bytes' if self.unit == 'byte' else 'characters'}"
 
 
@@ -109,6 +110,19 @@ def parse_ptb_words(files, fractions):
 def parse_war_and_peace(files, fractions):
     text = normalize_newlines(decode_utf8(files.pop("warpeace_input.txt"), "warpeace_input.txt"))
     return split_contiguous(text, fractions)
+
+
+def parse_shakespeare(files, fractions):
+    text = normalize_newlines(decode_utf8(files.pop("input.txt"), "input.txt"))
+    return split_contiguous(text, fractions)
+
+
+def parse_shakespeare_nanogpt(files, fractions):
+    """nanoGPT's split (``data/shakespeare_char/prepare.py``): the first ``int(n * 0.9)`` characters for
+    training, the rest for validation. nanoGPT has no test split: test is the validation text again."""
+    text = normalize_newlines(decode_utf8(files.pop("input.txt"), "input.txt"))
+    cut = int(len(text) * 0.9)
+    return {"train": text[:cut], "valid": text[cut:], "test": text[cut:]}
 
 
 def parse_text8(files, fractions):
@@ -244,6 +258,38 @@ WP = Recipe(
     vocab_size=82,
 )
 
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+
+SHAKESPEARE = Recipe(
+    name="shakespeare",
+    description="Tiny Shakespeare (char-rnn's and nanoGPT's input.txt): nanoGPT's 90% train, its last 10% "
+                "halved into valid and test",
+    unit="char",
+    inputs=_single_member(
+        RemoteFile(
+            url="https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
+            filename="tinyshakespeare-input.txt",
+            size=1_115_394,
+            sha256=SHAKESPEARE_SHA256,
+        ),
+        "input.txt",
+        1_115_394,
+        member_sha256={"input.txt": SHAKESPEARE_SHA256},
+    ),
+    parse=parse_shakespeare,
+    fractions=DEFAULT_FRACTIONS,  # on its 1,115,394 characters: 1,003,854 / 55,770 / 55,770, nanoGPT's training split
+    vocab_size=65,
+)
+
+SHAKESPEARE_NANOGPT = replace(
+    SHAKESPEARE,
+    name="shakespeare-nanogpt",
+    description="Tiny Shakespeare, nanoGPT's exact split (its train.bin, val.bin): 90% train, 10% valid; test repeats valid",
+    parse=parse_shakespeare_nanogpt,
+    fractions=None,
+    split_text="nanoGPT's: the first int(0.9 n) characters train, the rest valid; test is valid again",
+)
+
 TEXT8 = Recipe(
     name="text8",
     description="text8: cleaned Wikipedia, 27 symbols",
@@ -311,7 +357,7 @@ IMDB_SUBWORD = Recipe(
 
 TEXT = Recipe(
     name="text",
-    description="your text: prepare text PATH... --name NAME",
+    description="your text: prepare text PATH... --name NAME, or train --text FILE in one step",
     unit="char",
     inputs=LocalTextFiles(),
     parse=parse_text_files,
@@ -331,5 +377,5 @@ PYDOC = Recipe(
 )
 
 RECIPES: Mapping[str, Recipe] = MappingProxyType(
-    {recipe.name: recipe for recipe in (PTB, PTB_CONTIGUOUS, PTB_WORD, PTB_SUBWORD, WP, TEXT8, ENWIK8, IMDB_SUBWORD, TEXT, PYDOC)}
+    {recipe.name: recipe for recipe in (PTB, PTB_CONTIGUOUS, PTB_WORD, PTB_SUBWORD, WP, SHAKESPEARE, SHAKESPEARE_NANOGPT, TEXT8, ENWIK8, IMDB_SUBWORD, TEXT, PYDOC)}
 )

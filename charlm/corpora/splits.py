@@ -20,7 +20,7 @@ def parse_fractions(text: str) -> tuple[float, float, float]:
 
 def check_fractions(fractions) -> tuple[float, float, float]:
     fractions = tuple(float(f) for f in fractions)
-    if len(fractions) != 3 or any(f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
+    if len(fractions) != 3 or not all(f > 0 for f in fractions) or not abs(sum(fractions) - 1) <= 1e-9:  # nan: neither
         raise CharlmError(f"--split wants three positive fractions that sum to 1 (train,valid,test), not {fractions}")
     return fractions
 

@@ -26,22 +26,10 @@ from charlm.corpora.store_reader import (META, SUBWORD_MODEL, array_layout, buil
                                          file_record, read_checked_meta)
 from charlm.corpora.tokenizer import Tokenizer
 from charlm.errors import CharlmError
-from charlm.files import check_directory, flush_directory, path_value, read_bytes, writing
+from charlm.files import flush_directory, read_bytes, writing
 
 FORMAT_VERSION = 1
-DEFAULT_DATA_ROOT = "data"
 STAGING_NAME = re.compile(r"\.(?P<name>.+)\.(?P<kind>partial|previous)-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}")
-
-
-def data_root(data_dir: str | Path | None = None) -> Path:
-    """Where prepared corpora live: ``data_dir``, else ``$CHARLM_DATA``, else ``./data``."""
-    if data_dir is not None and not (isinstance(data_dir, str) and data_dir == ""):
-        root = path_value(data_dir, "data_dir")  # from Python: checked as --data-dir is on the command line
-        check_directory(root, "data_dir")
-        return root
-    from_environment = os.environ.get("CHARLM_DATA")
-    check_directory(from_environment, "CHARLM_DATA")  # a file there is bad input, said as --data-dir's is
-    return Path(from_environment or DEFAULT_DATA_ROOT)
 
 
 class PreparedCorpus:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from charlm.corpora.root import META
 from charlm.corpora.splits import SPLITS
 from charlm.corpora.tokenizer import Tokenizer
 from charlm.corpora.tokenizer_kinds import TOKENIZER_KINDS, tokenizer_from_state
@@ -29,7 +30,6 @@ from charlm.corpora.vocabulary import vocabulary_problem
 from charlm.errors import CharlmError
 from charlm.files import file_kind
 
-META = "meta.json"
 SUBWORD_MODEL = "tokenizer.model"
 CHUNK = 1 << 24  # bytes per pass when a split's ids are checked and hashed: bounds what one pass touches
 HEADER_LIMIT = 1 << 16  # the most bytes of a .npy header read (numpy itself refuses longer ones)

@@ -88,7 +88,7 @@ class Point:
 class Plan:
     name: str
     description: str
-    profile: str
+    profile: str | None  # None: a plan of the user's own run as written (``paper``: a shipped paper's, as written)
     base: dict
     axes: dict  # axis name → list of values, in the plan's order
     evals: tuple[EvalStep, ...]
@@ -113,6 +113,11 @@ class Plan:
         if self.task is not None:
             identity["task"] = self.task
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def label(self) -> str:
+        """``NAME-PROFILE`` (the default sweep directory's name), or ``NAME`` for a plan of one's own run as written."""
+        return self.name if self.profile is None else f"{self.name}-{self.profile}"
 
 
 def shipped_plans() -> dict[str, str]:
@@ -165,7 +170,8 @@ def _expanded(raw: dict, source: str, profile: str | None) -> Plan:
             raw["eval"] = overrides["eval"]
             origins[("eval", "")] = key_path("profiles", profile, "eval")
     name = plain_name(raw.get("name", Path(source).stem), f"plan {source}: its name")  # sweeps/NAME-PROFILE
-    plan = Plan(name=name, description=raw.get("description", ""), profile=profile or "paper", base=base, axes=axes,
+    as_written = "paper" if "paper" in raw else None  # a plan that names its paper runs that paper's settings
+    plan = Plan(name=name, description=raw.get("description", ""), profile=profile or as_written, base=base, axes=axes,
                 evals=tuple(EvalStep(**step) for step in raw.get("eval", [])),
                 paper_parameters=dict(raw.get("paper_parameters", {})), source=source, task=raw.get("task"),
                 budget=raw.get("budget"), origins=origins)

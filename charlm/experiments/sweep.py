@@ -21,7 +21,7 @@ from pathlib import Path
 from charlm.config import TrainConfig
 from charlm.settings import from_dict
 from charlm.errors import CharlmError
-from charlm.files import WriteError, append_text, atomic_write_text, read_bytes
+from charlm.files import WriteError, append_text, atomic_write_text, make_directory, read_bytes
 from charlm.logs import get_logger
 from charlm.experiments.plan import EvalStep, Plan, Point, task_config
 from charlm.experiments.sweep_checks import check_devices, check_on_corpora, damage
@@ -66,15 +66,12 @@ class Sweep:
         """Claim the directory for this plan, or refuse one that holds another plan's runs."""
         existing = self._read_record()
         if existing is not None and existing.get("fingerprint") != self.plan.fingerprint():
-            raise CharlmError(f"sweep directory {self.directory} holds runs of another plan ({existing.get('plan')}, "
-                              f"profile {existing.get('profile')}): choose another --dir")
+            raise CharlmError(f"sweep directory {self.directory} holds runs of another plan ({_plan_of(existing)}): "
+                              "choose another --dir")
         if existing is not None and existing.get("budget") != self.plan.budget:  # a label only: not in the fingerprint
             atomic_write_text(self.record_file, json.dumps({**existing, "budget": self.plan.budget}, indent=2, sort_keys=True) + "\n")
         if existing is None:
-            try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-            except OSError as error:
-                raise WriteError(self.directory, error.strerror, error.errno, action="create sweep directory") from None
+            make_directory(self.directory, action="create sweep directory")
             record = {"plan": self.plan.name, "profile": self.plan.profile, "source": self.plan.source,
                       "fingerprint": self.plan.fingerprint(), "base": self.plan.base, "axes": self.plan.axes,
                       "eval": [dataclasses.asdict(step) for step in self.plan.evals],
@@ -125,8 +122,8 @@ class Sweep:
         found = []
         existing = self._read_record()
         if existing is not None and existing.get("fingerprint") != self.plan.fingerprint():
-            found.append(f"sweep directory {self.directory} holds runs of another plan ({existing.get('plan')}, "
-                         f"profile {existing.get('profile')}): the sweep would refuse it; choose another --dir")
+            found.append(f"sweep directory {self.directory} holds runs of another plan ({_plan_of(existing)}): "
+                         "the sweep would refuse it; choose another --dir")
         if self.plan.task is None:
             from charlm.corpora import load_corpus
 
@@ -291,3 +288,9 @@ def _eval_label(record) -> str:
 
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def _plan_of(record: dict) -> str:
+    """The plan a sweep.json names, with its profile where it has one: ``lru-table1, profile small``."""
+    profile = record.get("profile")
+    return f"{record.get('plan')}" + ("" if profile is None else f", profile {profile}")

@@ -27,7 +27,8 @@ import numpy as np
 from charlm.config import DynamicOptions
 from charlm.inference.dynamic import METHODS, DynamicDiverged, collect_gradient_statistics, dynamic_score, make_update
 from charlm.errors import CharlmError
-from charlm.settings import INT64_MAX
+from charlm.logs import get_logger
+from charlm.settings import INT64_MAX, flag_of
 from charlm.corpora.streams import check_streams_fit
 from charlm.runtime.memory import DYNAMIC_ADVICE, check_evaluation_fits
 from charlm.inference.scoring import Score, characters_per_token, check_splits_fit, score_tokens
@@ -53,6 +54,26 @@ class SearchResult:
     @property
     def best(self) -> SearchPoint:
         return min(self.points, key=lambda point: point.bpc)
+
+    def edge_notes(self) -> list[str]:
+        """A note for each setting whose best value is the smallest or the largest of its grid (and
+        not the end of its bounds, such as λ = 0): the best may lie beyond, and which way to look."""
+        best, notes = self.best, []
+        if not math.isfinite(best.bpc):  # every point diverged: no best to speak of
+            return notes
+        bounds = {field.name: field.metadata for field in dataclasses.fields(DynamicOptions)}
+        for name, symbol in (("lr", "η"), ("decay", "λ")):
+            tried = sorted({getattr(point, name) for point in self.points})
+            value = getattr(best, name)
+            if len(tried) < 2 or value not in (tried[0], tried[-1]):
+                continue
+            smallest = value == tried[0]
+            if value == bounds[name].get("min" if smallest else "max"):
+                continue  # nothing lies beyond
+            edge, way = ("smallest", "smaller") if smallest else ("largest", "larger")
+            notes.append(f"the best {symbol}, {value:g}, is the {edge} the search tried ({tried[0]:g} to {tried[-1]:g}): "
+                         f"a {way} one may do better; try {flag_of(DynamicOptions, name)} {way} than {value:g}")
+        return notes
 
 
 @dataclasses.dataclass
@@ -101,6 +122,13 @@ class DynamicReport:
                 "points": [dataclasses.asdict(point) for point in self.search.points],
             }
         return fields
+
+
+def statistics_tokens(train, options: DynamicOptions) -> int:
+    """About how many training tokens rms's gradient statistics read (a progress bar's total)."""
+    if options.stat_batches is None:
+        return len(train)
+    return min(len(train), options.stat_batches * options.stat_batch_size * options.segment)
 
 
 class NoProgress:
@@ -214,8 +242,7 @@ def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adap
     if options.method == "rms":
         train = corpus.split("train")
         started = time.perf_counter()
-        total = len(train) if options.stat_batches is None else min(len(train), options.stat_batches * options.stat_batch_size * options.segment)
-        with progress.stage("gradient statistics (train)", total) as callback:
+        with progress.stage("gradient statistics (train)", statistics_tokens(train, options)) as callback:
             rms, statistics_batches = collect_gradient_statistics(
                 model, train, segment=options.segment, batch_size=options.stat_batch_size,
                 max_batches=options.stat_batches, device=device, progress=callback)
@@ -227,6 +254,8 @@ def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adap
                              decays=SEARCH_DECAYS[options.method], device=device,
                              chars_per_token=valid_chars_per_token, progress=progress, cuda_graph=cuda_graph)
         options = dataclasses.replace(options, lr=search.best.lr, decay=search.best.decay)
+        for note in search.edge_notes():
+            get_logger().warning(f"warning: --dyn-search: {note}")
 
     update = make_update(model, options, rms)
     adaptation, adaptation_seconds = None, 0.0
@@ -287,7 +316,8 @@ def check_method(method: str | None, dynamic_only: list[str], *, purpose: str = 
     if method is None and dynamic_only:
         raise CharlmError(f"{dynamic_only[0]} applies to dynamic {purpose}: add --dynamic sgd or --dynamic rms")
     if method is not None and method not in METHODS:
-        raise CharlmError(f"--dynamic must be sgd or rms, not {method!r}")
+        taken = f": it takes a method first, as in --dynamic sgd {method}" if method.startswith("-") else ""  # an option
+        raise CharlmError(f"--dynamic must be {' or '.join(METHODS)}, not {method!r}{taken}")
 
 
 def check_adapted_path(path, source, force: bool = False) -> None:

@@ -27,7 +27,8 @@ except ImportError:  # Windows: no advisory locks, one training per directory is
     fcntl = None
 
 from charlm.errors import CharlmError
-from charlm.files import WriteError, append_text, atomic_write_text, file_kind, flush_directory, path_value, read_bytes, writing
+from charlm.files import (WriteError, append_text, atomic_write_text, file_kind, flush_directory, make_directory, path_value,
+                          read_bytes, writing)
 from charlm.logs import get_logger
 from charlm.runs.records import KIND_WORDS, RunHistory, encode, is_of_kind, new_record
 from charlm.runs.retention import disk_usage
@@ -63,10 +64,7 @@ class Run:
     def create(cls, path: str | Path, config: dict, provenance: dict) -> "Run":
         """A new run directory, locked by this process; refuses one that already holds a run."""
         run = cls(path)
-        try:
-            run.path.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise WriteError(run.path, error.strerror, error.errno, action="create run directory") from None
+        make_directory(run.path, action="create run directory")
         run._refuse_existing()
         run.acquire()
         run._refuse_existing()  # written by another process between the first look and the lock

@@ -19,9 +19,12 @@ and ``mask`` all True.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+# torch is imported where samples are drawn: `charlm task --help` reads the tasks' sizes and limits without it.
 
 MAX_LENGTH = 10_000   # memorization: symbols per sequence
 MAX_SYMBOLS = 65_535  # memorization: vocabulary
@@ -72,6 +75,8 @@ class Memorization:
         return 8 * self.length + 17 * self.positions
 
     def sample(self, generator: torch.Generator, batch_size: int) -> TaskBatch:
+        import torch
+
         n, dash = self.length, self.symbols
         sequence = torch.randint(self.symbols, (batch_size, n), generator=generator)
         inputs = torch.full((batch_size, self.positions), dash)
@@ -102,6 +107,8 @@ class Addition:
 
     def numbers(self, generator: torch.Generator, batch_size: int) -> tuple[Tensor, Tensor]:
         """Two ``[B, D]`` digit arrays of D-digit integers (no leading zero)."""
+        import torch
+
         digits = torch.randint(10, (2, batch_size, self.digits), generator=generator)
         digits[:, :, 0] = torch.randint(1, 10, (2, batch_size), generator=generator)
         return digits[0], digits[1]
@@ -111,6 +118,8 @@ class Addition:
 
     def encode(self, a: Tensor, b: Tensor) -> TaskBatch:
         """The batch of the problems a + b (``[B, D]`` digit arrays)."""
+        import torch
+
         batch_size = a.shape[0]
         total = sum_digits(a, b)  # [B, D + 1], a leading 0 where the sum has D digits
         d, dash = self.digits, 10
@@ -130,6 +139,8 @@ class Addition:
 
 def sum_digits(a: Tensor, b: Tensor) -> Tensor:
     """The digits of a + b, most significant first, one digit longer than the operands."""
+    import torch
+
     out = torch.zeros(a.shape[0], a.shape[1] + 1, dtype=a.dtype)
     carry = torch.zeros(a.shape[0], dtype=a.dtype)
     for column in range(a.shape[1] - 1, -1, -1):  # the column of units first
@@ -154,6 +165,8 @@ class Parity:
         _check("the number of bits (--bits)", self.bits, 1, MAX_BITS)
 
     def sample(self, generator: torch.Generator, batch_size: int) -> TaskBatch:
+        import torch
+
         bits = torch.randint(2, (batch_size, self.bits), generator=generator)
         parity = bits.sum(dim=1, keepdim=True) % 2
         return TaskBatch(bits.float(), parity, torch.ones_like(parity, dtype=torch.bool))

@@ -5,10 +5,12 @@ weights (written into best.pt and a ``test`` record)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 from charlm.checkpoint import Checkpoint
-from charlm.inference.scoring import Score, characters_per_token, score_split, score_tokens
+from charlm.inference.scoring import Score, characters_per_token, score_tokens
+from charlm.logs import progress_bar
 from charlm.runtime.precision import autocast
 from charlm.training import reporting
 
@@ -24,17 +26,16 @@ class Scorer:
         """The score of ``split``: validation on its leading ``eval_fraction``, any other split whole."""
         trainer, config = self.trainer, self.trainer.config
         started = time.monotonic()
-        fraction = config.eval_fraction if split == "valid" else 1.0
-        with autocast(config.precision, trainer.device):
-            if fraction < 1.0:
-                tokens = trainer.corpus.split(split)
-                used = max(config.eval_batch_size + 1, int(len(tokens) * fraction))
-                score = score_tokens(trainer.model, tokens[:used], batch_size=config.eval_batch_size, bptt=config.bptt,
-                                     device=trainer.device, chars_per_token=characters_per_token(trainer.corpus, split),
-                                     rows=trainer.world.share(config.eval_batch_size))
-            else:
-                score = score_split(trainer.model, trainer.corpus, split, batch_size=config.eval_batch_size,
-                                    bptt=config.bptt, device=trainer.device, rows=trainer.world.share(config.eval_batch_size))
+        tokens = trainer.corpus.split(split)
+        if split == "valid" and config.eval_fraction < 1.0:
+            tokens = tokens[:max(config.eval_batch_size + 1, int(len(tokens) * config.eval_fraction))]
+        # the bar counts windows, as many on every rank (TokenStreams' count: streams of ⌈predictions / batch⌉)
+        windows = math.ceil(math.ceil((len(tokens) - 1) / config.eval_batch_size) / config.bptt)
+        with autocast(config.precision, trainer.device), \
+                progress_bar(windows, f"scoring {split}", show=trainer.world.is_main) as bar:
+            score = score_tokens(trainer.model, tokens, batch_size=config.eval_batch_size, bptt=config.bptt,
+                                 device=trainer.device, chars_per_token=characters_per_token(trainer.corpus, split),
+                                 rows=trainer.world.share(config.eval_batch_size), progress=lambda _: bar.update())
         score.nats = trainer.world.sum([score.nats])[0]  # each process scored its share of the streams
         if score.fast_path is not None and not self.scoring_graph_reported:
             reporting.report_scoring_graph(trainer.run, trainer.provenance, score.fast_path)

@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from charlm.checkpoint import Checkpoint
 from charlm.inference.scoring import LN2
-from charlm.logs import get_logger
+from charlm.logs import get_logger, progress_bar
 from charlm.model import count_parameters
 from charlm.runtime.compiling import CompiledForward
 from charlm.runtime.training_graphs import GraphedWindow
@@ -24,8 +24,7 @@ class EpochBar:
 
     def __init__(self, windows: int, done: int, epoch: int, epochs: int, show: bool):
         self.windows, self.epoch, self.epochs = windows, epoch, epochs
-        self.bar = tqdm(total=windows, initial=done, desc=f"epoch {epoch}/{epochs}", unit="win", leave=False,
-                        disable=None if show else True, dynamic_ncols=True)
+        self.bar = progress_bar(windows, f"epoch {epoch}/{epochs}", initial=done, show=show)
         self.plain = show and self.bar.disable  # no bar is drawn: not a terminal
         self.reported_at = time.monotonic()
 
@@ -33,11 +32,11 @@ class EpochBar:
         self.bar.update(windows)
 
     def show_step(self, running_bpc: float, chars_per_second: float, valid_bpc: float | None = None) -> None:
-        """The bar's figures: the epoch's running train bpc, the last validation bpc, the speed."""
-        figures = {"train": f"{running_bpc:.3f}"}
-        if valid_bpc is not None:
-            figures["valid"] = f"{valid_bpc:.3f}"
-        self.bar.set_postfix(**figures, chars_s=f"{chars_per_second:.0f}")
+        """The bar's figures: the epoch's running train bpc, the last validation bpc, the speed (short,
+        so that they stay whole at 80 columns)."""
+        valid = "" if valid_bpc is None else f", valid {valid_bpc:.3f}"
+        self.bar.set_postfix_str(f"train {running_bpc:.3f}{valid}, {tqdm.format_sizeof(chars_per_second)} chars/s",
+                                 refresh=False)
 
     def status_line(self, window: int, running_bpc: float, chars_per_second: float, valid_bpc: float | None = None) -> None:
         """A plain line for logs and pipes, when one is due."""

@@ -113,6 +113,14 @@ def check_same_run(run: Run, checkpoint: Checkpoint) -> None:
                           "resume only the run it belongs to")
 
 
+def check_same_vocabulary(checkpoint: Checkpoint | None, corpus) -> None:
+    """Refuse to resume on a corpus whose vocabulary is not the checkpoint's: prepared again under
+    its name since the run began (`charlm train --text` after the file changed, say)."""
+    if checkpoint is not None and list(corpus.tokenizer.vocab) != list(checkpoint.tokenizer["vocab"]):
+        raise CharlmError(f"the prepared corpus {corpus.name!r} in {corpus.path} has another vocabulary than "
+                          f"{checkpoint.path}: it was prepared again since the run began, so the run cannot go on")
+
+
 def _plain(value):
     """A value as config.json holds it (tuples as lists)."""
     return [_plain(item) for item in value] if isinstance(value, (list, tuple)) else (

@@ -45,12 +45,14 @@ from charlm.training import reporting
 from charlm.training.control import (Interrupted, LossNotFinite, OutOfTime, OutOfTokens, ProcessLost, SaveSchedule, StopRequest,
                                      StorageError, TimeBudget, TrainingDiverged, TrainingInterrupted, owning)
 from charlm.training.evaluation import Scorer
-from charlm.training.resume import (Progress, check_resumable, check_same_run, last_good_checkpoint, read_progress, restore,
-                                    restore_best, resumed_config, seed_this_process, training_checkpoint)
+from charlm.training.resume import (Progress, check_resumable, check_same_run, check_same_vocabulary, last_good_checkpoint,
+                                    read_progress, restore, restore_best, resumed_config, seed_this_process,
+                                    training_checkpoint)
 from charlm.training.setup import (cell_class_for, check_training_state, check_streams, check_model_fits, forward_pass,
                                    gradient_sync_pause, load_initial_weights, model_config_for, optimizer_and_schedule,
                                    placement, training_streams)
 from charlm.training.step import TrainingStep, gradients_for, update_groups
+from charlm.training.text_input import check_text_corpus
 
 __all__ = ["Trainer", "TrainingDiverged", "TrainingInterrupted", "ProcessLost", "StorageError", "Progress"]
 
@@ -87,7 +89,9 @@ class Trainer:
             _check_tokens_left(read_progress(checkpoint), config)  # before anything is built or written
         self.device, self.world = placement(config)
         scaler = grad_scaler(config.precision, self.device)
+        check_text_corpus(config)
         self.corpus = load_corpus(config.corpus, config.data_dir)
+        check_same_vocabulary(checkpoint, self.corpus)
         check_streams(config, self.corpus)
         torch.manual_seed(torch_seed(config.seed))
         if checkpoint is None:

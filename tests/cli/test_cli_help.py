@@ -45,6 +45,12 @@ def test_other_commands_show_their_defaults(command, fragment, monkeypatch):
     assert fragment in rendered_help(command, monkeypatch)
 
 
+def test_help_examples_use_values_the_options_take(monkeypatch):
+    """Issue 34: train's --cell-opt example said peephole=true (the forms are none, diagonal, full)."""
+    text = rendered_help("train", monkeypatch)
+    assert "--cell-opt peephole=diagonal" in text and "peephole=true" not in text
+
+
 def test_threads_option_sets_torch_threads_and_refuses_zero():
     import torch
 
@@ -81,3 +87,25 @@ def test_the_cells_table_reads_at_80_columns(monkeypatch):
     result = cli("cells", check_code=0)
     assert all(len(line) <= 80 for line in result.stdout.splitlines())
     assert "ps-lru" in result.stdout and "options" in result.stdout
+
+
+def test_no_option_name_is_cut_in_any_help_at_80_columns(monkeypatch):
+    """Issue 34: at 80 columns --help wraps help texts and types, never an option's names (it cut
+    --no-test-every-epoch to --no-test-every-epo…)."""
+    import re
+
+    import typer.main
+
+    from charlm.cli.app import app
+    from helpers import assert_fits, terminal_of
+
+    terminal_of(monkeypatch, 80)
+    monkeypatch.setenv("NO_COLOR", "1")
+    for name, command in typer.main.get_command(app).commands.items():
+        text = cli(name, "--help", check_code=0).stdout
+        assert_fits(text)
+        flags = [flag for parameter in command.params if not getattr(parameter, "hidden", False)
+                 for flag in (*parameter.opts, *parameter.secondary_opts) if flag.startswith("-")]
+        for flag in flags:
+            assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), f"charlm {name} --help: {flag}"
+    assert "--no-test-every-epoch" in cli("train", "--help").stdout

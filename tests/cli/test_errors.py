@@ -42,6 +42,8 @@ CASES = [
     Case("unknown corpus", "train --corpus nope"),
     Case("built-in corpus not prepared", "train --corpus wp"),
     Case("unknown cell", "train --cell nope"),
+    Case("cell that is only a colon", "train --cell :"),
+    Case("cell of a relative module", "train --cell .x:Y"),
     Case("unknown option", "train --nope"),
     Case("option without its value", "train --hidden"),
     Case("zero hidden size", "train --hidden 0"),
@@ -104,6 +106,7 @@ CASES = [
     Case("config file with an integer too large for a number", "train --config FILES/huge-number.json"),
     Case("config file with a NUL in a path", "train --config FILES/nul-path.json"),
     Case("run directory already used", "train --run-dir RUN"),
+    Case("run directory below a file", "train --run-dir FILES/latin-1.txt/run"),
     Case("resume a missing directory", "train --resume FILES/absent"),
     Case("resume a directory that is no run", "train --resume FILES/empty-dir"),
     Case("resume changing the model", "train --resume RUN --hidden 9"),
@@ -116,6 +119,7 @@ CASES = [
     Case("truncated checkpoint", "sample FILES/truncated.pt"),
     Case("a .pt file of something else", "sample FILES/other.pt"),
     Case("a pickle that would run code", "sample FILES/code.pt"),
+    Case("best.pt a link to a text file", "sample FILES/linked-run"),
     Case("a corpus with another vocabulary", "eval RUN --data-dir FILES/other-data"),
     Case("the checkpoint's corpus absent", "eval RUN --data-dir FILES/empty-dir"),
     Case("checkpoint vocabulary shorter than its output layer", "sample FILES/short-vocab.pt"),
@@ -132,6 +136,7 @@ CASES = [
     Case("top-p 0", "sample RUN --top-p 0"),
     Case("top-p above 1", "sample RUN --top-p 1.5"),
     Case("negative length", "sample RUN --length -1"),
+    Case("length no machine holds", "sample RUN --length 10000000000000"),
     Case("empty prime", "sample RUN --prime ''"),
     Case("prime outside the vocabulary", "sample RUN --prime 中文"),
     Case("prime file not UTF-8", "sample RUN --prime-file FILES/latin-1.txt"),
@@ -153,6 +158,8 @@ CASES = [
     Case("search prefix with fewer symbols than streams", "eval RUN --dynamic sgd --dyn-search --search-prefix 10 --batch-size 16"),
     Case("more scoring streams than the text has symbols", "score RUN FILES/short.txt --batch-size 100"),
     Case("unknown dynamic method", "eval RUN --dynamic adam"),
+    Case("dynamic method left out", "eval RUN --dynamic --dyn-lr 0.1"),
+    Case("zero search prefix", "eval RUN --dynamic sgd --dyn-search --search-prefix 0"),
     Case("missing text to score", "score RUN FILES/absent.txt"),
     Case("text to score not UTF-8", "score RUN FILES/latin-1.txt"),
     Case("text outside the vocabulary", "score RUN FILES/chinese.txt"),
@@ -161,6 +168,8 @@ CASES = [
     Case("prepare text without a name", "prepare text FILES/chinese.txt"),
     Case("prepare a missing file", "prepare text FILES/absent.txt --name mine"),
     Case("prepare text that is not UTF-8", "prepare text FILES/latin-1.txt --name mine"),
+    Case("split fraction not a number", "prepare text FILES/short.txt --name mine --split nan,0.5,0.5"),
+    Case("prepare text under a built-in corpus's name", "prepare text FILES/short.txt --name pydoc"),
     Case("download from a non-address", "prepare wp --url 'not a url'"),
     Case("download from a local file URL", "prepare wp --url file:///etc/passwd"),
     Case("local copy that is a FIFO", "prepare ptb --source FILES/fifo"),
@@ -189,12 +198,13 @@ CASES = [
     Case("benchmark zero steps", "bench --steps 0"),
     Case("benchmark an unknown cell", "bench --cells nope"),
     Case("benchmark a budget no machine holds", "bench --params 1e23"),
-    Case("task network no machine holds", "task parity --hidden-size 1000000"),
+    Case("task network no machine holds", "task parity --hidden 1000000"),
     Case("task batch no machine holds", "task parity --batch-size 100000000"),
     Case("demo with no time", "demo --minutes 0"),
     Case("benchmark no cell", "bench --cells ''"),
     Case("check no precision", "check --cells rnn --precision ''"),
     Case("an empty path", "report RUN --out ''"),
+    Case("report into a file", "report RUN --out FILES/latin-1.txt"),
 ]
 
 BAD_PLAN_FILES = {  # the plans of the sweep cases (the full table: tests/experiments/test_plan_reader.py)
@@ -237,6 +247,8 @@ def places(trained_run, tiny_corpus, tmp_path_factory) -> dict[str, Path]:
     os.mkfifo(files / "fifo")  # a reader that opened it would wait for a writer for ever
     (files / "loop").symlink_to("loop")  # a link to itself
     (files / "dangling").symlink_to(files / "absent.txt")
+    (files / "linked-run").mkdir()
+    (files / "linked-run" / "best.pt").symlink_to(files / "short.txt")  # a run whose best.pt is a link to text
     (files / "climbing-plan.toml").write_text('name = "../elsewhere"\n[axes]\ncell = ["lru"]\n', encoding="utf-8")
     for name, text in BAD_PLAN_FILES.items():
         (files / name).write_text(text, encoding="utf-8")

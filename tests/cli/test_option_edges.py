@@ -46,7 +46,7 @@ COMMANDS = {
     "demo": ["demo", "--data-dir", "NEW", "--run-dir", "NEW"],
     "prepare": ["prepare", "pydoc", "--data-dir", "NEW", "--quiet"],
     "check": ["check", "--full", "--device", "cpu", "--cells", "rnn", "--out", "NEW"],
-    "task": ["task", "parity", "--bits", "4", "--hidden-size", "4", "--max-samples", "20", "--eval-every", "20",
+    "task": ["task", "parity", "--bits", "4", "--hidden", "4", "--max-samples", "20", "--eval-every", "20",
              "--eval-samples", "4", "--run-dir", "NEW", "--device", "cpu"],
 }
 # Options that only apply together with others.
@@ -67,7 +67,7 @@ CONTEXT = {
 STOP_AT = {
     "serve": "charlm.cli.serve._listen",
     "demo": "charlm.tools.demo.run_demo",
-    "prepare": "charlm.cli.prepare.prepare_corpus",
+    "prepare": "charlm.corpora.prepare.prepare_corpus",
     "task": "charlm.tasks.training.build_task_model",  # after the settings, the task and its memory estimate are checked
     "bench": "charlm.tools.benchmark.benchmark_cells",  # after its memory estimate
     "check": "charlm.tools.full_check.FullCheck.run",

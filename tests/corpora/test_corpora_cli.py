@@ -28,6 +28,12 @@ ERROR_CASES = {
     "not utf-8": (["prepare", "text", "{tmp}/latin1.txt", "--name", "bad"], "latin1.txt is not UTF-8 text"),
     "split of a built-in": (["prepare", "ptb", "--split", "0.8,0.1,0.1"], "ptb has a fixed split"),
     "bad split": (["prepare", "text", "{tmp}/prose.txt", "--name", "x", "--split", "a,b"], "--split wants"),
+    "split of nan": (["prepare", "text", "{tmp}/prose.txt", "--name", "x", "--split", "nan,0.5,0.5"],
+                     "--split wants three positive fractions that sum to 1 (train,valid,test), not (nan, 0.5, 0.5)"),
+    "name of a built-in": (["prepare", "text", "{tmp}/prose.txt", "--name", "pydoc"],
+                           "'pydoc' is a built-in corpus (Python's own documentation, offline): choose another --name, "
+                           "or pass --force"),
+    "built-in under another's name": (["prepare", "pydoc", "--name", "wp"], "'wp' is a built-in corpus"),
     "text without name": (["prepare", "text", "{tmp}/prose.txt"], "needs --name NAME"),
     "corrupt archive": (["prepare", "ptb", "--source", "{tmp}/simple-examples.tgz"], "corrupt or truncated archive"),
     "unknown symbols": (["prepare", "text", "{tmp}/novel.txt", "--name", "novel"],
@@ -95,6 +101,17 @@ def test_error_from_a_subprocess(case, setting, tmp_path):
     assert_one_line_error(*run_subprocess(arguments_of(case, setting, tmp_path)), ERROR_CASES[case][1])
 
 
+def test_force_prepares_text_under_a_built_in_name_and_the_listing_describes_it(setting, tmp_path, monkeypatch, capsys):
+    """Issue 34: `--name pydoc` silently replaced the built-in corpus, still listed as Python's documentation."""
+    arguments = ["prepare", "text", f"{setting['tmp']}/prose.txt", "--name", "pydoc", "--force", "--quiet",
+                 "--data-dir", str(tmp_path)]
+    code, out, err = run_in_process(arguments, monkeypatch, capsys)
+    assert code == 0 and out.startswith("pydoc: "), err
+    code, listing, err = run_in_process(["corpora", "--data-dir", str(tmp_path)], monkeypatch, capsys)
+    row = next(line for line in listing.splitlines() if line.strip("│ ").startswith("pydoc "))
+    assert code == 0 and "yes" in row and "Python" not in row and "your text" in row
+
+
 def test_checksum_mismatch_moves_the_download_aside(setting, tmp_path, monkeypatch, capsys):
     run_in_process(arguments_of("checksum mismatch", setting, tmp_path), monkeypatch, capsys)
     assert [p.name[:-8] for p in (tmp_path / "downloads").iterdir()] == ["warpeace_input.txt.bad-"]
@@ -121,5 +138,22 @@ def test_prepare_then_again_then_list_as_subprocesses(tmp_path):
     assert code == 0 and again == out and "already prepared" in err and "nothing to do" in err
     code, listing, err = run_subprocess(["corpora", "--data-dir", str(tmp_path)])
     assert code == 0, err
-    row = next(line for line in listing.splitlines() if line.strip().startswith("ptb "))
+    row = next(line for line in listing.splitlines() if line.strip("│ ").startswith("ptb "))
     assert "yes" in row and "5,017,482" in row and "442,423" in row and " 50 " in row
+
+
+def test_corpora_fit_80_columns(tiny_corpus):
+    """Issue 34: at COLUMNS=80 (a real process: charlm's console reads it at start) the split sizes
+    go before the corpus, whether it is prepared and what it is; the description wraps with room."""
+    from charlm.corpora import load_corpus
+    from helpers import assert_fits, run_cli, table_header, table_lines
+
+    result = run_cli("corpora", "--data-dir", tiny_corpus, env={"COLUMNS": "80"}, check_code=0)
+    assert_fits(result.stdout)
+    header = table_header(result.stdout)
+    assert header[:2] == ["corpus", "prepared"] and header[-1] == "description" and "valid" not in header
+    tiny = next(line for line in table_lines(result.stdout) if line[0] == "tiny")
+    if "train" in header:  # whole, on the row's line
+        assert tiny[header.index("train")] == f"{load_corpus('tiny', tiny_corpus).tokens('train'):,}"
+    description = next(line for line in result.stdout.splitlines() if line.startswith("┃")).split("┃")[-2]
+    assert len(description) >= 2 + 24  # the description wraps in 24 columns or more, not a word a line

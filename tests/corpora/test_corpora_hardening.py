@@ -391,7 +391,7 @@ def test_only_the_staging_of_dead_processes_on_this_host_is_removed(prose, tmp_p
 
 def corpora_row(data_dir, name):
     listing = cli("corpora", "--data-dir", data_dir, check_code=0).stdout
-    return next(line for line in listing.splitlines() if line.strip().startswith(f"{name} "))
+    return next(line for line in listing.splitlines() if line.strip("│ ").startswith(f"{name} "))
 
 
 def test_listing_marks_a_corpus_prepared_without_verification(prose, tmp_path):

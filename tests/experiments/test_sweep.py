@@ -19,7 +19,7 @@ from charlm.model import ModelConfig, budget_of
 from charlm.runs.directory import Run
 from charlm.experiments.selection import select
 from charlm.experiments.sweep import Sweep
-from helpers import assert_one_line_error, cli, records
+from helpers import assert_fits, assert_one_line_error, cli, records, table_header, table_lines, terminal_of
 
 TINY_PLAN = """
 name = "tiny"
@@ -190,6 +190,24 @@ def test_list_shows_every_shipped_plan_with_its_description():
         assert name in result.stdout and description[:30] in result.stdout
 
 
+def test_dry_run_and_list_fit_80_columns(tmp_path, monkeypatch):
+    """Issue 34: at 80 columns a dry run keeps each point's run, corpus, cell, parameters and state,
+    the figures whole on the row's first line, a row in two lines at most; --list wraps descriptions."""
+    arguments = ("sweep", "lru-table1", "--dir", tmp_path / "sweep", "--data-dir", tmp_path / "data", "--dry-run")
+    wide = cli(*arguments, check_code=0).stdout  # piped: every column, a row a line
+    terminal_of(monkeypatch, 80)
+    narrow = cli(*arguments, check_code=0).stdout
+    assert_fits(narrow)
+    header, every = table_header(narrow), table_header(wide)
+    assert header == ["run", "corpus", "cell", "parameters", "state"]
+    firsts = [line[1:] for line in table_lines(narrow) if line[1]]
+    assert firsts == [[line[every.index(name)] for name in header[1:]] for line in table_lines(wide)]
+    assert len(table_lines(narrow)) <= 2 * len(firsts)
+    listing = cli("sweep", "--list", check_code=0).stdout
+    assert_fits(listing)
+    assert [line[0] for line in table_lines(listing) if line[0]] == list(shipped_plans())
+
+
 @pytest.mark.parametrize("text, fragment", [
     ('[base]\ncorpus = "tiny"\n[axes]\ncell = ["gru"]\n[extra]\nx = 1\n', "unknown key 'extra'"),
     ('[base]\nlearning_rate = 0.1\n[axes]\ncell = ["gru"]\n', "unknown setting 'learning_rate'"),
@@ -272,6 +290,24 @@ def test_the_delta_rnn_plans_follow_the_paper_and_the_dry_run_shows_its_counts(t
         assert all("max_minutes" not in p.settings for p in load_plan(name, "small").points()), name
     result = cli("sweep", "grid-lstm-enwik8", "--dir", tmp_path / "sweep", "--dry-run", check_code=0)
     assert "paper's count" in result.stdout and "16,800,000" in result.stdout and "16,828,205" in result.stdout
+
+
+def test_a_plan_of_ones_own_is_not_labelled_a_paper(plan_file, tiny_corpus, tmp_path, monkeypatch):
+    """Issue 34: a plan without profiles ran as profile "paper" (sweeps/NAME-paper, a "paper's count"
+    column of dashes); only a plan that names its paper is one."""
+    monkeypatch.chdir(tmp_path)
+    plan = load_plan(plan_file)
+    assert plan.profile is None and plan.label == "tiny"
+    assert load_plan("lru-table1").label == "lru-table1-paper" and load_plan("lru-table1", "small").label == "lru-table1-small"
+    dry = cli("sweep", plan_file, "--data-dir", tiny_corpus, "--dry-run", check_code=0)
+    assert dry.stdout.startswith(f"4 run(s) of tiny in {Path('sweeps') / 'tiny'}\n")
+    assert "paper" not in dry.stdout
+    Sweep(plan, tmp_path / "sweep").bind()
+    assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["profile"] is None
+    other = tmp_path / "other.toml"
+    other.write_text('[base]\ncorpus = "tiny"\n[axes]\ncell = ["rnn"]\n', encoding="utf-8")
+    assert_one_line_error(cli("sweep", other, "--dir", tmp_path / "sweep", "--data-dir", tiny_corpus),
+                          "holds runs of another plan (tiny): choose another --dir")
 
 
 def test_the_plans_budget_label_is_recorded_in_sweep_json(plan_file, tmp_path):

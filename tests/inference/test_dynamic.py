@@ -4,6 +4,8 @@ and through `charlm eval`."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -259,6 +261,38 @@ def test_grid_search_restores_the_weights_and_abandons_divergent_points():
     assert result.best.lr != 1e4 and result.tokens == 201
 
 
+def test_a_best_value_at_an_edge_of_its_grid_is_said_with_the_way_to_extend_it():
+    """Issue 34: the search chose η = 1e-05, the smallest it tried, without a word."""
+    from charlm.inference.dynamic_protocol import SearchPoint, SearchResult
+
+    def result(*points):
+        return SearchResult([SearchPoint(*point) for point in points], static_bpc=5.0, tokens=100)
+
+    rms = result((1e-5, 0.0, 2.0), (1e-5, 0.1, 1.9), (3e-5, 0.0, 2.2), (3e-5, 0.1, 2.1))
+    assert rms.edge_notes() == [
+        "the best η, 1e-05, is the smallest the search tried (1e-05 to 3e-05): a smaller one may do better; "
+        "try --dyn-lr smaller than 1e-05",
+        "the best λ, 0.1, is the largest the search tried (0 to 0.1): a larger one may do better; try --dyn-decay "
+        "larger than 0.1"]
+    assert "largest" in result((0.001, 0.0, 2.0), (0.1, 0.0, 1.5)).edge_notes()[0]
+    assert result((0.001, 0.0, 2.0), (0.01, 0.0, 1.5), (0.1, 0.0, 1.7)).edge_notes() == []  # inside the grid
+    assert result((1e-5, 0.0, 1.5), (1e-5, 0.1, 1.7)).edge_notes() == []  # λ = 0: nothing below; one η: no grid
+    assert result((0.001, 0.0, math.inf), (0.01, 0.0, math.inf)).edge_notes() == []  # every point diverged
+
+
+def test_eval_warns_when_the_search_chose_an_edge(trained_run, tmp_path, monkeypatch):
+    import charlm.inference.dynamic_protocol as protocol
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)  # eval records its figures in the run
+    monkeypatch.setitem(protocol.SEARCH_LRS, "sgd", (1e-9, 1e-8))
+    monkeypatch.setattr(protocol, "grid_search", lambda model, tokens, options, rms, **rest: protocol.SearchResult(
+        [protocol.SearchPoint(1e-9, 0.0, 4.0), protocol.SearchPoint(1e-8, 0.0, 4.1)], 4.2, len(tokens)))
+    result = cli("eval", run, "--dynamic", "sgd", "--dyn-search", "--search-prefix", "300", check_code=0)
+    assert ("warning: --dyn-search: the best η, 1e-09, is the smallest the search tried (1e-09 to 1e-08): a smaller "
+            "one may do better; try --dyn-lr smaller than 1e-09") in result.stderr
+
+
 def table_row(stdout, name):
     line = next(line for line in stdout.splitlines() if line.startswith("│ " + name))
     return [cell.strip() for cell in line.strip("│").split("│")]
@@ -318,6 +352,9 @@ def test_cli_error_is_one_line(trained_run):
         (["--dyn-lr", "0.1"], "--dyn-lr applies to dynamic evaluation"),
         (["--dyn-search"], "--dyn-search applies to dynamic evaluation"),
         (["--dynamic", "adam"], "--dynamic must be sgd or rms"),
+        (["--dynamic", "--dyn-lr", "0.1"], "--dynamic must be sgd or rms, not '--dyn-lr': it takes a method first"),
+        (["--dynamic", "sgd", "--dyn-search", "--search-prefix", "0"], "--search-prefix must be a whole number of characters "
+                                                                         "from 2"),  # not the default of 50,000
         (["--dynamic", "sgd", "--dyn-lr", "-0.1"], "--dyn-lr must be zero or positive, not -0.1"),
         (["--dynamic", "rms", "--dyn-decay", "1.5"], "--dyn-decay must be in [0, 1], not 1.5"),
         (["--dynamic", "rms", "--dyn-decay", "-0.1"], "--dyn-decay must be in [0, 1], not -0.1"),
@@ -343,6 +380,7 @@ def test_bad_dynamic_options_are_one_line_errors(trained_run, args, fragment):
     [
         (["--dyn-lr", "0.1"], "--dyn-lr applies to dynamic scoring: add --dynamic sgd or --dynamic rms"),
         (["--dynamic", "adam"], "--dynamic must be sgd or rms, not 'adam'"),
+        (["--dynamic", "--dyn-lr", "0.1"], "--dynamic must be sgd or rms, not '--dyn-lr'"),
     ],
 )
 def test_score_checks_its_dynamic_flags_as_eval_does(trained_run, tmp_path, args, fragment):

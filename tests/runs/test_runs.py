@@ -18,7 +18,7 @@ import charlm
 from charlm.checkpoint import Checkpoint
 from charlm.runs.directory import Run
 from charlm.training.trainer import Trainer, TrainingDiverged, TrainingInterrupted
-from helpers import assert_one_line_error, cli, prepare_tiny_corpus, records, run_cli
+from helpers import assert_fits, assert_one_line_error, cli, prepare_tiny_corpus, records, run_cli, table_header
 
 PROVENANCE_KEYS = {"command", "charlm_version", "git_commit", "python", "torch", "cuda", "device", "device_name",
                    "threads", "host", "pid", "corpus", "corpus_fingerprint", "started"}
@@ -247,7 +247,8 @@ def test_second_train_into_a_run_directory_is_refused(runs_root, tmp_path):
 
 
 def test_runs_fit_80_columns_and_print_plain_values_for_scripts(runs_root, monkeypatch):
-    """Issue 24: at 80 columns the least needed columns go and no number is broken; --plain is TSV."""
+    """Issue 24: at 80 columns the least needed columns go and no number is broken; --plain is TSV.
+    Issue 34: the corpus stays (runs on different corpora are not comparable), and the sorted column."""
     from charlm.cli import output
 
     monkeypatch.chdir(runs_root / "runs")
@@ -256,7 +257,10 @@ def test_runs_fit_80_columns_and_print_plain_values_for_scripts(runs_root, monke
     assert all(len(line) <= 80 for line in narrow.stdout.splitlines())
     header = [line for line in narrow.stdout.splitlines() if line.startswith("┃")][0]
     kept = [cell.strip() for cell in header.split("┃")[1:-1]]
-    assert {"run", "cell", "valid bpc", "test bpc", "status"} <= set(kept) and "dynamic bpc" not in kept
+    assert {"run", "corpus", "cell", "valid bpc", "test bpc", "status"} <= set(kept) and "dynamic bpc" not in kept
+    by_time = cli("runs", ".", "--sort", "time", check_code=0).stdout  # issue 34: the column sorted by stays
+    assert "time" not in kept and "time" in table_header(by_time) and "corpus" in table_header(by_time)
+    assert_fits(by_time)
     finished = Checkpoint.load(runs_root / "runs" / "finished")
     assert f"{finished.scores['test_bpc']:.4f}" in narrow.stdout  # whole, on one line
     plain = cli("runs", ".", "--plain", check_code=0).stdout.splitlines()

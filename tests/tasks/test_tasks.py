@@ -199,9 +199,9 @@ def test_resume_continues_exactly(tmp_path):
 
 def test_the_command_line_trains_resumes_and_lists_the_run(tmp_path):
     run = tmp_path / "cli"
-    result = cli("task", "addition", "--digits", "2", "--hidden-size", "16", "--layers", "2", "--untied",
+    result = cli("task", "addition", "--digits", "2", "--hidden", "16", "--layers", "2", "--untied",
                  "--cell", "lstm", "--max-samples", "300", "--eval-every", "150", "--run-dir", run, check_code=0)
-    assert f"{run}: samples after 300 samples" in result.stdout
+    assert f"{run}: stopped at --max-samples after 300 samples" in result.stdout
     cli("task", "--resume", run, "--max-samples", "450", check_code=0)
     assert records(run, "task_end")[-1]["samples"] == 450
     listing = cli("runs", tmp_path, check_code=0)
@@ -359,16 +359,31 @@ def test_the_memory_estimate_counts_the_network_one_batch_and_the_samples():
     assert estimate.total_bytes == estimate.state_bytes + estimate.activation_bytes + estimate.sample_bytes
 
 
+def test_hidden_is_the_option_of_train_and_task_and_hidden_size_still_works(tmp_path, monkeypatch):
+    """Issue 34: `charlm task` took --hidden-size where `charlm train` takes --hidden; --hidden now, the old name kept."""
+    import charlm.tasks.training as training
+
+    received = []
+    monkeypatch.setattr(training, "build_task_model", lambda task, cell, hidden, *rest: received.append(hidden) or 1 / 0)
+    for flag in ("--hidden", "--hidden-size"):
+        with pytest.raises(ZeroDivisionError):  # stopped where the network would be built: the value got there
+            cli("task", "parity", "--bits", "4", flag, "12", "--device", "cpu", "--run-dir", tmp_path / flag)
+    assert received == [12, 12]
+    assert_one_line_error(cli("task", "parity", "--hidden", "0"), "--hidden must be at least 1, not 0")
+    help_text = cli("task", "--help").stdout
+    assert "--hidden" in help_text and "--hidden-size" in help_text
+
+
 def test_a_task_run_that_does_not_fit_is_refused_naming_the_options_of_its_larger_part():
     from charlm.errors import CharlmError
     from charlm.tasks.models import estimate_task_memory
     from charlm.tasks.training import check_task_fits
 
     cpu = torch.device("cpu")
-    for overrides, first in (({"hidden_size": 2000}, "use a smaller --hidden-size or fewer --layers, or a smaller "
+    for overrides, first in (({"hidden_size": 2000}, "use a smaller --hidden or fewer --layers, or a smaller "
                                                       "--batch-size, --length or --eval-samples"),
                              ({"batch_size": 100_000}, "use a smaller --batch-size, --length or --eval-samples, or a "
-                                                       "smaller --hidden-size or fewer --layers")):
+                                                       "smaller --hidden or fewer --layers")):
         config = tiny(**overrides).resolved()
         task = config.make_task()
         needed = estimate_task_memory(task, config.cell, config.hidden_size, config.layers, config.tied, {},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from charlm.tools.benchmark import training_flops_per_char
 from charlm.model import LanguageModel, ModelConfig
-from helpers import cli
+from helpers import assert_fits, cli, table_header, table_lines, terminal_of
 
 
 def test_flops_per_character_are_those_of_the_equations():
@@ -49,6 +50,21 @@ def test_bench_table_names_machine_load_and_threads():
                  "--repeat", "1", "--sample-length", "3", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     assert "load" in result.stdout and "thread" in result.stdout and "× fused/FLOP" in result.stdout and "mgu" in result.stdout
+
+
+def test_bench_table_fits_80_columns(monkeypatch):
+    """Issue 34: at 80 columns the least needed columns go; each model keeps its training and
+    evaluation throughput and their ratios to the fused LSTM, whole, on its one line."""
+    terminal_of(monkeypatch, 80)
+    result = cli("bench", "--cells", "mgu,ps-lru", "--params", "10k", "--batch-size", "2", "--bptt", "3", "--steps", "1",
+                 "--repeat", "1", "--sample-length", "3", "--device", "cpu", check_code=0)
+    assert_fits(result.stdout)
+    assert table_header(result.stdout) == ["model", "train chars/s", "× fused", "eval chars/s", "× fused"]
+    lines = table_lines(result.stdout)
+    assert [line[0] for line in lines] == ["torch.nn.LSTM (fused)", "mgu", "ps-lru"]  # a row a line
+    for line in lines:
+        assert re.fullmatch(r"[\d,]+ ±\d+%", line[1]) and re.fullmatch(r"[\d,]+ ±\d+%", line[3]), line
+        assert re.fullmatch(r"\d+\.\d\d", line[2]) and re.fullmatch(r"\d+\.\d\d", line[4]), line
 
 
 def test_bench_in_bf16_and_with_compiled_cells(monkeypatch):

@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from charlm.files import WriteError, flush_directory, writing
+from charlm.files import WriteError, flush_directory, make_directory, writing
 
 
 @contextlib.contextmanager
@@ -44,9 +44,6 @@ def publish(staging: Path, out: Path, files: list[str], known: tuple[str, ...]) 
 def report_directory(directories, out) -> Path:
     """``out``, or DIR/report for a single directory, created."""
     out = Path(out) if out is not None else Path(directories[0]) / "report"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise WriteError(out, error.strerror, error.errno, action="create report directory") from None
+    make_directory(out, action="create report directory")
     return out
 
