@@ -11,7 +11,7 @@ from charlm.runtime.openmp import wait_briefly_for_work
 
 wait_briefly_for_work()  # before anything imports torch: OpenMP reads it once (see charlm.runtime.openmp)
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _EXPORTS = {
     "load": "charlm.api",

@@ -1,5 +1,6 @@
 """The package's layout holds: every import goes down the layers (or stays level), no module
-imports itself back through another, and the README's module map lists exactly the modules there are."""
+imports itself back through another, and the module map of docs/development.md lists exactly the
+modules there are."""
 
 import ast
 import re
@@ -65,7 +66,7 @@ def test_every_import_goes_down_the_layers():
     for name, path in modules().items():
         if name == "charlm":  # the package's front: lazy exports of the facade
             continue
-        assert layer(name) is not None, f"{name} belongs to no layer: add its wing to LAYERS and the README"
+        assert layer(name) is not None, f"{name} belongs to no layer: add its wing to LAYERS and docs/development.md"
         for imported in imports_of(path, name):
             if imported != "charlm" and layer(imported) > layer(name):
                 upward.append(f"{name} -> {imported}")
@@ -94,10 +95,10 @@ def test_no_module_imports_itself_back():
     assert cycles == []
 
 
-def test_the_readme_module_map_lists_every_module():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"```text\ncharlm/\n(.*?)```", readme, re.S)
-    assert block, "README.md lost its module map (a ```text block starting with charlm/)"
+def test_the_module_map_lists_every_module():
+    page = (REPO / "docs" / "development.md").read_text(encoding="utf-8")
+    block = re.search(r"```text\ncharlm/\n(.*?)```", page, re.S)
+    assert block, "docs/development.md lost its module map (a ```text block starting with charlm/)"
     listed = re.findall(r"^\s+([\w/]+\.py|[\w/]+\.toml)\s", block.group(1), re.M)
     actual = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
                     if path.name != "__init__.py" or path.parent == PACKAGE)

@@ -208,7 +208,7 @@ def _no_temporary_file_reason(error: OSError) -> str:
 
 def oserror_exit_code(error: OSError) -> int:
     """2 for a path given as input that cannot be used (missing, a directory where a file belongs or the
-    other way round, no permission to read it): bad input, as the README says; 1 for the machine
+    other way round, no permission to read it): bad input, as docs/errors.md says; 1 for the machine
     (an I/O error, a full disk met outside charlm's writers)."""
     import errno
 

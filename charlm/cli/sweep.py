@@ -42,7 +42,7 @@ def sweep(
         raise CharlmError("give a plan (a .toml file or a shipped plan's name; charlm sweep --list shows them)")
     if "RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1":  # started by torchrun
         raise CharlmError("charlm sweep runs its points in one process: train a point across processes with "
-                          "`torchrun ... -m charlm train` into the sweep's directory (see the README, Multi-GPU)")
+                          "`torchrun ... -m charlm train` into the sweep's directory (see docs/multi-gpu.md)")
     loaded = load_plan(plan, profile)
     target = directory or Path("sweeps") / loaded.label
     runner = Sweep(loaded, target, data_dir=data_dir, trust_code=trust_code)

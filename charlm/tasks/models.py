@@ -29,7 +29,7 @@ from charlm.model import LanguageModel, ModelConfig, count_parameters
 from charlm.runtime.memory import MemoryEstimate, estimate_training_memory
 
 PARITY_NETWORKS = ("grid-lstm", "relu", "tanh")
-WAVEFRONT_CELLS = ("grid-lstm",)  # measured faster as a wavefront (README, Algorithmic tasks)
+WAVEFRONT_CELLS = ("grid-lstm",)  # measured faster as a wavefront (docs/papers/grid-lstm.md)
 WAVEFRONT_MIN_LAYERS = 4  # at 2 layers the wavefront was slower (0.74x), from 4 on faster (1.21-1.79x)
 
 
@@ -88,7 +88,7 @@ class SequenceTaskModel(nn.Module):
 
     A tied stack can run as a wavefront (``wavefront``): the same function, one batched block per
     anti-diagonal of the time × depth grid instead of one per grid point. It is used where it was
-    measured faster (``WAVEFRONT_CELLS``, from ``WAVEFRONT_MIN_LAYERS`` layers; see the README):
+    measured faster (``WAVEFRONT_CELLS``, from ``WAVEFRONT_MIN_LAYERS`` layers; see docs/papers/grid-lstm.md):
     cells whose layer-by-layer code hoists each layer's input product over the whole window lose
     that by going diagonal by diagonal. ``use_wavefront`` False runs the layer-by-layer code.
     """

@@ -1,9 +1,10 @@
 """Bad input: one line on stderr, exit code 2, no traceback, nothing written — case by case.
 
-The cases here are also the table in the README's Errors section: `test_readme_table_is_current`
-renders them and compares. After adding or changing a case, rewrite the table with
+The cases here are also the table of docs/errors.md (every case) and of the README's Errors section
+(the dozen named in README_CASES): `test_errors_tables_are_current` renders them and compares. After
+adding or changing a case, rewrite both tables with
 
-    CHARLM_WRITE_README=1 python -m pytest tests/cli/test_errors.py -k readme
+    CHARLM_WRITE_DOCS=1 python -m pytest tests/cli/test_errors.py -k tables
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from helpers import REPO, assert_one_line_error, cli, prepare_tiny_corpus
 
 @dataclass(frozen=True)
 class Case:
-    """``command`` as the README shows it: DATA (a prepared `tiny` corpus), RUN (a trained run),
+    """``command`` as the tables show it: DATA (a prepared `tiny` corpus), RUN (a trained run),
     FILES (the bad files below) stand for paths."""
 
     what: str
@@ -215,7 +216,7 @@ BAD_PLAN_FILES = {  # the plans of the sweep cases (the full table: tests/experi
     "absent-device-plan.toml": '[base]\ncorpus = "tiny"\nhidden = 8\n[axes]\ndevice = ["cpu", "cuda:99"]\n',
 }
 
-BASE_ARGS = {  # put before the case's own arguments, which win; not shown in the README
+BASE_ARGS = {  # put before the case's own arguments, which win; not shown in the tables
     "train": ["--corpus", "tiny", "--data-dir", "DATA", "--run-dir", "FILES/new-run"],
     "eval": ["--data-dir", "DATA"],
     "score": [],
@@ -381,13 +382,34 @@ def test_top_k_above_the_vocabulary_samples_from_all_with_a_warning(places):
     assert result.stdout == unfiltered.stdout
 
 
-def render_table(places) -> str:
-    rows = ["| What | Command | Message |", "| --- | --- | --- |"]
+README_CASES = [  # the dozen rows the README shows, by their `what`; docs/errors.md shows every case
+    "unknown corpus",
+    "built-in corpus not prepared",
+    "unknown cell",
+    "zero hidden size",
+    "learning rate not a number",
+    "unknown cell option",
+    "CUDA without a GPU",
+    "a pickle that would run code",
+    "prime outside the vocabulary",
+    "text outside the vocabulary",
+    "corpus array unlike its checksum",
+    "plan with a bad value in its last point",
+]
+
+
+def render_rows(places) -> list[tuple[Case, str]]:
+    """Each case with its row of the table."""
+    rows = []
     for case in CASES:
         result = cli(*arguments(case, places))
         message = shown_message(result.stderr, places)
-        rows.append(f"| {case.what} | `charlm {case.command}` | {_cell(message)} |")
-    return "\n".join(rows) + "\n"
+        rows.append((case, f"| {case.what} | `charlm {case.command}` | {_cell(message)} |"))
+    return rows
+
+
+def render_table(rows: list[str]) -> str:
+    return "\n".join(["| What | Command | Message |", "| --- | --- | --- |", *rows]) + "\n"
 
 
 def _cell(text: str) -> str:
@@ -396,15 +418,28 @@ def _cell(text: str) -> str:
 
 TABLE_START = "<!-- errors table: generated from tests/cli/test_errors.py -->\n"
 TABLE_END = "<!-- end of errors table -->"
+ERRORS_PAGE = REPO / "docs" / "errors.md"  # every case
+README = REPO / "README.md"  # the README_CASES
 
 
-def test_readme_table_is_current(places):
+def test_readme_cases_are_a_dozen_cases():
+    whats = [case.what for case in CASES]
+    assert len(set(README_CASES)) == len(README_CASES) and 10 <= len(README_CASES) <= 14
+    assert all(whats.count(what) == 1 for what in README_CASES), "each of README_CASES must name one case of CASES"
+
+
+def test_errors_tables_are_current(places):
     if torch.cuda.is_available() or torch.backends.mps.is_available():
-        pytest.skip("the table shows the messages of a machine without a GPU")
-    readme = REPO / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
-    table = render_table(places)
-    if os.environ.get("CHARLM_WRITE_README") == "1":
-        readme.write_text(text[:start] + table + text[end:], encoding="utf-8")
-    assert text[start:end] == table, "README errors table is stale: rerun with CHARLM_WRITE_README=1"
+        pytest.skip("the tables show the messages of a machine without a GPU")
+    rows = render_rows(places)
+    tables = {ERRORS_PAGE: render_table([row for _, row in rows]),
+              README: render_table([row for case, row in rows if case.what in README_CASES])}
+    stale = []
+    for path, table in tables.items():
+        text = path.read_text(encoding="utf-8")
+        start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+        if os.environ.get("CHARLM_WRITE_DOCS") == "1":
+            path.write_text(text[:start] + table + text[end:], encoding="utf-8")
+        elif text[start:end] != table:
+            stale.append(str(path.relative_to(REPO)))
+    assert stale == [], f"errors table stale in {', '.join(stale)}: rerun with CHARLM_WRITE_DOCS=1"

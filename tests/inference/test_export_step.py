@@ -178,7 +178,7 @@ def test_a_step_of_another_shape_is_refused(tmp_path, monkeypatch):
 
 def onnx_score(onnx_file, text: str) -> float:
     """Nats of ``text`` (every symbol after the first) from the exported file and its JSON alone:
-    what a user without charlm does (the README's example)."""
+    what a user without charlm does (the example in docs/evaluation.md)."""
     import onnxruntime
 
     info = json.loads(onnx_file.with_name(onnx_file.name + ".json").read_text(encoding="utf-8"))
