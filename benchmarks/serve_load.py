@@ -26,8 +26,10 @@ import sys
 import threading
 import time
 
-TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
-        "foolishness, it was the epoch of belief, it was the epoch of incredulity. ")
+TEXT = (
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+    "foolishness, it was the epoch of belief, it was the epoch of incredulity. "
+)
 
 
 def post(port: int, path: str, body: dict, connection=None):
@@ -77,8 +79,11 @@ def scoring_requests_per_second(port: int, clients: int, seconds: float, text: s
 
 
 def start_server(model: str, device: str, extra: list[str]):
-    process = subprocess.Popen([sys.executable, "-m", "charlm", "serve", model, "--port", "0", "--device", device,
-                                *extra], stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "charlm", "serve", model, "--port", "0", "--device", device, *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in process.stderr:
         found = re.search(r"on http://127\.0\.0\.1:(\d+)/", line)
         if found:
@@ -99,7 +104,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2, help="charlm serve --concurrency")
     args = parser.parse_args()
     seconds = min(args.seconds, 120.0)
-    text = (TEXT * (args.text_length // len(TEXT) + 1))[:args.text_length]
+    text = (TEXT * (args.text_length // len(TEXT) + 1))[: args.text_length]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     for model in args.models:
         process, port = start_server(model, args.device, ["--concurrency", str(args.concurrency), "--queue", "64"])
@@ -109,10 +114,12 @@ def main() -> None:
             speed, characters = streamed_chars_per_second(port, args.length)
             rate, latencies, failures = scoring_requests_per_second(port, args.clients, seconds, text)
             p95 = sorted(latencies)[int(0.95 * (len(latencies) - 1))] if latencies else float("nan")
-            print(f"{info['name']}: {info['cell']} {info['parameters']:,} parameters | one streamed sample: "
-                  f"{speed:,.0f} chars/s ({characters} chars) | scoring {len(text)} chars, {args.clients} clients: "
-                  f"{rate:,.1f} requests/s, median {statistics.median(latencies) * 1000:.0f} ms, "
-                  f"p95 {p95 * 1000:.0f} ms, {failures} refused")
+            print(
+                f"{info['name']}: {info['cell']} {info['parameters']:,} parameters | one streamed sample: "
+                f"{speed:,.0f} chars/s ({characters} chars) | scoring {len(text)} chars, {args.clients} clients: "
+                f"{rate:,.1f} requests/s, median {statistics.median(latencies) * 1000:.0f} ms, "
+                f"p95 {p95 * 1000:.0f} ms, {failures} refused"
+            )
         finally:
             process.terminate()
             process.wait(10)

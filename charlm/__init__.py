@@ -1,10 +1,10 @@
 """charlm: character-level language modelling with recurrent networks.
 
-    import charlm
-    summary = charlm.train(charlm.TrainConfig(corpus="pydoc", cell="lru", hidden=128, epochs=1))
-    model = charlm.load(summary["run_dir"])
-    model.sample("The ", length=100)
-    model.score("Some text.").bpc
+import charlm
+summary = charlm.train(charlm.TrainConfig(corpus="pydoc", cell="lru", hidden=128, epochs=1))
+model = charlm.load(summary["run_dir"])
+model.sample("The ", length=100)
+model.score("Some text.").bpc
 """
 
 from charlm.runtime.openmp import wait_briefly_for_work

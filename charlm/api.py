@@ -53,14 +53,17 @@ def train(config: TrainConfig | None = None, **settings) -> dict:
     from charlm.training.trainer import Trainer
 
     if config is not None and not isinstance(config, TrainConfig):
-        raise CharlmError(f"config must be a charlm.TrainConfig (or give the settings as keywords), "
-                          f"not {type(config).__name__}")
+        raise CharlmError(
+            f"config must be a charlm.TrainConfig (or give the settings as keywords), not {type(config).__name__}"
+        )
     if isinstance(settings.get("text"), (str, os.PathLike)):  # one file
         settings["text"] = [settings["text"]]
     if isinstance(settings.get("text"), (list, tuple)):  # paths as text, as a --config file holds them
         settings["text"] = [os.fspath(path) if isinstance(path, os.PathLike) else path for path in settings["text"]]
     defaults = TrainConfig().to_dict()
-    named = set(settings) | {name for name, value in (config.to_dict() if config else {}).items() if value != defaults[name]}
+    named = set(settings) | {
+        name for name, value in (config.to_dict() if config else {}).items() if value != defaults[name]
+    }
     # Through from_dict whichever way the settings came, so that both get the same checks (and a Path
     # for run_dir becomes text, as a keyword's does).
     config = TrainConfig.from_dict({**(config or TrainConfig()).to_dict(), **settings})
@@ -68,8 +71,15 @@ def train(config: TrainConfig | None = None, **settings) -> dict:
     return Trainer(new_run_inputs(config, named)).fit()
 
 
-def load(reference: str | Path, device: str = "auto", *, cells=(), trust_code: bool = False,
-         prefer: str = "best", cuda_graphs: bool = True) -> "Model":
+def load(
+    reference: str | Path,
+    device: str = "auto",
+    *,
+    cells=(),
+    trust_code: bool = False,
+    prefer: str = "best",
+    cuda_graphs: bool = True,
+) -> "Model":
     """The model in a run directory (its ``best.pt``; ``prefer="last"`` for ``last.pt``), a
     checkpoint file or an exported model. A user cell (``module:Class``) is imported only if it
     is named in ``cells`` (the class, or its ``"module:Class"`` name) or ``trust_code=True``.
@@ -105,8 +115,9 @@ class TextScore:
 class Model:
     """A trained language model with its vocabulary, on a device, in eval mode."""
 
-    def __init__(self, checkpoint: Checkpoint, device="cpu", *, cells=(), trust_code: bool = False,
-                 cuda_graphs: bool = True):
+    def __init__(
+        self, checkpoint: Checkpoint, device="cpu", *, cells=(), trust_code: bool = False, cuda_graphs: bool = True
+    ):
         for name, value in (("trust_code", trust_code), ("cuda_graphs", cuda_graphs)):
             if not isinstance(value, bool):  # trust_code="no" is truthy: never trust a file on a guess
                 raise CharlmError(f"{name} must be True or False, not {value!r}")
@@ -119,8 +130,10 @@ class Model:
 
     def __repr__(self):
         config = self.config
-        return (f"Model({config.cell}, {config.layers}×{config.hidden_size}, {self.parameters_count:,} parameters, "
-                f"vocabulary {len(self.vocabulary)}, {self.device})")
+        return (
+            f"Model({config.cell}, {config.layers}×{config.hidden_size}, {self.parameters_count:,} parameters, "
+            f"vocabulary {len(self.vocabulary)}, {self.device})"
+        )
 
     @property
     def config(self):
@@ -137,14 +150,23 @@ class Model:
 
     @property
     def unit(self) -> str:
-        """"char", "byte" or "subword", from the tokenizer."""
+        """ "char", "byte" or "subword", from the tokenizer."""
         return {"char": "char", "byte": "byte", "word": "word"}.get(self.checkpoint.tokenizer.get("kind"), "subword")
 
     # --- sampling ------------------------------------------------------------------------------
-    def stream(self, prime: str | None = None, length: int = _SAMPLE.length, temperature: float = _SAMPLE.temperature,
-               top_k: int = _SAMPLE.top_k, top_p: float = _SAMPLE.top_p, seed: int | None = _SAMPLE.seed, *,
-               stop: str | list[str] = (), beam: int = _SAMPLE.beam,
-               length_penalty: float = _SAMPLE.length_penalty) -> Generation:
+    def stream(
+        self,
+        prime: str | None = None,
+        length: int = _SAMPLE.length,
+        temperature: float = _SAMPLE.temperature,
+        top_k: int = _SAMPLE.top_k,
+        top_p: float = _SAMPLE.top_p,
+        seed: int | None = _SAMPLE.seed,
+        *,
+        stop: str | list[str] = (),
+        beam: int = _SAMPLE.beam,
+        length_penalty: float = _SAMPLE.length_penalty,
+    ) -> Generation:
         """The continuation only, without the prime (``sample`` returns the prime and the
         continuation), piece by piece as it is drawn: a ``Generation``,
         which once read to the end also gives the continuation's ``log_prob`` (natural log, under
@@ -158,8 +180,15 @@ class Model:
         search is deterministic and takes no temperature, top_k, top_p or seed; its text comes
         as one piece once the search is done."""
         stops = check_stops(stop)
-        config = SampleConfig(length=length, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, beam=beam,
-                              length_penalty=length_penalty)
+        config = SampleConfig(
+            length=length,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            beam=beam,
+            length_penalty=length_penalty,
+        )
         validate(config)
         check_beam_settings(config)
         stops = [self.normalise(text) for text in stops]
@@ -169,22 +198,35 @@ class Model:
         if beam:
             return beam_generation(self.network, self.tokenizer, prime_ids, config, stops)
         if top_k > len(self.tokenizer.vocab):
-            get_logger().warning(f"warning: top-k {top_k} is more than the {len(self.tokenizer.vocab)} symbols of the "
-                                 "vocabulary: sampling from all of them")
+            get_logger().warning(
+                f"warning: top-k {top_k} is more than the {len(self.tokenizer.vocab)} symbols of the "
+                "vocabulary: sampling from all of them"
+            )
         drawn: list[int] = []
         ids = generate(self.network, prime_ids, config, unknown_ids(self.tokenizer), cuda_graph=self.cuda_graphs)
         pieces = until_stop(decoded_pieces(self.tokenizer, recorded(ids, drawn)), stops)
         return Generation(pieces, drawn, self.network, prime_ids)
 
-    def sample(self, prime: str | None = None, length: int = _SAMPLE.length, temperature: float = _SAMPLE.temperature,
-               top_k: int = _SAMPLE.top_k, top_p: float = _SAMPLE.top_p, seed: int | None = _SAMPLE.seed, *,
-               stop: str | list[str] = (), beam: int = _SAMPLE.beam, length_penalty: float = _SAMPLE.length_penalty) -> str:
+    def sample(
+        self,
+        prime: str | None = None,
+        length: int = _SAMPLE.length,
+        temperature: float = _SAMPLE.temperature,
+        top_k: int = _SAMPLE.top_k,
+        top_p: float = _SAMPLE.top_p,
+        seed: int | None = _SAMPLE.seed,
+        *,
+        stop: str | list[str] = (),
+        beam: int = _SAMPLE.beam,
+        length_penalty: float = _SAMPLE.length_penalty,
+    ) -> str:
         """The prime followed by ``length`` generated symbols, as one string: unlike ``stream``, which
         gives the continuation alone, the text starts with the prime (as normalised; the default
         prime, a line break, where none is given). Fewer symbols where a ``stop`` string ended it; ``beam``: the most
         probable continuation, see ``stream``."""
-        pieces = self.stream(prime, length, temperature, top_k, top_p, seed, stop=stop, beam=beam,
-                             length_penalty=length_penalty)
+        pieces = self.stream(
+            prime, length, temperature, top_k, top_p, seed, stop=stop, beam=beam, length_penalty=length_penalty
+        )
         return self._prime(prime)[1] + "".join(pieces)
 
     def _prime(self, prime: str | None) -> tuple[list[int], str]:
@@ -212,16 +254,18 @@ class Model:
             raise OutOfVocabulary(outside, where=first_position(text, outside))
         if unknown == "unk":
             if self.tokenizer.unk is None:
-                raise CharlmError("this model's vocabulary has no unknown entry: use --unknown skip "
-                                  "(unknown=\"skip\" from Python)")
+                raise CharlmError(
+                    'this model\'s vocabulary has no unknown entry: use --unknown skip (unknown="skip" from Python)'
+                )
             try:
                 return self.tokenizer.encode(text), 0
             except OutOfVocabulary:
                 unk_id = self.tokenizer.vocab.index(self.tokenizer.unk)
                 return [unk_id if c in outside else self.tokenizer.encode(c)[0] for c in text], 0
         if hasattr(self.tokenizer, "unknown_words"):  # a vocabulary of words or word pieces: skip whole words
-            kept = "\n".join(" ".join(word for word in line.split() if word not in set(outside))
-                              for line in text.split("\n"))
+            kept = "\n".join(
+                " ".join(word for word in line.split() if word not in set(outside)) for line in text.split("\n")
+            )
         else:
             kept = "".join(c for c in text if c not in set(outside))
         return self.tokenizer.encode(kept), len(text) - len(kept)
@@ -242,9 +286,17 @@ class Model:
             text = text.replace("\r\n", "\n").replace("\r", "\n")
         return text
 
-    def score(self, text: str, *, per_char: bool = False, unknown: str = _SCORE.unknown,
-              dynamic: DynamicOptions | str | None = None, batch_size: int = _SCORE.batch_size,
-              data_dir=None, progress=None) -> TextScore:
+    def score(
+        self,
+        text: str,
+        *,
+        per_char: bool = False,
+        unknown: str = _SCORE.unknown,
+        dynamic: DynamicOptions | str | None = None,
+        batch_size: int = _SCORE.batch_size,
+        data_dir=None,
+        progress=None,
+    ) -> TextScore:
         """Bits per character of ``text``, state carried through it; ``per_char`` adds each
         predicted symbol's log-probability. ``dynamic`` ("sgd", "rms" or DynamicOptions) adapts
         the weights test-then-train while scoring (rms reads its gradient statistics from the
@@ -268,13 +320,27 @@ class Model:
         chars_per_token = max(characters, 1) / (len(ids) - 1)
         if dynamic is None:
             bptt = self.checkpoint.train_config.bptt
-            check_evaluation_fits(self.network, self.device, predictions=len(ids) - 1, batch_size=batch_size, bptt=bptt,
-                                  cuda_graph=self.cuda_graphs, advice="use a smaller --batch-size (the windows are "
-                                                                      f"the training bptt, {bptt:,} steps)")
+            check_evaluation_fits(
+                self.network,
+                self.device,
+                predictions=len(ids) - 1,
+                batch_size=batch_size,
+                bptt=bptt,
+                cuda_graph=self.cuda_graphs,
+                advice=f"use a smaller --batch-size (the windows are the training bptt, {bptt:,} steps)",
+            )
             with progress.stage("score", len(tokens) - 1) as callback:
-                score = score_tokens(self.network, tokens, batch_size=batch_size, bptt=bptt, device=self.device,
-                                     chars_per_token=chars_per_token, per_token=per_char, cuda_graph=self.cuda_graphs,
-                                     progress=lambda count: callback(count, 0.0))
+                score = score_tokens(
+                    self.network,
+                    tokens,
+                    batch_size=batch_size,
+                    bptt=bptt,
+                    device=self.device,
+                    chars_per_token=chars_per_token,
+                    per_token=per_char,
+                    cuda_graph=self.cuda_graphs,
+                    progress=lambda count: callback(count, 0.0),
+                )
             self.last_fast_path = score.fast_path
         else:
             score = self._score_dynamically(tokens, dynamic, batch_size, chars_per_token, per_char, data_dir, progress)
@@ -292,24 +358,45 @@ class Model:
         options = dataclasses.replace(options, batch_size=batch_size)
         options.validate()
         train = self.corpus(data_dir).split("train") if options.method == "rms" else ()
-        check_evaluation_fits(self.network, self.device, predictions=len(tokens) - 1, batch_size=batch_size,
-                              bptt=options.segment, method=options.method, stat_batch_size=options.stat_batch_size,
-                              train_predictions=max(len(train) - 1, 0), restore_copy=True,
-                              advice=DYNAMIC_ADVICE[options.method])
+        check_evaluation_fits(
+            self.network,
+            self.device,
+            predictions=len(tokens) - 1,
+            batch_size=batch_size,
+            bptt=options.segment,
+            method=options.method,
+            stat_batch_size=options.stat_batch_size,
+            train_predictions=max(len(train) - 1, 0),
+            restore_copy=True,
+            advice=DYNAMIC_ADVICE[options.method],
+        )
         trained = {name: tensor.detach().clone() for name, tensor in self.network.state_dict().items()}
         try:
             rms = None
             if options.method == "rms":
                 with progress.stage("gradient statistics (train)", statistics_tokens(train, options)) as callback:
-                    rms, _ = collect_gradient_statistics(self.network, train, segment=options.segment,
-                                                         batch_size=options.stat_batch_size,
-                                                         max_batches=options.stat_batches, device=self.device,
-                                                         progress=callback)
+                    rms, _ = collect_gradient_statistics(
+                        self.network,
+                        train,
+                        segment=options.segment,
+                        batch_size=options.stat_batch_size,
+                        max_batches=options.stat_batches,
+                        device=self.device,
+                        progress=callback,
+                    )
             update = make_update(self.network, options, rms)
             with progress.stage(f"score, dynamic {options.method}", len(tokens) - 1) as callback:
-                return dynamic_score(self.network, tokens, update, segment=options.segment, batch_size=batch_size,
-                                     device=self.device, chars_per_token=chars_per_token, per_token=per_token,
-                                     progress=callback)
+                return dynamic_score(
+                    self.network,
+                    tokens,
+                    update,
+                    segment=options.segment,
+                    batch_size=batch_size,
+                    device=self.device,
+                    chars_per_token=chars_per_token,
+                    per_token=per_token,
+                    progress=callback,
+                )
         finally:
             self.network.load_state_dict(trained)
 
@@ -318,9 +405,19 @@ class Model:
         """The prepared corpus the model was trained on (its vocabulary checked)."""
         return self.checkpoint.corpus(data_dir)
 
-    def evaluate(self, split: str = _EVAL.split, *, dynamic: DynamicOptions | str | None = None, data_dir=None,
-                 batch_size: int | None = None, bptt: int | None = None, adapt_on: str | None = None,
-                 search_prefix: int | None = None, progress=None, record: bool = True):
+    def evaluate(
+        self,
+        split: str = _EVAL.split,
+        *,
+        dynamic: DynamicOptions | str | None = None,
+        data_dir=None,
+        batch_size: int | None = None,
+        bptt: int | None = None,
+        adapt_on: str | None = None,
+        search_prefix: int | None = None,
+        progress=None,
+        record: bool = True,
+    ):
         """Static bits per character of a whole split (a ``Score``); with ``dynamic``, the static and
         dynamic figures (a ``DynamicReport``; the weights stay adapted until ``restore()``).
         ``progress``: for static, ``callback(tokens)``; for dynamic, an object with ``stage``.
@@ -333,28 +430,58 @@ class Model:
             self._check_record_target()
         corpus = self.corpus(data_dir)
         if dynamic is None:
-            config = EvalConfig(split="test", batch_size=_EVAL.batch_size if batch_size is None else batch_size, bptt=bptt)
+            config = EvalConfig(
+                split="test", batch_size=_EVAL.batch_size if batch_size is None else batch_size, bptt=bptt
+            )
             validate(config)
             check_splits_fit(corpus, (split,), config.batch_size, EvalConfig)
             bptt = bptt or self.checkpoint.train_config.bptt
-            check_evaluation_fits(self.network, self.device, predictions=len(corpus.split(split)) - 1,
-                                  batch_size=config.batch_size, bptt=bptt, cuda_graph=self.cuda_graphs,
-                                  advice="use a smaller --batch-size or --bptt")
+            check_evaluation_fits(
+                self.network,
+                self.device,
+                predictions=len(corpus.split(split)) - 1,
+                batch_size=config.batch_size,
+                bptt=bptt,
+                cuda_graph=self.cuda_graphs,
+                advice="use a smaller --batch-size or --bptt",
+            )
             started = time.perf_counter()
-            score = score_split(self.network, corpus, split, batch_size=config.batch_size, bptt=bptt, device=self.device,
-                                progress=progress, cuda_graph=self.cuda_graphs)
+            score = score_split(
+                self.network,
+                corpus,
+                split,
+                batch_size=config.batch_size,
+                bptt=bptt,
+                device=self.device,
+                progress=progress,
+                cuda_graph=self.cuda_graphs,
+            )
             self.last_fast_path = score.fast_path
             if record:
-                self._record(split=split, mode="static", chars_per_s=score.characters / (time.perf_counter() - started),
-                             fast_path=None if score.fast_path is None else score.fast_path.fields(), **score.as_dict())
+                self._record(
+                    split=split,
+                    mode="static",
+                    chars_per_s=score.characters / (time.perf_counter() - started),
+                    fast_path=None if score.fast_path is None else score.fast_path.fields(),
+                    **score.as_dict(),
+                )
             return score
         from charlm.inference.dynamic_protocol import evaluate_dynamic
 
         options = dynamic_options(dynamic)
         if batch_size is not None:
             options = dataclasses.replace(options, batch_size=batch_size)
-        report = evaluate_dynamic(self.network, corpus, split, options, adapt_on=adapt_on, search_prefix=search_prefix,
-                                  device=self.device, progress=progress, cuda_graph=self.cuda_graphs)
+        report = evaluate_dynamic(
+            self.network,
+            corpus,
+            split,
+            options,
+            adapt_on=adapt_on,
+            search_prefix=search_prefix,
+            device=self.device,
+            progress=progress,
+            cuda_graph=self.cuda_graphs,
+        )
         self.last_fast_path = report.static.fast_path
         if record:
             fast_path = None if report.static.fast_path is None else report.static.fast_path.fields()

@@ -104,11 +104,15 @@ class Checkpoint:
                 payload = torch.load(path, map_location=map_location, weights_only=True)
         except Exception as error:  # torch.load raises many kinds on a file that is not a checkpoint
             link = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
-            raise CharlmError(f"{path}{link} is not a readable charlm checkpoint: {load_failure(error, path)}") from None
+            raise CharlmError(
+                f"{path}{link} is not a readable charlm checkpoint: {load_failure(error, path)}"
+            ) from None
         try:
             return cls.from_payload(payload, path)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise CharlmError(f"{path} is a damaged charlm checkpoint ({type(error).__name__}: {_first_line(error)})") from None
+            raise CharlmError(
+                f"{path} is a damaged charlm checkpoint ({type(error).__name__}: {_first_line(error)})"
+            ) from None
 
     @classmethod
     def from_payload(cls, payload, path: Path | None = None) -> "Checkpoint":
@@ -116,8 +120,10 @@ class Checkpoint:
             raise CharlmError(f"{path} is not a charlm checkpoint")
         version = payload.get("format_version")
         if version not in READABLE_VERSIONS:
-            raise CharlmError(f"{path} was written by charlm {payload.get('charlm_version')} in checkpoint format "
-                              f"{version}; this charlm {__version__} reads formats {', '.join(map(str, READABLE_VERSIONS))}")
+            raise CharlmError(
+                f"{path} was written by charlm {payload.get('charlm_version')} in checkpoint format "
+                f"{version}; this charlm {__version__} reads formats {', '.join(map(str, READABLE_VERSIONS))}"
+            )
         if version == 1:
             payload = _from_format_1(payload)
         check_parts(payload, path)
@@ -151,16 +157,26 @@ class Checkpoint:
     def cell_class(self, cells=(), trust_code: bool = False):
         """The class of the checkpoint's cell. A user cell (``module:Class``) is imported only if the
         caller names it in ``cells`` (a class or its ``module:Class`` name) or ``trust_code`` is set."""
-        return CELLS.resolve(self.model_config.cell, cells=cells, trust_code=trust_code, source=str(self.path or "the checkpoint"))
+        return CELLS.resolve(
+            self.model_config.cell, cells=cells, trust_code=trust_code, source=str(self.path or "the checkpoint")
+        )
 
     def build_model(self, device="cpu", *, cells=(), trust_code: bool = False) -> LanguageModel:
         """The model with these weights, in eval mode, on ``device``; refused where a weight is NaN or
         infinite (it would score ``nan`` and export without a word)."""
-        broken = next((name for name, tensor in self.weights.items()
-                       if torch.is_tensor(tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all()), None)
+        broken = next(
+            (
+                name
+                for name, tensor in self.weights.items()
+                if torch.is_tensor(tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all()
+            ),
+            None,
+        )
         if broken is not None:
-            raise CharlmError(f"{self.path}: its weights are not all finite numbers ({broken} holds NaN or infinity): "
-                              "it cannot score, sample or export")
+            raise CharlmError(
+                f"{self.path}: its weights are not all finite numbers ({broken} holds NaN or infinity): "
+                "it cannot score, sample or export"
+            )
         cell_class = self.cell_class(cells, trust_code)
         shape = check_against_model(self, cell_class)  # on the meta device: every weight's shape, nothing allocated
         device = torch.device(device)
@@ -169,7 +185,9 @@ class Checkpoint:
         try:
             model.load_state_dict(self.weights)
         except RuntimeError as error:
-            raise CharlmError(f"{self.path}: the weights do not fit the model it describes ({_first_line(error)})") from None
+            raise CharlmError(
+                f"{self.path}: the weights do not fit the model it describes ({_first_line(error)})"
+            ) from None
         return model.to(device).eval()
 
     def make_tokenizer(self):
@@ -177,7 +195,13 @@ class Checkpoint:
 
         try:
             tokenizer = tokenizer_from_state(self.tokenizer)
-        except (KeyError, TypeError, ValueError, RuntimeError, OSError) as error:  # sentencepiece: RuntimeError, OSError
+        except (
+            KeyError,
+            TypeError,
+            ValueError,
+            RuntimeError,
+            OSError,
+        ) as error:  # sentencepiece: RuntimeError, OSError
             raise CharlmError(f"{self.path}: its vocabulary is damaged ({_first_line(error)})") from None
         if list(tokenizer.vocab) != list(self.tokenizer["vocab"]):  # a subword vocabulary is its model's pieces
             raise CharlmError(f"{self.path}: its vocabulary differs from the pieces of its own subword model")
@@ -233,8 +257,13 @@ def _from_format_1(old: dict) -> dict:
     tokenizer, corpus, and test_bpc/valid_bpc in best.pt or dynamic in an adapted file."""
     training = None
     if old.get("optimizer") is not None and old.get("dynamic") is None:
-        training = {"optimizer": old["optimizer"], "scheduler": None, "rng": old["rng"],
-                    "progress": old["progress"], "hidden": old.get("hidden")}
+        training = {
+            "optimizer": old["optimizer"],
+            "scheduler": None,
+            "rng": old["rng"],
+            "progress": old["progress"],
+            "hidden": old.get("hidden"),
+        }
     scores = {key: old[key] for key in ("valid_bpc", "test_bpc") if key in old}
     return {
         "kind": "adapted" if old.get("dynamic") is not None else "training",
@@ -266,8 +295,10 @@ def load_failure(error: Exception, path: Path) -> str:
     text = str(error)
     if isinstance(error, pickle.UnpicklingError) and "WeightsUnpickler error:" in text:
         detail = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n", 1)[0].strip()
-        return (f"the weights-only loader refused it ({detail}): it is not a checkpoint, or it holds Python "
-                "objects, which charlm never unpickles")
+        return (
+            f"the weights-only loader refused it ({detail}): it is not a checkpoint, or it holds Python "
+            "objects, which charlm never unpickles"
+        )
     cut_short = isinstance(error, OSError) and error.errno == errno.EINVAL  # torch seeking past a truncated zip's end
     if isinstance(error, EOFError) or cut_short or "failed finding central directory" in text:
         return "the file is empty, truncated or not a torch file"

@@ -36,28 +36,46 @@ def check_parts(payload: dict, path) -> None:
     """The types of a (format 2) payload's parts, before any of them is used."""
     for name in ("model_config", "train_config", "tokenizer", "weights"):
         if not isinstance(payload.get(name), dict):
-            raise CharlmError(f"{path} is a damaged charlm checkpoint: its {name} is {_kind(payload.get(name))}, not a mapping")
+            raise CharlmError(
+                f"{path} is a damaged charlm checkpoint: its {name} is {_kind(payload.get(name))}, not a mapping"
+            )
     for name in ("training", "scores", "provenance", "dynamic"):
         if payload.get(name) is not None and not isinstance(payload[name], dict):
-            raise CharlmError(f"{path} is a damaged charlm checkpoint: its {name} is {_kind(payload[name])}, not a mapping")
+            raise CharlmError(
+                f"{path} is a damaged charlm checkpoint: its {name} is {_kind(payload[name])}, not a mapping"
+            )
     for name, tensor in payload["weights"].items():
         if not isinstance(name, str) or not torch.is_tensor(tensor):
-            raise CharlmError(f"{path} is a damaged charlm checkpoint: its weight {str(name)[:60]!r} is {_kind(tensor)}, "
-                              "not a tensor")
+            raise CharlmError(
+                f"{path} is a damaged charlm checkpoint: its weight {str(name)[:60]!r} is {_kind(tensor)}, not a tensor"
+            )
         problem = tensor_problem(tensor)
         if problem:
             raise CharlmError(f"{path} is a damaged charlm checkpoint: its weight {name[:60]} is {problem}")
     for name, value in (payload.get("scores") or {}).items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise CharlmError(f"{path} is a damaged charlm checkpoint: its score {str(name)[:40]!r} is {_kind(value)}, "
-                              "not a number")
+            raise CharlmError(
+                f"{path} is a damaged charlm checkpoint: its score {str(name)[:40]!r} is {_kind(value)}, not a number"
+            )
     training = payload.get("training")
     if training is not None:
         missing = [part for part in TRAINING_PARTS if part not in training]
         if missing or set(training) - set(TRAINING_PARTS):
-            raise CharlmError(f"{path} is a damaged charlm checkpoint: its training state "
-                              + (f"lacks {missing[0]}" if missing else f"holds an unknown part {sorted(set(training) - set(TRAINING_PARTS))[0]!r}"))
-        for part, kind in (("optimizer", dict), ("scheduler", dict), ("rng", dict), ("progress", dict), ("hidden", list)):
+            raise CharlmError(
+                f"{path} is a damaged charlm checkpoint: its training state "
+                + (
+                    f"lacks {missing[0]}"
+                    if missing
+                    else f"holds an unknown part {sorted(set(training) - set(TRAINING_PARTS))[0]!r}"
+                )
+            )
+        for part, kind in (
+            ("optimizer", dict),
+            ("scheduler", dict),
+            ("rng", dict),
+            ("progress", dict),
+            ("hidden", list),
+        ):
             if (training[part] is not None or part in ("rng", "progress")) and not isinstance(training[part], kind):
                 raise CharlmError(f"{path} is a damaged charlm checkpoint: its {part} state is {_kind(training[part])}")
     check_vocabulary(payload["tokenizer"], path)
@@ -83,8 +101,14 @@ def check_consistency(checkpoint) -> None:
         raise CharlmError(f"{path}: its cell options are not a mapping of option names to values")
     symbols = len(checkpoint.tokenizer["vocab"])
     if model.vocab_size != symbols:
-        raise CharlmError(f"{path}: its settings say vocab_size {model.vocab_size:,}, but its vocabulary has {symbols:,} entries")
-    for name, what in (("head.weight", "output layer"), ("head.bias", "output layer"), ("embedding.weight", "embedding")):
+        raise CharlmError(
+            f"{path}: its settings say vocab_size {model.vocab_size:,}, but its vocabulary has {symbols:,} entries"
+        )
+    for name, what in (
+        ("head.weight", "output layer"),
+        ("head.bias", "output layer"),
+        ("embedding.weight", "embedding"),
+    ):
         tensor = checkpoint.weights.get(name)
         if tensor is not None and (tensor.dim() == 0 or tensor.shape[0] != symbols):
             rows = "no rows" if tensor.dim() == 0 else f"{tensor.shape[0]:,} rows"
@@ -97,10 +121,14 @@ def check_against_model(checkpoint, cell_class) -> torch.nn.Module:
     from charlm.model import LanguageModel
 
     path, config, weights = checkpoint.path, checkpoint.model_config, checkpoint.weights
-    layers = {int(name.split(".")[1]) for name in weights if name.startswith("layers.") and name.split(".")[1].isdigit()}
+    layers = {
+        int(name.split(".")[1]) for name in weights if name.startswith("layers.") and name.split(".")[1].isdigit()
+    }
     if layers != set(range(config.layers)):  # before a meta model of a million layers is built for nothing
-        raise CharlmError(f"{path}: its settings say layers {config.layers:,}, but its weights are of {len(layers):,} "
-                          f"layer{'s' if len(layers) != 1 else ''}")
+        raise CharlmError(
+            f"{path}: its settings say layers {config.layers:,}, but its weights are of {len(layers):,} "
+            f"layer{'s' if len(layers) != 1 else ''}"
+        )
     try:
         with torch.device("meta"):
             model = LanguageModel(config, cell_class)
@@ -120,8 +148,10 @@ def compare_weights(weights: dict, expected: dict, path) -> None:
         raise CharlmError(f"{path}: its weights hold {extra[0][:60]}, which the model it describes has no place for")
     for name, tensor in expected.items():
         if weights[name].shape != tensor.shape:
-            raise CharlmError(f"{path}: its weight {name} has shape {_shape(weights[name])}, the model it describes "
-                              f"needs {_shape(tensor)}")
+            raise CharlmError(
+                f"{path}: its weight {name} has shape {_shape(weights[name])}, the model it describes "
+                f"needs {_shape(tensor)}"
+            )
         if tensor.is_floating_point() and not weights[name].is_floating_point():
             raise CharlmError(f"{path}: its weight {name} holds {weights[name].dtype}, not floating-point numbers")
 
@@ -138,46 +168,66 @@ def tensor_problem(tensor) -> str | None:
     return None
 
 
-def check_optimizer_state(state: dict, parameters: list, path, groups_made=None, entry_made=None, which="optimizer") -> None:
+def check_optimizer_state(
+    state: dict, parameters: list, path, groups_made=None, entry_made=None, which="optimizer"
+) -> None:
     """An optimizer ``state_dict`` for ``parameters``: each parameter once, each moment of its shape.
     With the run's own optimizer's ``groups_made`` (``state_dict()["param_groups"]``) and the state one
     step of it makes per parameter (``entry_made``), also: its groups of those sizes, each setting of
     the kind the optimizer's is (a finite number, true or false), and each parameter's state with the
     entries the optimizer needs, finite, dense tensors of the parameter's shape (``step`` a count)."""
     groups, moments = state.get("param_groups"), state.get("state")
-    if not isinstance(groups, list) or not all(isinstance(group, dict) and isinstance(group.get("params"), list)
-                                               for group in groups) or not isinstance(moments, dict):
+    if (
+        not isinstance(groups, list)
+        or not all(isinstance(group, dict) and isinstance(group.get("params"), list) for group in groups)
+        or not isinstance(moments, dict)
+    ):
         raise CharlmError(f"{path}: its optimizer state is damaged (no parameter groups)")
     indices = [index for group in groups for index in group["params"]]
     if sorted(indices, key=str) != sorted(range(len(parameters)), key=str):
-        raise CharlmError(f"{path}: its optimizer state is for {len(indices):,} parameters, the model has {len(parameters):,}")
+        raise CharlmError(
+            f"{path}: its optimizer state is for {len(indices):,} parameters, the model has {len(parameters):,}"
+        )
     if any(type(index) is not int for index in indices):
-        raise CharlmError(f"{path}: its optimizer state names a parameter {_shown(next(i for i in indices if type(i) is not int))}, "
-                          "not by its number")
+        raise CharlmError(
+            f"{path}: its optimizer state names a parameter {_shown(next(i for i in indices if type(i) is not int))}, "
+            "not by its number"
+        )
     if groups_made is not None:
         sizes, made = [len(group["params"]) for group in groups], [len(group["params"]) for group in groups_made]
         if sizes != made:
-            raise CharlmError(f"{path}: its optimizer state holds {len(groups)} parameter group(s) of {sizes} parameters, "
-                              f"where the run's {which} has {len(made)} of {made}")
+            raise CharlmError(
+                f"{path}: its optimizer state holds {len(groups)} parameter group(s) of {sizes} parameters, "
+                f"where the run's {which} has {len(made)} of {made}"
+            )
         for group, fresh in zip(groups, groups_made):
             for key, value in fresh.items():
                 problem = None if key in ("params", "initial_lr") else _setting_problem(group.get(key, _MISSING), value)
-                if problem:  # initial_lr: the schedule's, which format 1 has not, and which is not read once it has begun
-                    raise CharlmError(f"{path}: its optimizer setting {key!r} is {_shown(group.get(key, _MISSING))}, where "
-                                      f"the run's {which} needs {problem}")
+                if (
+                    problem
+                ):  # initial_lr: the schedule's, which format 1 has not, and which is not read once it has begun
+                    raise CharlmError(
+                        f"{path}: its optimizer setting {key!r} is {_shown(group.get(key, _MISSING))}, where "
+                        f"the run's {which} needs {problem}"
+                    )
     for index, entry in moments.items():
         if type(index) is not int or not 0 <= index < len(parameters) or not isinstance(entry, dict):
-            raise CharlmError(f"{path}: its optimizer state holds an entry for parameter {str(index)[:20]}, which the model lacks")
+            raise CharlmError(
+                f"{path}: its optimizer state holds an entry for parameter {str(index)[:20]}, which the model lacks"
+            )
         for name, value in entry.items():
             if torch.is_tensor(value) and value.dim() > 0 and value.shape != parameters[index].shape:
-                raise CharlmError(f"{path}: its optimizer state {name} of parameter {index} has shape {_shape(value)}, "
-                                  f"the parameter {_shape(parameters[index])}")
+                raise CharlmError(
+                    f"{path}: its optimizer state {name} of parameter {index} has shape {_shape(value)}, "
+                    f"the parameter {_shape(parameters[index])}"
+                )
         if entry_made is None:
             continue
         missing = [key for key in entry_made if entry and key not in entry]
         if missing:
-            raise CharlmError(f"{path}: its optimizer state of parameter {index} lacks {missing[0]}, which the run's "
-                              f"{which} keeps")
+            raise CharlmError(
+                f"{path}: its optimizer state of parameter {index} lacks {missing[0]}, which the run's {which} keeps"
+            )
         for key, value in entry.items():
             problem = _moment_problem(key, value, parameters[index], entry_made.get(key, _MISSING))
             if problem:
@@ -205,10 +255,12 @@ def _setting_problem(saved, fresh) -> str | None:
             return f"a list of {len(fresh)}"
         if not all(_is_number(item) for item in fresh):  # a LambdaLR's lr_lambdas: [None] for a lambda
             return None if list(saved) == list(fresh) else repr(fresh)
-        if not all(_is_finite(item) and 0 <= item and (isinstance(fresh, list) or item < 1)
-                   for item in saved):  # betas (a tuple) below 1
-            return (f"{len(fresh)} finite number{'s' if len(fresh) != 1 else ''}, zero or more"
-                    + ("" if isinstance(fresh, list) else " and below 1"))
+        if not all(
+            _is_finite(item) and 0 <= item and (isinstance(fresh, list) or item < 1) for item in saved
+        ):  # betas (a tuple) below 1
+            return f"{len(fresh)} finite number{'s' if len(fresh) != 1 else ''}, zero or more" + (
+                "" if isinstance(fresh, list) else " and below 1"
+            )
         return None
     return None
 
@@ -219,8 +271,15 @@ def _moment_problem(key, value, parameter, made) -> str | None:
     floating-point tensor of the parameter's shape (a squared average zero or more), or None where
     one step makes it None."""
     if key == "step":
-        number = value.item() if torch.is_tensor(value) and value.dim() == 0 and tensor_problem(value) is None \
-            and not value.is_complex() and value.dtype != torch.bool else value
+        number = (
+            value.item()
+            if torch.is_tensor(value)
+            and value.dim() == 0
+            and tensor_problem(value) is None
+            and not value.is_complex()
+            and value.dtype != torch.bool
+            else value
+        )
         return None if _is_finite(number) and number >= 0 else f"{_shown(value)}, not a count"
     if value is None and (made is None or made is _MISSING):
         return None
@@ -247,20 +306,25 @@ def check_schedule_state(state: dict, scheduler, path) -> None:
     made = scheduler.state_dict()
     for key, value in state.items():
         if key == "optimizer" or (isinstance(key, str) and key not in made and hasattr(type(scheduler), key)):
-            raise CharlmError(f"{path}: its learning-rate schedule holds {str(key)[:40]!r}, which would replace the "
-                              "schedule's own")
+            raise CharlmError(
+                f"{path}: its learning-rate schedule holds {str(key)[:40]!r}, which would replace the schedule's own"
+            )
         if key not in made:  # a key an older torch kept ("verbose"): set, never read
             continue
         fresh = made[key]
         if _is_number(fresh):
-            problem = None if _is_finite(value) or (isinstance(value, float) and math.isinf(value)) else "a number"  # best: inf
+            problem = (
+                None if _is_finite(value) or (isinstance(value, float) and math.isinf(value)) else "a number"
+            )  # best: inf
         elif isinstance(fresh, bool):
             problem = None if isinstance(value, bool) else "true or false"
         else:
             problem = _setting_problem(value, fresh)
         if problem:
-            raise CharlmError(f"{path}: its learning-rate schedule's {key} is {_shown(value)}, where the run's schedule "
-                              f"needs {problem}")
+            raise CharlmError(
+                f"{path}: its learning-rate schedule's {key} is {_shown(value)}, where the run's schedule "
+                f"needs {problem}"
+            )
 
 
 def _is_number(value) -> bool:
@@ -271,7 +335,7 @@ def _is_finite(value) -> bool:
     """A finite number that torch takes: a float, or an integer within 64 bits."""
     if isinstance(value, float):
         return math.isfinite(value)
-    return _is_number(value) and -2**63 <= value < 2**63  # 10**400: no float holds it
+    return _is_number(value) and -(2**63) <= value < 2**63  # 10**400: no float holds it
 
 
 def _shown(value) -> str:
@@ -286,16 +350,24 @@ def check_carried_state(hidden: list, expected: list, path, dtype=None) -> None:
     """The carried state: per layer, tensors of the shapes of the model's initial state; dense, of the
     model's ``dtype`` and finite (NaN carried into the next window would end the run as diverged)."""
     shapes = [[tuple(tensor.shape) for tensor in layer] for layer in expected]
-    found = [[tuple(tensor.shape) if torch.is_tensor(tensor) else None for tensor in layer]
-             if isinstance(layer, (list, tuple)) else None for layer in hidden]
+    found = [
+        [tuple(tensor.shape) if torch.is_tensor(tensor) else None for tensor in layer]
+        if isinstance(layer, (list, tuple))
+        else None
+        for layer in hidden
+    ]
     if found != shapes:
-        raise CharlmError(f"{path}: its carried state does not fit the model it describes ({len(hidden)} layers of "
-                          f"{found[:1]}, where {len(shapes)} of {shapes[:1]} are needed)")
+        raise CharlmError(
+            f"{path}: its carried state does not fit the model it describes ({len(hidden)} layers of "
+            f"{found[:1]}, where {len(shapes)} of {shapes[:1]} are needed)"
+        )
     for layer in hidden:
         for tensor in layer:
             if tensor_problem(tensor) or (dtype is not None and tensor.dtype != dtype):
-                raise CharlmError(f"{path}: its carried state is {tensor_problem(tensor) or f'of {tensor.dtype}'}, "
-                                  f"where the model computes in {dtype}")
+                raise CharlmError(
+                    f"{path}: its carried state is {tensor_problem(tensor) or f'of {tensor.dtype}'}, "
+                    f"where the model computes in {dtype}"
+                )
             if not torch.isfinite(tensor).all():
                 raise CharlmError(f"{path}: its carried state is not all finite numbers (it holds NaN or infinity)")
 

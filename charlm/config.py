@@ -38,60 +38,201 @@ class TrainConfig:
     (the LRU paper's batch 250 at 1e-3, the Delta-RNN paper's batch 64 with plateau halving) is
     written out in full in its plan (``charlm sweep PLAN``)."""
 
-    corpus: str = setting("pydoc", "Prepared corpus to train on (see `charlm corpora`); a path to a text file is taken as --text FILE.")
-    text: list[str] = setting([], "Your own UTF-8 text file (or directory; repeatable) to train on: prepared first as `charlm prepare text` does (split 90/5/5) into a corpus named after the first file (or --corpus NAME) in the data root, and reused while the files' sha256 are unchanged.", show_default="none")
+    corpus: str = setting(
+        "pydoc", "Prepared corpus to train on (see `charlm corpora`); a path to a text file is taken as --text FILE."
+    )
+    text: list[str] = setting(
+        [],
+        "Your own UTF-8 text file (or directory; repeatable) to train on: prepared first as `charlm prepare "
+        "text` does (split 90/5/5) into a corpus named after the first file (or --corpus NAME) in the data root, "
+        "and reused while the files' sha256 are unchanged.",
+        show_default="none",
+    )
     cell: str = setting("lstm", "Recurrent cell (see `charlm cells`), or module:Class for your own.")
     layers: int = setting(1, "Number of stacked recurrent layers.", min=1, limit=MAX_LAYERS)
-    hidden: int | None = setting(None, "Hidden size n.", min=1, limit=MAX_WIDTH, show_default=f"{DEFAULT_HIDDEN} when neither --hidden nor --params is given")
-    params: str | None = setting(None, "Parameter budget such as 1M or 2.5e6, or the size of a reference model such as lstm@100 (an LSTM of 100 units on this corpus; with options: lstm[peephole=full]@100): chooses the hidden size whose total count is closest.", show_default="none")
-    embed_size: int | None = setting(None, "Embedding width; 0 feeds one-hot symbols.", min=0, limit=MAX_WIDTH, show_default="what the cell needs, else n")
+    hidden: int | None = setting(
+        None,
+        "Hidden size n.",
+        min=1,
+        limit=MAX_WIDTH,
+        show_default=f"{DEFAULT_HIDDEN} when neither --hidden nor --params is given",
+    )
+    params: str | None = setting(
+        None,
+        "Parameter budget such as 1M or 2.5e6, or the size of a reference model such as lstm@100 (an LSTM of 100 "
+        "units on this corpus; with options: lstm[peephole=full]@100): chooses the hidden size whose total count "
+        "is closest.",
+        show_default="none",
+    )
+    embed_size: int | None = setting(
+        None,
+        "Embedding width; 0 feeds one-hot symbols.",
+        min=0,
+        limit=MAX_WIDTH,
+        show_default="what the cell needs, else n",
+    )
     dropout: float = setting(0.0, "Dropout between layers and on the softmax input.", min=0, max=1, max_open=True)
     cell_options: dict = setting({}, "Options of the cell (--cell-opt key=value).", cli=False)
     batch_size: int = setting(32, "Parallel streams per step (the LRU paper's protocol: 250).", min=1)
     bptt: int = setting(50, "Truncated backpropagation window (steps).", min=1)
-    lr: float = setting(3e-3, "Initial learning rate (the LRU paper's protocol: 1e-3).", min=0, min_open=True, limit=MAX_LR)
-    lr_decay: float = setting(0.9, "Learning rate factor applied after every epoch (--schedule epoch-decay).", min=0, min_open=True)
-    schedule: str = setting("epoch-decay", "Learning-rate schedule: epoch-decay (× --lr-decay every epoch; the LRU paper), plateau-halving (× --plateau-factor after an epoch whose validation loss did not improve, down to --min-lr; the Delta-RNN paper), constant, or warmup-cosine (linear warmup over --warmup-steps, then a cosine down to --min-lr).",
-                            choices=("epoch-decay", "plateau-halving", "constant", "warmup-cosine"))
-    min_lr: float = setting(0.0, "Lower bound of plateau-halving; the final rate of warmup-cosine.", min=0, limit=MAX_LR)
-    plateau_factor: float = setting(0.5, "plateau-halving: the rate's factor after an epoch without improvement.", min=0, max=1, min_open=True, max_open=True)
+    lr: float = setting(
+        3e-3, "Initial learning rate (the LRU paper's protocol: 1e-3).", min=0, min_open=True, limit=MAX_LR
+    )
+    lr_decay: float = setting(
+        0.9, "Learning rate factor applied after every epoch (--schedule epoch-decay).", min=0, min_open=True
+    )
+    schedule: str = setting(
+        "epoch-decay",
+        "Learning-rate schedule: epoch-decay (× --lr-decay every epoch; the LRU paper), plateau-halving (× "
+        "--plateau-factor after an epoch whose validation loss did not improve, down to --min-lr; the Delta-RNN "
+        "paper), constant, or warmup-cosine (linear warmup over --warmup-steps, then a cosine down to --min-lr).",
+        choices=("epoch-decay", "plateau-halving", "constant", "warmup-cosine"),
+    )
+    min_lr: float = setting(
+        0.0, "Lower bound of plateau-halving; the final rate of warmup-cosine.", min=0, limit=MAX_LR
+    )
+    plateau_factor: float = setting(
+        0.5,
+        "plateau-halving: the rate's factor after an epoch without improvement.",
+        min=0,
+        max=1,
+        min_open=True,
+        max_open=True,
+    )
     warmup_steps: int = setting(0, "warmup-cosine: steps of linear warmup.", min=0)
     epochs: int = setting(20, "Maximum number of epochs (with --resume: the new total).", min=1)
     patience: int = setting(3, "Stop after this many epochs without a better validation bpc.", min=1)
     clip: float = setting(5.0, "Gradient-norm clipping threshold, 0 for none.", min=0)
-    optimizer: str = setting("adam", "Optimizer: adam (β = 0.9, 0.999), adamw (Adam with decoupled weight decay), sgd (with --momentum, --nesterov; wants a far larger --lr than Adam, 0.1 to 1) or rmsprop (α = 0.99).",
-                             choices=OPTIMIZERS)
-    weight_decay: float | None = setting(None, "Weight decay of every weight: adamw's is decoupled (each update also multiplies the weights by 1 − lr × decay); adam's, sgd's and rmsprop's is L2 (decay × weight added to the gradient).",
-                                         min=0, limit=FLOAT32_MAX, show_default="0.01 for adamw, else 0")
-    momentum: float | None = setting(None, "Momentum of sgd and rmsprop (only those).", min=0, max=1, max_open=True, show_default="0.9 for sgd, 0 for rmsprop")
+    optimizer: str = setting(
+        "adam",
+        "Optimizer: adam (β = 0.9, 0.999), adamw (Adam with decoupled weight decay), sgd (with --momentum, "
+        "--nesterov; wants a far larger --lr than Adam, 0.1 to 1) or rmsprop (α = 0.99).",
+        choices=OPTIMIZERS,
+    )
+    weight_decay: float | None = setting(
+        None,
+        "Weight decay of every weight: adamw's is decoupled (each update also multiplies the weights by 1 − lr × "
+        "decay); adam's, sgd's and rmsprop's is L2 (decay × weight added to the gradient).",
+        min=0,
+        limit=FLOAT32_MAX,
+        show_default="0.01 for adamw, else 0",
+    )
+    momentum: float | None = setting(
+        None,
+        "Momentum of sgd and rmsprop (only those).",
+        min=0,
+        max=1,
+        max_open=True,
+        show_default="0.9 for sgd, 0 for rmsprop",
+    )
     nesterov: bool = setting(False, "sgd: Nesterov momentum (needs a positive --momentum).")
-    accumulate: int = setting(1, "Windows (K) whose gradients are summed into each optimizer update (gradient accumulation: each window's loss is divided by K, so one update is a step on the K windows' mean loss, clipped as a whole; --log-every, --eval-every, --save-every and --warmup-steps count updates).", min=1)
+    accumulate: int = setting(
+        1,
+        "Windows (K) whose gradients are summed into each optimizer update (gradient accumulation: each window's "
+        "loss is divided by K, so one update is a step on the K windows' mean loss, clipped as a whole; "
+        "--log-every, --eval-every, --save-every and --warmup-steps count updates).",
+        min=1,
+    )
     seed: int = setting(1, "Random seed (initialisation, dropout).")
     device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps.")
-    precision: str = setting("fp32", "Arithmetic of the forward pass: fp32, bf16 (CPU or GPU) or fp16 (GPU, with a gradient scaler); the loss is always float32.",
-                             choices=("fp32", "bf16", "fp16"))
-    compile: bool = setting(False, "Run the training forward pass through torch.compile (the first step compiles; falls back to eager where it cannot).")
-    cuda_graph: bool = setting(False, "CUDA only: capture the forward and backward of a training window as CUDA graphs once and replay them (checked against eager on first use; falls back to eager where capture or the check fails).")
-    tf32: bool = setting(False, "CUDA only: let float32 matrix products and cuDNN run on TensorFloat-32 units (a 10-bit mantissa; faster on Ampere and later). Off by default, so fp32 is float32 in charlm's own loops and in cuDNN alike.")
-    train_fraction: float = setting(1.0, "Train on this leading fraction of the training split (0.2, 0.4, ...).", min=0, max=1, min_open=True)
-    eval_batch_size: int = setting(16, "Streams used to score validation/test; when not given, lowered (with a note) to what a split too short for 16 allows.", min=1)
-    eval_fraction: float = setting(1.0, "Score validation during training on this leading fraction of the validation split (the same tokens every time; nanoGPT's eval_iters): faster with a small --train-fraction. The test score at the end is always the whole split.", min=0, max=1, min_open=True)
+    precision: str = setting(
+        "fp32",
+        "Arithmetic of the forward pass: fp32, bf16 (CPU or GPU) or fp16 (GPU, with a gradient scaler); the loss "
+        "is always float32.",
+        choices=("fp32", "bf16", "fp16"),
+    )
+    compile: bool = setting(
+        False,
+        "Run the training forward pass through torch.compile (the first step compiles; falls back to eager where "
+        "it cannot).",
+    )
+    cuda_graph: bool = setting(
+        False,
+        "CUDA only: capture the forward and backward of a training window as CUDA graphs once and replay them "
+        "(checked against eager on first use; falls back to eager where capture or the check fails).",
+    )
+    tf32: bool = setting(
+        False,
+        "CUDA only: let float32 matrix products and cuDNN run on TensorFloat-32 units (a 10-bit mantissa; faster "
+        "on Ampere and later). Off by default, so fp32 is float32 in charlm's own loops and in cuDNN alike.",
+    )
+    train_fraction: float = setting(
+        1.0, "Train on this leading fraction of the training split (0.2, 0.4, ...).", min=0, max=1, min_open=True
+    )
+    eval_batch_size: int = setting(
+        16,
+        "Streams used to score validation/test; when not given, lowered (with a note) to what a split too short "
+        "for 16 allows.",
+        min=1,
+    )
+    eval_fraction: float = setting(
+        1.0,
+        "Score validation during training on this leading fraction of the validation split (the same tokens "
+        "every time; nanoGPT's eval_iters): faster with a small --train-fraction. The test score at the end is "
+        "always the whole split.",
+        min=0,
+        max=1,
+        min_open=True,
+    )
     eval_every: int = setting(0, "Also score validation every K steps (0: epoch ends only).", min=0)
     log_every: int = setting(50, "Write a step record to metrics.jsonl every K steps.", min=1)
-    print_every: int = setting(0, "Also print a training-loss line (step, loss, bpc, rate, speed) every K steps, on the terminal and in train.log; 0: the progress bar only.", min=0)
-    save_every: str = setting("5m", "Also save last.pt inside an epoch, every N steps (500) or every N minutes (5m); 0: at epoch ends only.")
-    keep_checkpoints: int = setting(0, "Also keep the N latest epoch-end checkpoints, weights only (no optimizer state), named with the epoch and the validation score: epoch03-valid1.8420.pt (bpc), epoch03-ppl141.27.pt on word corpora (perplexity per word); 0: only best.pt and last.pt.", min=0)
-    max_minutes: float | None = setting(None, "Stop training after this many minutes (the run is evaluated and resumable).", min=0, min_open=True, show_default="no limit")
-    max_tokens: int | None = setting(None, "Stop training once the run has trained on this many tokens (every stream of every process, over all its sessions); the run is evaluated and resumable with a larger budget. The same data for every cell of a comparison.", min=1, show_default="no limit")
+    print_every: int = setting(
+        0,
+        "Also print a training-loss line (step, loss, bpc, rate, speed) every K steps, on the terminal and in "
+        "train.log; 0: the progress bar only.",
+        min=0,
+    )
+    save_every: str = setting(
+        "5m", "Also save last.pt inside an epoch, every N steps (500) or every N minutes (5m); 0: at epoch ends only."
+    )
+    keep_checkpoints: int = setting(
+        0,
+        "Also keep the N latest epoch-end checkpoints, weights only (no optimizer state), named with the epoch "
+        "and the validation score: epoch03-valid1.8420.pt (bpc), epoch03-ppl141.27.pt on word corpora "
+        "(perplexity per word); 0: only best.pt and last.pt.",
+        min=0,
+    )
+    max_minutes: float | None = setting(
+        None,
+        "Stop training after this many minutes (the run is evaluated and resumable).",
+        min=0,
+        min_open=True,
+        show_default="no limit",
+    )
+    max_tokens: int | None = setting(
+        None,
+        "Stop training once the run has trained on this many tokens (every stream of every process, over all its "
+        "sessions); the run is evaluated and resumable with a larger budget. The same data for every cell of a "
+        "comparison.",
+        min=1,
+        show_default="no limit",
+    )
     data_dir: str | None = setting(None, "Root of prepared corpora.", show_default="$CHARLM_DATA or ./data")
     run_dir: str | None = setting(None, "Where to write checkpoints and metrics.", show_default="runs/CORPUS-CELL-TIME")
     init_from: str | None = setting(None, "Start from this checkpoint's weights (fine-tuning).", show_default="none")
-    test_every_epoch: bool = setting(False, "Score the test split at every epoch end too (learning curves); by default only the best-validation weights are scored on test, once, at the end.")
+    test_every_epoch: bool = setting(
+        False,
+        "Score the test split at every epoch end too (learning curves); by default only the best-validation "
+        "weights are scored on test, once, at the end.",
+    )
     tensorboard: bool = setting(False, "Also write every metrics record to TensorBoard (needs charlm[tensorboard]).")
-    wandb: bool = setting(False, "Also log every metrics record to Weights & Biases (needs charlm[wandb]); the W&B run is named after the run directory and a resumed run goes on in the same W&B run. WANDB_MODE=offline logs to local files only.")
+    wandb: bool = setting(
+        False,
+        "Also log every metrics record to Weights & Biases (needs charlm[wandb]); the W&B run is named after the "
+        "run directory and a resumed run goes on in the same W&B run. WANDB_MODE=offline logs to local files "
+        "only.",
+    )
     wandb_project: str | None = setting(None, "The W&B project of --wandb.", show_default="$WANDB_PROJECT or charlm")
-    dist_timeout: float = setting(DIST_TIMEOUT_MINUTES, "Under torchrun: minutes a process waits for the others (to join, or at a collective) before it stops with a one-line error. Long enough for rank 0 to save a large model's checkpoint while the others wait; short enough that a frozen process is noticed in minutes, not PyTorch's 30. Raise it for models whose checkpoint takes longer to write.",
-                                  min=0, max=10080, min_open=True)
+    dist_timeout: float = setting(
+        DIST_TIMEOUT_MINUTES,
+        "Under torchrun: minutes a process waits for the others (to join, or at a collective) before it stops "
+        "with a one-line error. Long enough for rank 0 to save a large model's checkpoint while the others wait; "
+        "short enough that a frozen process is noticed in minutes, not PyTorch's 30. Raise it for models whose "
+        "checkpoint takes longer to write.",
+        min=0,
+        max=10080,
+        min_open=True,
+    )
 
     def validate(self) -> None:
         validate(self)
@@ -111,19 +252,27 @@ class TrainConfig:
         if self.cuda_graph and self.compile:
             raise ConfigError(TrainConfig, "cuda_graph", "and --compile are exclusive: give one, not both")
         if self.min_lr >= self.lr and self.schedule in ("plateau-halving", "warmup-cosine"):
-            raise ConfigError(TrainConfig, "min_lr", f"must be below --lr ({self.lr:g}) for {self.schedule}, not {self.min_lr:g}")
+            raise ConfigError(
+                TrainConfig, "min_lr", f"must be below --lr ({self.lr:g}) for {self.schedule}, not {self.min_lr:g}"
+            )
         self._validate_optimizer()
 
     def _validate_optimizer(self) -> None:
         """The settings that only some optimizers have, and gradient accumulation."""
         if self.momentum is not None and self.optimizer not in DEFAULT_MOMENTUM:
-            raise ConfigError(TrainConfig, "momentum", f"applies to --optimizer sgd and rmsprop only, not {self.optimizer}")
+            raise ConfigError(
+                TrainConfig, "momentum", f"applies to --optimizer sgd and rmsprop only, not {self.optimizer}"
+            )
         if self.nesterov and (self.optimizer != "sgd" or self.effective_momentum == 0):
             used = f"--optimizer {self.optimizer}" if self.optimizer != "sgd" else "--momentum 0"
             raise ConfigError(TrainConfig, "nesterov", f"needs --optimizer sgd with a positive --momentum, not {used}")
         if self.accumulate > 1 and self.cuda_graph:
-            raise ConfigError(TrainConfig, "accumulate", "above 1 and --cuda-graph are exclusive (a captured backward "
-                                                         "reuses its gradient buffers at every window): give one, not both")
+            raise ConfigError(
+                TrainConfig,
+                "accumulate",
+                "above 1 and --cuda-graph are exclusive (a captured backward "
+                "reuses its gradient buffers at every window): give one, not both",
+            )
 
     @property
     def effective_momentum(self) -> float | None:
@@ -166,15 +315,37 @@ def save_interval(text: str) -> tuple[str, float] | None:
         value = math.nan
     finite = value <= INT64_MAX if isinstance(value, int) else math.isfinite(value)  # a step count of 400 digits too
     if not (finite and value >= 0):
-        raise ConfigError(TrainConfig, "save_every", f"must be a number of steps (500) or of minutes (5m), not {shown(text)}")
+        raise ConfigError(
+            TrainConfig, "save_every", f"must be a number of steps (500) or of minutes (5m), not {shown(text)}"
+        )
     if value == 0:
         return None
     return ("seconds", value * unit) if unit else ("steps", value)
 
 
 # Settings that may differ between a run and its resumption; the rest define the run.
-RESUMABLE_SETTINGS = ("epochs", "max_minutes", "max_tokens", "device", "precision", "compile", "cuda_graph", "tf32", "patience", "eval_every", "log_every", "print_every", "save_every",
-                      "keep_checkpoints", "test_every_epoch", "tensorboard", "wandb", "wandb_project", "data_dir", "dist_timeout")
+RESUMABLE_SETTINGS = (
+    "epochs",
+    "max_minutes",
+    "max_tokens",
+    "device",
+    "precision",
+    "compile",
+    "cuda_graph",
+    "tf32",
+    "patience",
+    "eval_every",
+    "log_every",
+    "print_every",
+    "save_every",
+    "keep_checkpoints",
+    "test_every_epoch",
+    "tensorboard",
+    "wandb",
+    "wandb_project",
+    "data_dir",
+    "dist_timeout",
+)
 
 
 @dataclasses.dataclass
@@ -190,8 +361,12 @@ class EvalConfig:
 class ScoreConfig:
     """`charlm score` and `Model.score`: scoring any text."""
 
-    unknown: str = setting("error", "Characters outside the vocabulary: error names them, skip drops them "
-                           "(counted), unk maps them to the vocabulary's unknown entry.", choices=("error", "skip", "unk"))
+    unknown: str = setting(
+        "error",
+        "Characters outside the vocabulary: error names them, skip drops them "
+        "(counted), unk maps them to the vocabulary's unknown entry.",
+        choices=("error", "skip", "unk"),
+    )
     batch_size: int = setting(1, "Parallel streams (1: the text in order, exact).", min=1)
 
 
@@ -202,17 +377,30 @@ class SampleConfig:
     length: int = setting(500, "Symbols (tokens) to generate per sample.", min=0, limit=MAX_SAMPLE_LENGTH)
     temperature: float = setting(1.0, "Softmax temperature: below 1 is more conservative.", min=0, min_open=True)
     top_k: int = setting(0, "Draw only from the k most likely symbols (0: off).", min=0)
-    top_p: float = setting(1.0, "Draw only from the smallest set with this much probability (1: off).", min=0, max=1, min_open=True)
+    top_p: float = setting(
+        1.0, "Draw only from the smallest set with this much probability (1: off).", min=0, max=1, min_open=True
+    )
     seed: int | None = setting(None, "Random seed: the same seed gives the same text.", show_default="random")
     num_samples: int = setting(1, "How many samples to draw (separated by a blank line).", min=1)
-    beam: int = setting(0, "Beam width: 0 draws at random; N returns the most probable continuation a beam search of "
-                           "width N finds (1: greedy, the likeliest symbol at each step). Deterministic.", min=0)
-    length_penalty: float = setting(1.0, "Beam search: a continuation's score is its log probability / length^alpha "
-                                         "(1: per symbol; 0: in total); it decides only between continuations that "
-                                         "--stop ended at different lengths.", min=0)
-    stop: list[str] = setting([], "End a sample once the text generated after the prime contains this string; the "
-                                  "output ends with it. Repeatable: the first one generated ends the sample.",
-                              show_default="none")
+    beam: int = setting(
+        0,
+        "Beam width: 0 draws at random; N returns the most probable continuation a beam search of "
+        "width N finds (1: greedy, the likeliest symbol at each step). Deterministic.",
+        min=0,
+    )
+    length_penalty: float = setting(
+        1.0,
+        "Beam search: a continuation's score is its log probability / length^alpha "
+        "(1: per symbol; 0: in total); it decides only between continuations that "
+        "--stop ended at different lengths.",
+        min=0,
+    )
+    stop: list[str] = setting(
+        [],
+        "End a sample once the text generated after the prime contains this string; the "
+        "output ends with it. Repeatable: the first one generated ends the sample.",
+        show_default="none",
+    )
 
 
 DEFAULT_PRIME = "\n"  # what sampling starts from when no prime is given (a line break)
@@ -222,11 +410,16 @@ DEFAULT_PRIME = "\n"  # what sampling starts from when no prime is given (a line
 class ServeConfig:
     """`charlm serve`: where it listens and the limits every request is held to."""
 
-    host: str = setting("127.0.0.1", "Address to listen on (0.0.0.0: every interface; anyone who can reach the "
-                                     "machine can use the models).")
+    host: str = setting(
+        "127.0.0.1",
+        "Address to listen on (0.0.0.0: every interface; anyone who can reach the machine can use the models).",
+    )
     port: int = setting(8000, "Port to listen on (0: any free port, printed at start).", min=0, max=65535)
-    api_key: str | None = setting(None, "Require 'Authorization: Bearer KEY' on every /v1 request (also read from "
-                                        "CHARLM_API_KEY).", show_default="none, or $CHARLM_API_KEY")
+    api_key: str | None = setting(
+        None,
+        "Require 'Authorization: Bearer KEY' on every /v1 request (also read from CHARLM_API_KEY).",
+        show_default="none, or $CHARLM_API_KEY",
+    )
     max_body: int = setting(1_000_000, "Largest request body, in bytes.", min=1024)
     max_prompt: int = setting(2_000, "Longest sampling prompt, in characters.", min=1)
     max_text: int = setting(20_000, "Longest text to score or look inside, in characters.", min=2)
@@ -241,15 +434,30 @@ class ServeConfig:
 class DynamicOptions:
     """Every setting of a dynamic evaluation (see charlm.inference.dynamic), with its default."""
 
-    method: str = setting("sgd", "sgd (Delta-RNN paper) or rms (Krause et al. 2018).", choices=("sgd", "rms"), cli=False)
-    lr: float | None = setting(None, "Step size η.", flag="--dyn-lr", min=0, limit=FLOAT32_MAX, show_default="0.01 sgd, 0.0001 rms")
+    method: str = setting(
+        "sgd", "sgd (Delta-RNN paper) or rms (Krause et al. 2018).", choices=("sgd", "rms"), cli=False
+    )
+    lr: float | None = setting(
+        None, "Step size η.", flag="--dyn-lr", min=0, limit=FLOAT32_MAX, show_default="0.01 sgd, 0.0001 rms"
+    )
     decay: float = setting(0.01, "rms: λ, the pull back towards the trained weights.", flag="--dyn-decay", min=0, max=1)
-    eps: float = setting(1e-5, "rms: ε added to the RMS of the training gradients.", flag="--dyn-eps", min=0, min_open=True)
-    segment: int = setting(20, "Steps per segment, one update after each; the static figure uses the same segments.", min=1)
+    eps: float = setting(
+        1e-5, "rms: ε added to the RMS of the training gradients.", flag="--dyn-eps", min=0, min_open=True
+    )
+    segment: int = setting(
+        20, "Steps per segment, one update after each; the static figure uses the same segments.", min=1
+    )
     batch_size: int = setting(1, "Parallel streams (1: adapts on the text strictly in order, exact).", min=1, cli=False)
-    stat_batch_size: int = setting(100, "rms: streams per training batch for the statistics.", flag="--dyn-stat-batch-size", min=1)
-    stat_batches: int | None = setting(None, "rms: collect gradient statistics on at most this many training batches.",
-                                       flag="--dyn-stat-batches", min=1, show_default="the whole training split")
+    stat_batch_size: int = setting(
+        100, "rms: streams per training batch for the statistics.", flag="--dyn-stat-batch-size", min=1
+    )
+    stat_batches: int | None = setting(
+        None,
+        "rms: collect gradient statistics on at most this many training batches.",
+        flag="--dyn-stat-batches",
+        min=1,
+        show_default="the whole training split",
+    )
 
     def __post_init__(self):
         if self.lr is None and self.method in DEFAULT_DYNAMIC_LR:
@@ -263,7 +471,9 @@ class DynamicOptions:
     def hyperparameters(self) -> dict:
         values = {"method": self.method, "lr": self.lr, "segment": self.segment, "batch_size": self.batch_size}
         if self.method == "rms":
-            values.update(decay=self.decay, eps=self.eps, stat_batch_size=self.stat_batch_size, stat_batches=self.stat_batches)
+            values.update(
+                decay=self.decay, eps=self.eps, stat_batch_size=self.stat_batch_size, stat_batches=self.stat_batches
+            )
         return values
 
 
@@ -285,11 +495,26 @@ class BenchmarkConfig:
     repeat: int = setting(3, "Interleaved rounds; figures are medians over rounds, with their spread.", min=1)
     sample_length: int = setting(200, "Symbols drawn to time sampling.", min=1)
     device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps.")
-    precision: str = setting("fp32", "Arithmetic of every contender's forward pass, as train --precision: fp32, bf16, or fp16 (CUDA).",
-                             choices=("fp32", "bf16", "fp16"))
-    compile: bool = setting(False, "Train every cell through torch.compile, as train --compile, and report its compile time (the fused baseline stays eager).")
-    cuda_graph: bool = setting(False, "CUDA only: train every cell through captured CUDA graphs, as train --cuda-graph (the fused baseline stays eager).")
-    tf32: bool = setting(False, "CUDA only: TensorFloat-32 for float32 products, as train --tf32, for every contender and the fused baseline alike.")
+    precision: str = setting(
+        "fp32",
+        "Arithmetic of every contender's forward pass, as train --precision: fp32, bf16, or fp16 (CUDA).",
+        choices=("fp32", "bf16", "fp16"),
+    )
+    compile: bool = setting(
+        False,
+        "Train every cell through torch.compile, as train --compile, and report its compile time (the fused "
+        "baseline stays eager).",
+    )
+    cuda_graph: bool = setting(
+        False,
+        "CUDA only: train every cell through captured CUDA graphs, as train --cuda-graph (the fused baseline "
+        "stays eager).",
+    )
+    tf32: bool = setting(
+        False,
+        "CUDA only: TensorFloat-32 for float32 products, as train --tf32, for every contender and the fused "
+        "baseline alike.",
+    )
     json: bool = setting(False, "Print the results as JSON (every round's figures) instead of a table.")
     seed: int = setting(0, "Random seed of the synthetic data and weights.", cli=False)
 
@@ -304,10 +529,14 @@ class DemoConfig:
 
     minutes: float = setting(2.0, "Time budget in minutes (the sizing measurement included).", min=0, min_open=True)
     cell: str = setting("lru", "Cell to train.", cli=False)
-    sizes: dict = setting({192: 400_000, 128: 600_000, 64: 1_500_000},
-                          "Hidden size → characters of training it needs for readable text.", cli=False)
-    calibration_steps: int = setting(3, "Training steps timed per size measured (after one warm-up step).",
-                                     min=1, cli=False)
+    sizes: dict = setting(
+        {192: 400_000, 128: 600_000, 64: 1_500_000},
+        "Hidden size → characters of training it needs for readable text.",
+        cli=False,
+    )
+    calibration_steps: int = setting(
+        3, "Training steps timed per size measured (after one warm-up step).", min=1, cli=False
+    )
     layers: int = setting(1, "Layers.", min=1, limit=MAX_LAYERS, cli=False)
     batch_size: int = setting(32, "Streams.", cli=False)
     bptt: int = setting(50, "Window.", cli=False)

@@ -4,7 +4,7 @@
 def shown(value, width: int = 80) -> str:
     """``repr(value)``, cut to ``width`` characters (a value of 5,000 characters in a one-line error)."""
     text = repr(value)
-    return text if len(text) <= width else text[:width - 3] + "..."
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 class CharlmError(Exception):
@@ -31,6 +31,7 @@ class OutOfVocabulary(CharlmError):
         more = "" if len(self.symbols) <= 20 else f" and {len(self.symbols) - 20} more"
         message = f"text has symbols outside the vocabulary: {shown}{more}"
         if where is not None:  # text given by a user to score: say where, and what to do
-            message += ((f" (the first at {where})" if where else "") + "; pass --unknown skip to leave them out "
-                        "(unknown=\"skip\" from Python)")
+            message += (
+                f" (the first at {where})" if where else ""
+            ) + '; pass --unknown skip to leave them out (unknown="skip" from Python)'
         super().__init__(message)

@@ -31,6 +31,7 @@ NEARLY_FULL = 1 << 20  # bytes: a write that failed with less than this left on 
 
 # --- write failures: one line naming the file meant ---------------------------------------------
 
+
 class WriteError(CharlmError, OSError):
     """A file could not be written; ``filename`` is the file meant and ``strerror`` the reason.
     Exit code 1 (the machine: a full disk, a file-size limit, a read-only file system, an I/O
@@ -66,8 +67,9 @@ def is_write_failure(error: BaseException, partial: str | Path | None = None) ->
     with ``partial`` at the file-size limit (a writer's own message may say neither)."""
     if isinstance(error, OSError):
         return True
-    return isinstance(error, RuntimeError) and (any(mark in str(error) for mark in TORCH_WRITER)
-                                                or _errno_of(error, partial) is not None)
+    return isinstance(error, RuntimeError) and (
+        any(mark in str(error) for mark in TORCH_WRITER) or _errno_of(error, partial) is not None
+    )
 
 
 def write_error(target: str | Path, error: BaseException, partial: str | Path | None = None) -> WriteError:
@@ -174,7 +176,7 @@ def append_text(path: str | Path, text: str) -> None:
             start = os.fstat(descriptor).st_size
             try:
                 while data:
-                    data = data[os.write(descriptor, data):]
+                    data = data[os.write(descriptor, data) :]
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.ftruncate(descriptor, start)
@@ -207,8 +209,11 @@ def read_bytes(path: str | Path, what: str) -> bytes:
     kind = os.fstat(descriptor).st_mode
     if not stat.S_ISREG(kind):  # judged before open() wraps it: that refuses a directory with an OSError
         os.close(descriptor)
-        raise CharlmError(f"{what} {path} is a directory" if stat.S_ISDIR(kind)
-                          else f"{what} {path} is {file_kind(kind)}, not a regular file")
+        raise CharlmError(
+            f"{what} {path} is a directory"
+            if stat.S_ISDIR(kind)
+            else f"{what} {path} is {file_kind(kind)}, not a regular file"
+        )
     with open(descriptor, "rb") as file:
         try:
             return file.read()
@@ -227,8 +232,11 @@ def path_value(value, what: str) -> Path:
     encoded = os.fsencode(text)
     longest = max((len(part) for part in encoded.split(b"/")), default=0)
     if longest > NAME_MAX or len(encoded) > PATH_MAX:  # the system would say ENAMETOOLONG at the first use
-        what_is_long = f"a name of {longest:,} bytes (at most {NAME_MAX})" if longest > NAME_MAX else \
-            f"{len(encoded):,} bytes (at most {PATH_MAX:,})"
+        what_is_long = (
+            f"a name of {longest:,} bytes (at most {NAME_MAX})"
+            if longest > NAME_MAX
+            else f"{len(encoded):,} bytes (at most {PATH_MAX:,})"
+        )
         raise CharlmError(f"{what} {shown(text)} is too long for a path: {what_is_long}")
     return Path(text)
 
@@ -262,15 +270,23 @@ def plain_name(value, what: str) -> str:
     """``value`` when it is a plain name; else a one-line error saying that ``what`` ("plan name") must be one."""
     if not is_plain_name(value):
         shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-        raise CharlmError(f"{what} {shown} is not a plain name (letters, digits, '.', '_' and '-', starting with a "
-                          "letter or a digit, at most 200 characters)")
+        raise CharlmError(
+            f"{what} {shown} is not a plain name (letters, digits, '.', '_' and '-', starting with a "
+            "letter or a digit, at most 200 characters)"
+        )
     return value
 
 
 def file_kind(mode: int) -> str:
     """What a file whose ``st_mode`` is ``mode`` is, in words ("a FIFO")."""
-    for test, words in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
-                        (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file")):
+    for test, words in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISREG, "a regular file"),
+    ):
         if test(mode):
             return words
     return "a special file"

@@ -52,8 +52,9 @@ def use_default_handler(stream=None) -> None:
         from rich.logging import RichHandler
 
         console = Console(file=stream) if stream is not None else Console(stderr=True)
-        handler = RichHandler(console=console, show_time=False, show_level=False, show_path=False,
-                              markup=False, highlighter=None)
+        handler = RichHandler(
+            console=console, show_time=False, show_level=False, show_path=False, markup=False, highlighter=None
+        )
     else:
         handler = logging.StreamHandler(stream) if stream is not None else _CurrentStderrHandler()
     handler.set_name(_HANDLER_NAME)
@@ -78,8 +79,16 @@ def progress_bar(total: int, label: str, *, initial: int = 0, show: bool = True,
     its figures go in with ``set_postfix_str``. ``scale``: counts shown as 2.30M."""
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc=label, unit_scale=scale, leave=False,
-                disable=None if show else True, dynamic_ncols=True, bar_format=BAR_FORMAT)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=label,
+        unit_scale=scale,
+        leave=False,
+        disable=None if show else True,
+        dynamic_ncols=True,
+        bar_format=BAR_FORMAT,
+    )
 
 
 class ProgressBars:

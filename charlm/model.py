@@ -84,8 +84,9 @@ class LanguageModel(nn.Module):
             if config.tie_layers:
                 self.layers = nn.ModuleList(tied_stack(cell_class, input_size, config, cell_config))
             else:
-                self.layers = nn.ModuleList(cell_class.make_stack(input_size, config.hidden_size, config.layers,
-                                                                  cell_config))
+                self.layers = nn.ModuleList(
+                    cell_class.make_stack(input_size, config.hidden_size, config.layers, cell_config)
+                )
         except ValueError as error:
             raise CharlmError(f"cannot build cell {config.cell!r}: {error}") from None
         self.dropout = nn.Dropout(config.dropout)
@@ -200,8 +201,10 @@ def tied_stack(cell_class, input_size: int, config: ModelConfig, cell_config) ->
         raise CharlmError(f"cell {config.cell!r} ties its layers itself: use --cell-opt tied=true (or false)")
     block = cell_class(input_size, config.hidden_size, cell_config)
     if config.layers > 1 and block.output_size != input_size:
-        raise CharlmError(f"cell {config.cell!r} cannot tie its layers: its output width {block.output_size} differs "
-                          f"from its input width {input_size}")
+        raise CharlmError(
+            f"cell {config.cell!r} cannot tie its layers: its output width {block.output_size} differs "
+            f"from its input width {input_size}"
+        )
     return [block] * config.layers
 
 
@@ -325,8 +328,10 @@ def size_for_budget(config: ModelConfig, budget: int, max_hidden_size: int = 163
     if solved is not None:
         return solved, total(solved)
     if total(max_hidden_size) < budget:
-        raise CharlmError(f"a parameter budget of {budget:,} is beyond the largest model charlm sizes "
-                          f"(hidden {max_hidden_size:,}: {total(max_hidden_size):,} parameters)")
+        raise CharlmError(
+            f"a parameter budget of {budget:,} is beyond the largest model charlm sizes "
+            f"(hidden {max_hidden_size:,}: {total(max_hidden_size):,} parameters)"
+        )
     low, high = 1, 1
     while total(high) < budget and high < max_hidden_size:
         low, high = high, min(high * 2, max_hidden_size)

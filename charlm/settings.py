@@ -20,9 +20,20 @@ from pathlib import Path
 from charlm.errors import CharlmError, ConfigError, shown
 
 
-def setting(default, help: str, *, flag: str | None = None, min=None, max=None, min_open: bool = False,
-            max_open: bool = False, choices: tuple | None = None, show_default: str | None = None, cli: bool = True,
-            limit=None):
+def setting(
+    default,
+    help: str,
+    *,
+    flag: str | None = None,
+    min=None,
+    max=None,
+    min_open: bool = False,
+    max_open: bool = False,
+    choices: tuple | None = None,
+    show_default: str | None = None,
+    cli: bool = True,
+    limit=None,
+):
     """A dataclass field with its help text and bounds; ``flag`` overrides ``--field-name``.
 
     ``limit``: the largest value the setting's type can take here, beyond any use (``--layers``
@@ -31,8 +42,18 @@ def setting(default, help: str, *, flag: str | None = None, min=None, max=None, 
     ``show_default`` replaces the default in the help text (for defaults that depend on others);
     ``cli=False`` keeps the field off the command line.
     """
-    metadata = {"help": help, "flag": flag, "min": min, "max": max, "min_open": min_open, "max_open": max_open,
-                "choices": choices, "show_default": show_default, "cli": cli, "limit": limit}
+    metadata = {
+        "help": help,
+        "flag": flag,
+        "min": min,
+        "max": max,
+        "min_open": min_open,
+        "max_open": max_open,
+        "choices": choices,
+        "show_default": show_default,
+        "cli": cli,
+        "limit": limit,
+    }
     if isinstance(default, (dict, list)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -63,7 +84,7 @@ def bound_text(metadata) -> str:
 # Every integer setting is bounded by its type, whatever its own bounds: it must fit a signed 64-bit
 # integer, the type torch, numpy and the checkpoints hold it in (a seed, a size, a budget of tokens);
 # every number setting must be finite. Seeds are also at least 0 (``setting(..., min=0)``).
-INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def number_kind(owner, name: str) -> type | None:
@@ -89,8 +110,11 @@ def check_number(owner, name: str, value, kind: type, limit=None) -> None:
         limit = f"at most {INT64_MAX}" if value > 0 else f"at least {INT64_MIN}"
         raise ConfigError(owner, name, f"must be {limit} (a 64-bit integer), not {shown(value, 40)}")
     if limit is not None and value > limit:
-        raise ConfigError(owner, name, f"must be at most {limit:g}, not {value}" if kind is float
-                          else f"must be at most {limit}, not {value}")
+        raise ConfigError(
+            owner,
+            name,
+            f"must be at most {limit:g}, not {value}" if kind is float else f"must be at most {limit}, not {value}",
+        )
 
 
 def validate(settings) -> None:
@@ -130,8 +154,14 @@ def _check_bounds(owner, name: str, value, meta) -> None:
         raise ConfigError(owner, name, f"must be {bound_text(meta)}, not {shown(value, 40)}")
 
 
-_KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "an object",
-               list: "a list"}
+_KIND_NAMES = {
+    int: "an integer",
+    float: "a number",
+    str: "text",
+    bool: "true or false",
+    dict: "an object",
+    list: "a list",
+}
 
 
 def field_kinds(owner, name: str) -> tuple[tuple, bool]:
@@ -155,7 +185,9 @@ def check_type(owner, name: str, value) -> None:
     if {int, float} & set(allowed):
         return
     if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
-        raise ConfigError(owner, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {shown(value)}")
+        raise ConfigError(
+            owner, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {shown(value)}"
+        )
     if isinstance(value, str) and "\x00" in value:
         raise ConfigError(owner, name, f"must not hold a NUL character, as {shown(value)} does")
 
@@ -168,8 +200,9 @@ def from_dict(cls, values: dict):
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise CharlmError(f"unknown {cls.__name__} setting{'s' if len(unknown) > 1 else ''}: "
-                          f"{', '.join(map(repr, unknown))}{hint}")
+        raise CharlmError(
+            f"unknown {cls.__name__} setting{'s' if len(unknown) > 1 else ''}: {', '.join(map(repr, unknown))}{hint}"
+        )
     checked = {}
     for name, value in values.items():
         allowed, optional = field_kinds(cls, name)
@@ -186,7 +219,9 @@ def from_dict(cls, values: dict):
         elif int in allowed and isinstance(value, numbers.Integral):
             value = int(value)  # numpy's int64: a config.json or a checkpoint holds plain ints
         elif not isinstance(value, allowed):
-            raise ConfigError(cls, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {shown(value)}")
+            raise ConfigError(
+                cls, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {shown(value)}"
+            )
         check_type(cls, name, value)  # as validate does: text without a NUL
         checked[name] = value
     return cls(**checked)

@@ -26,6 +26,7 @@ CELLS_MARKER = "<!-- generated: every registered cell -->"
 
 # --- the home page ------------------------------------------------------------------------------
 
+
 def home_page() -> str:
     """README.md as the site's index.md: `docs/X` links and images become `X`."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
@@ -40,6 +41,7 @@ def readme_links_to_home(markdown: str, src_uri: str) -> str:
 
 # --- the command-line reference -----------------------------------------------------------------
 
+
 def cli_reference() -> str:
     """Markdown for the charlm command and each of its subcommands: usage, help, arguments, options."""
     import click
@@ -50,9 +52,12 @@ def cli_reference() -> str:
     root = typer.main.get_command(app)
     root_context = click.Context(root, info_name="charlm")
     names = [name for name in root.list_commands(root_context) if not root.get_command(root_context, name).hidden]
-    out = ["Every command, as `charlm COMMAND --help` shows it, generated from the command-line application",
-           "itself (`charlm.cli.app`). Options given to `charlm` itself come before the command",
-           "(`charlm --threads 1 train ...`).", ""]
+    out = [
+        "Every command, as `charlm COMMAND --help` shows it, generated from the command-line application",
+        "itself (`charlm.cli.app`). Options given to `charlm` itself come before the command",
+        "(`charlm --threads 1 train ...`).",
+        "",
+    ]
     out += ["| command | what it does |", "| --- | --- |"]
     for name in names:
         command = root.get_command(root_context, name)
@@ -84,8 +89,12 @@ def _command_section(title: str, command, context) -> list[str]:
         panel = getattr(parameter, "rich_help_panel", None)
         panels.setdefault(panel if isinstance(panel, str) else "Options", []).append(parameter)
     for panel, parameters in panels.items():
-        out += [f"**{panel}**" if panel != "Options" or len(panels) > 1 else "**Options**", "",
-                "| option | value | description |", "| --- | --- | --- |"]
+        out += [
+            f"**{panel}**" if panel != "Options" or len(panels) > 1 else "**Options**",
+            "",
+            "| option | value | description |",
+            "| --- | --- | --- |",
+        ]
         for parameter in parameters:
             shown, value, text = _help_record(parameter, context)
             out.append(f"| {_name(shown)} | {value} | {_cell(text)} |")
@@ -139,6 +148,7 @@ def _cell(text: str) -> str:
 
 # --- the cells' reference -----------------------------------------------------------------------
 
+
 def cells_reference() -> str:
     """A section per registered cell: its name, its paper and its class's docstring (mkdocstrings)."""
     from charlm.cells import CELLS
@@ -146,9 +156,18 @@ def cells_reference() -> str:
     out = []
     for name in CELLS.names():
         cell = CELLS.get(name)
-        out += [f"## `{name}`", "", f"{cell.description} ({cell.paper}). Parameters per layer: "
-                f"{cell.formula}.", "", f"::: {cell.__module__}.{cell.__qualname__}", "    options:",
-                "      members: false", "      show_root_heading: true", "      heading_level: 3", ""]
+        out += [
+            f"## `{name}`",
+            "",
+            f"{cell.description} ({cell.paper}). Parameters per layer: {cell.formula}.",
+            "",
+            f"::: {cell.__module__}.{cell.__qualname__}",
+            "    options:",
+            "      members: false",
+            "      show_root_heading: true",
+            "      heading_level: 3",
+            "",
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -160,7 +179,7 @@ GENERATORS = {README_MARKER: home_page, CLI_MARKER: cli_reference, CELLS_MARKER:
 def on_page_markdown(markdown: str, page, config, files) -> str:
     for marker, generate in GENERATORS.items():
         if marker in markdown:  # what follows the marker is the note shown on GitHub in its place
-            markdown = markdown[:markdown.index(marker)] + generate()
+            markdown = markdown[: markdown.index(marker)] + generate()
     return readme_links_to_home(markdown, page.file.src_uri)
 
 

@@ -104,6 +104,7 @@ CASES = [
 
 # --- what the cell tests do to every case ---------------------------------------------------------
 
+
 def randomise(module, seed: int = 0) -> None:
     """Move every parameter off its initial value so that zero-initialised terms are exercised too."""
     generator = torch.Generator().manual_seed(seed)
@@ -113,7 +114,9 @@ def randomise(module, seed: int = 0) -> None:
 
 
 def tiny_model(case: CellCase, vocab_size: int, hidden: int = 16, layers: int = 2) -> LanguageModel:
-    config = ModelConfig(case.cell, vocab_size=vocab_size, hidden_size=hidden, layers=layers, cell_options=dict(case.options))
+    config = ModelConfig(
+        case.cell, vocab_size=vocab_size, hidden_size=hidden, layers=layers, cell_options=dict(case.options)
+    )
     return LanguageModel(config)
 
 

@@ -18,6 +18,7 @@ torch.set_num_threads(1)
 
 # --- no test sees the user's ./data, ./runs or ./sweeps ------------------------------------------------
 
+
 @pytest.fixture(autouse=True)
 def _in_a_directory_of_its_own(tmp_path, monkeypatch):
     """Every test runs in its own empty directory with CHARLM_DATA unset, so the defaults (./data,
@@ -66,7 +67,7 @@ class CorpusServer:
                     return
                 data, start = state.files[path], 0
                 if state.honour_range and self.headers.get("Range", "").startswith("bytes="):
-                    start = int(self.headers["Range"][len("bytes="):].split("-")[0])
+                    start = int(self.headers["Range"][len("bytes=") :].split("-")[0])
                     if start >= len(data):
                         self.send_error(416)
                         return
@@ -121,8 +122,20 @@ def trained_run(tiny_corpus, tmp_path_factory) -> Path:
     from charlm.api import train
 
     run = tmp_path_factory.mktemp("trained") / "run"
-    train(TrainConfig(corpus="tiny", cell="lru", hidden=32, batch_size=16, bptt=25, epochs=2, lr=3e-3,
-                      eval_batch_size=4, data_dir=str(tiny_corpus), run_dir=str(run)))
+    train(
+        TrainConfig(
+            corpus="tiny",
+            cell="lru",
+            hidden=32,
+            batch_size=16,
+            bptt=25,
+            epochs=2,
+            lr=3e-3,
+            eval_batch_size=4,
+            data_dir=str(tiny_corpus),
+            run_dir=str(run),
+        )
+    )
     return run
 
 

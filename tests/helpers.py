@@ -60,7 +60,9 @@ def cli(*args, check_code=None, stdin: str | None = None) -> CliResult:
         sys.stdin = old_stdin
     result = CliResult(code, out.getvalue(), err.getvalue())
     if check_code is not None:
-        assert result.returncode == check_code, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        assert result.returncode == check_code, (
+            f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        )
     return result
 
 
@@ -95,10 +97,16 @@ def run_cli(*args, cwd=None, env=None, check_code=None, timeout=300) -> subproce
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     result = subprocess.run(
         [sys.executable, "-m", "charlm", *map(str, args)],
-        cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if check_code is not None:
-        assert result.returncode == check_code, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        assert result.returncode == check_code, (
+            f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        )
     return result
 
 
@@ -127,9 +135,21 @@ def assert_replays_the_step(step, graphed, tokens, state, start: int) -> None:
 
 # --- training runs compared bit for bit ---------------------------------------------------------
 
+
 def tiny_config(corpus_dir, run_dir, **overrides) -> TrainConfig:
-    settings = dict(corpus="tiny", cell="lstm", hidden=24, batch_size=8, bptt=16, epochs=2, log_every=5, lr=1e-3,
-                    eval_batch_size=4, data_dir=str(corpus_dir), run_dir=str(run_dir))
+    settings = dict(
+        corpus="tiny",
+        cell="lstm",
+        hidden=24,
+        batch_size=8,
+        bptt=16,
+        epochs=2,
+        log_every=5,
+        lr=1e-3,
+        eval_batch_size=4,
+        data_dir=str(corpus_dir),
+        run_dir=str(run_dir),
+    )
     settings.update(overrides)
     return TrainConfig(**settings)
 

@@ -40,6 +40,7 @@ def logits_of(model, text: str) -> torch.Tensor:
 
 # --- the facade ------------------------------------------------------------------------------------
 
+
 def test_load_score_sample(model, trained_run):
     assert model.checkpoint.path == trained_run / "best.pt"
     assert model.vocabulary == list(model.corpus().tokenizer.vocab) and "<unk>" in model.vocabulary
@@ -63,7 +64,7 @@ def test_sampling_is_seeded_and_streams_the_same_text(model):
     first = model.sample("The ", 80, seed=7)
     assert model.sample("The ", 80, seed=7) == first
     assert model.sample("The ", 80, seed=8) != first
-    assert "".join(model.stream("The ", 80, seed=7)) == first[len("The "):]
+    assert "".join(model.stream("The ", 80, seed=7)) == first[len("The ") :]
     pieces = list(model.stream("The ", 80, seed=7))
     assert len(pieces) == 80  # a character model yields one symbol per piece
     # greedy decoding ignores the seed
@@ -93,6 +94,7 @@ def test_bad_prime_and_settings_fail_before_any_text(model, trained_run):
 
 
 # --- scoring ---------------------------------------------------------------------------------------
+
 
 def test_score_equals_scoring_the_tokens(model):
     ids = np.asarray(model.tokenizer.encode(TEXT), dtype=np.int64)
@@ -164,7 +166,9 @@ def test_text_is_normalised_as_the_corpus_was(model, trained_run, tmp_path):
         assert (got.nats, got.tokens, got.characters) == (expected.nats, expected.tokens, expected.characters)
     path = tmp_path / "windows.txt"
     path.write_bytes(windows.encode("utf-8"))
-    assert stdout_field(cli("score", trained_run, path, check_code=0), "bpc") == f"{expected.bpc:.4f} (bits per character)"
+    assert (
+        stdout_field(cli("score", trained_run, path, check_code=0), "bpc") == f"{expected.bpc:.4f} (bits per character)"
+    )
     assert model.sample("The\r\n", 5, seed=3) == model.sample("The\n", 5, seed=3)
 
 
@@ -190,7 +194,10 @@ def test_unknown_characters(model, trained_run, tmp_path):
 
     unk = model.score(text, unknown="unk")  # the tiny corpus keeps an <unk> entry
     assert unk.skipped == 0 and unk.tokens == len(text) - 1 and unk.nats != pytest.approx(skipped.nats)
-    assert stdout_field(cli("score", trained_run, path, "--unknown", "unk", check_code=0), "bpc") == f"{unk.bpc:.4f} (bits per character)"
+    assert (
+        stdout_field(cli("score", trained_run, path, "--unknown", "unk", check_code=0), "bpc")
+        == f"{unk.bpc:.4f} (bits per character)"
+    )
     with pytest.raises(CharlmError, match="unknown must be one of"):
         model.score(text, unknown="ignore")
 
@@ -222,7 +229,11 @@ def test_dynamic_scoring_restores_the_weights(model, trained_run, tmp_path):
     path = tmp_path / "text.txt"
     path.write_text(text, encoding="utf-8")
     result = cli("score", trained_run, path, "--dynamic", "sgd", check_code=0)
-    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in result.stdout.splitlines() if line.startswith("│")}
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in result.stdout.splitlines()
+        if line.startswith("│")
+    }
     assert rows["static"] == f"{static.bpc:.4f}"
     assert rows["dynamic sgd (η=0.01)"] == f"{adapted.bpc:.4f}"
     assert_one_line_error(cli("score", trained_run, path, "--dyn-lr", "0.1"), "--dyn-lr", "--dynamic")
@@ -230,6 +241,7 @@ def test_dynamic_scoring_restores_the_weights(model, trained_run, tmp_path):
 
 
 # --- export ----------------------------------------------------------------------------------------
+
 
 def test_export_is_slim_and_gives_the_same_model(model, trained_run, tmp_path):
     out = tmp_path / "model.pt"
@@ -273,6 +285,7 @@ def test_export_refuses_bad_targets(trained_run, tmp_path):
 
 # --- training from Python --------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("api-data") / "data"
@@ -281,8 +294,18 @@ def small_data(tmp_path_factory):
 
 
 def small_config(data_dir, run_dir, **changes) -> charlm.TrainConfig:
-    values = dict(corpus="tiny", cell="lru", hidden=16, batch_size=8, bptt=16, eval_batch_size=4, epochs=1,
-                  lr=3e-3, data_dir=str(data_dir), run_dir=str(run_dir))
+    values = dict(
+        corpus="tiny",
+        cell="lru",
+        hidden=16,
+        batch_size=8,
+        bptt=16,
+        eval_batch_size=4,
+        epochs=1,
+        lr=3e-3,
+        data_dir=str(data_dir),
+        run_dir=str(run_dir),
+    )
     return charlm.TrainConfig(**{**values, **changes})
 
 
@@ -307,6 +330,7 @@ def test_train_and_resume_from_python(small_data, tmp_path):
 
 
 # --- logging ---------------------------------------------------------------------------------------
+
 
 class ListHandler(logging.Handler):
     def __init__(self):
@@ -362,13 +386,18 @@ def test_a_length_the_cli_refuses_is_refused_from_python_before_any_text(model, 
     for call in (model.sample, model.stream):
         with pytest.raises(CharlmError, match=f"length must be at most {MAX_SAMPLE_LENGTH}, not 10000000000000"):
             call("The", 10**13)
-    assert_one_line_error(cli("sample", trained_run, "--length", str(10**13)), f"--length must be at most {MAX_SAMPLE_LENGTH}")
+    assert_one_line_error(
+        cli("sample", trained_run, "--length", str(10**13)), f"--length must be at most {MAX_SAMPLE_LENGTH}"
+    )
 
 
 # A value of the wrong type at each parameter: one CharlmError saying what the parameter takes, never
 # a TypeError or AttributeError from inside charlm. (call, the start of the message)
 WRONG_TYPES = [
-    (lambda m, run, tmp: charlm.load(None), "a checkpoint or run directory must be a path (a str or a pathlib.Path), not None"),
+    (
+        lambda m, run, tmp: charlm.load(None),
+        "a checkpoint or run directory must be a path (a str or a pathlib.Path), not None",
+    ),
     (lambda m, run, tmp: charlm.load(b"run"), "a checkpoint or run directory must be a path"),
     (lambda m, run, tmp: charlm.load(np.int64(3)), "a checkpoint or run directory must be a path"),
     (lambda m, run, tmp: charlm.load("a\x00b"), "a checkpoint or run directory 'a\\x00b' holds a NUL character"),
@@ -381,24 +410,48 @@ WRONG_TYPES = [
     (lambda m, run, tmp: m.sample("The", stop=1), "stop must be a string or a list of strings, not 1"),
     (lambda m, run, tmp: list(m.stream("The", top_k=None)), "top_k must be an integer, not None"),
     (lambda m, run, tmp: m.score("The cat", batch_size=None), "batch_size must be an integer, not None"),
-    (lambda m, run, tmp: m.score("The cat", dynamic=1), "dynamic must be 'sgd', 'rms' or a charlm.DynamicOptions, not 1"),
-    (lambda m, run, tmp: m.score("The cat", dynamic="rms", data_dir=3), "data_dir must be a path (a str or a pathlib.Path), not 3"),
-    (lambda m, run, tmp: m.evaluate(dynamic=b"sgd", record=False), "dynamic must be 'sgd', 'rms' or a charlm.DynamicOptions"),
+    (
+        lambda m, run, tmp: m.score("The cat", dynamic=1),
+        "dynamic must be 'sgd', 'rms' or a charlm.DynamicOptions, not 1",
+    ),
+    (
+        lambda m, run, tmp: m.score("The cat", dynamic="rms", data_dir=3),
+        "data_dir must be a path (a str or a pathlib.Path), not 3",
+    ),
+    (
+        lambda m, run, tmp: m.evaluate(dynamic=b"sgd", record=False),
+        "dynamic must be 'sgd', 'rms' or a charlm.DynamicOptions",
+    ),
     (lambda m, run, tmp: m.evaluate(data_dir=b"data", record=False), "data_dir must be a path"),
     (lambda m, run, tmp: m.evaluate(data_dir=run / "best.pt", record=False), "data_dir must be a directory:"),
-    (lambda m, run, tmp: m.evaluate(progress="bar", record=False), "progress must be a callable, progress(tokens), not 'bar'"),
+    (
+        lambda m, run, tmp: m.evaluate(progress="bar", record=False),
+        "progress must be a callable, progress(tokens), not 'bar'",
+    ),
     (lambda m, run, tmp: m.export(None), "the checkpoint file to write must be a path"),
     (lambda m, run, tmp: m.export("a\x00b.pt"), "the checkpoint file to write 'a\\x00b.pt' holds a NUL character"),
     (lambda m, run, tmp: m.export(""), "cannot write .: Is a directory"),
-    (lambda m, run, tmp: charlm.train("pydoc"), "config must be a charlm.TrainConfig (or give the settings as keywords), not str"),
+    (
+        lambda m, run, tmp: charlm.train("pydoc"),
+        "config must be a charlm.TrainConfig (or give the settings as keywords), not str",
+    ),
     (lambda m, run, tmp: charlm.train(charlm.TrainConfig(corpus=b"pydoc")), "corpus must be text, not b'pydoc'"),
     (lambda m, run, tmp: charlm.train(charlm.TrainConfig(layers=None)), "layers must be an integer, not None"),
     (lambda m, run, tmp: charlm.train(charlm.TrainConfig(compile="no")), "compile must be true or false, not 'no'"),
     (lambda m, run, tmp: charlm.train(run_dir=str(tmp / "a\x00b")), "run_dir must not hold a NUL character"),
     (lambda m, run, tmp: charlm.train(lr=10**400), "lr must be a finite number, not 1000"),
-    (lambda m, run, tmp: charlm.train(hidden=-10**400), "hidden must be at least 1, not -1000"),  # math.isinf overflowed
-    (lambda m, run, tmp: charlm.train(save_every="1" + "0" * 400), "save_every must be a number of steps (500) or of minutes"),
-    (lambda m, run, tmp: charlm.train(seed=10**400), "seed must be at most 9223372036854775807 (a 64-bit integer), not 1000"),
+    (
+        lambda m, run, tmp: charlm.train(hidden=-(10**400)),
+        "hidden must be at least 1, not -1000",
+    ),  # math.isinf overflowed
+    (
+        lambda m, run, tmp: charlm.train(save_every="1" + "0" * 400),
+        "save_every must be a number of steps (500) or of minutes",
+    ),
+    (
+        lambda m, run, tmp: charlm.train(seed=10**400),
+        "seed must be at most 9223372036854775807 (a 64-bit integer), not 1000",
+    ),
     (lambda m, run, tmp: charlm.train(cell_options={1: 2}), "cell_options must be a mapping of option names to values"),
 ]
 
@@ -436,15 +489,23 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(trained_run
     name = next(iter(checkpoint.weights))
     checkpoint.weights[name] = checkpoint.weights[name].clone().fill_(float("nan"))
     checkpoint.save(tmp_path / "nan.pt")
-    for command in (["eval", tmp_path / "nan.pt"], ["export", tmp_path / "nan.pt", tmp_path / "out.pt"],
-                    ["sample", tmp_path / "nan.pt", "--length", "5"]):
+    for command in (
+        ["eval", tmp_path / "nan.pt"],
+        ["export", tmp_path / "nan.pt", tmp_path / "out.pt"],
+        ["sample", tmp_path / "nan.pt", "--length", "5"],
+    ):
         assert_one_line_error(cli(*command), f"({name} holds NaN or infinity): it cannot score, sample or export")
     assert not (tmp_path / "out.pt").exists()
 
 
-@pytest.mark.parametrize("path, said", [("a" * 5000, "is too long for a path: a name of 5,000 bytes (at most 255)"),
-                                        ("x/" * 3000 + "y", "is too long for a path: 6,001 bytes (at most 4,096)")],
-                         ids=["a name of 5,000 bytes", "a path of 6,001 bytes"])
+@pytest.mark.parametrize(
+    "path, said",
+    [
+        ("a" * 5000, "is too long for a path: a name of 5,000 bytes (at most 255)"),
+        ("x/" * 3000 + "y", "is too long for a path: 6,001 bytes (at most 4,096)"),
+    ],
+    ids=["a name of 5,000 bytes", "a path of 6,001 bytes"],
+)
 def test_a_path_too_long_for_the_system_is_one_charlm_error(path, said, tmp_path):
     """As on the command line: not the OSError (ENAMETOOLONG) of the first system call."""
     import re

@@ -25,6 +25,7 @@ SMALL = dict(hidden=16, batch_size=8, bptt=16, eval_batch_size=4, lr=3e-3)
 
 # --- helpers ---------------------------------------------------------------------------------------
 
+
 def format_1_payload(checkpoint: Checkpoint) -> dict:
     """The same state in charlm 0.1's layout: a bare dict, no scheduler state, no provenance, a
     config without the settings added since (tensorboard), a Progress without best_test_bpc, and
@@ -33,9 +34,13 @@ def format_1_payload(checkpoint: Checkpoint) -> dict:
     progress = {key: value for key, value in state.progress.items() if key != "best_test_bpc"}
     epoch = progress["epoch"]
     lr_in_use = config.lr * config.lr_decay ** max(epoch - (progress["window"] == 0), 0)
-    optimizer = {"state": state.optimizer["state"],
-                 "param_groups": [{**{k: v for k, v in group.items() if k != "initial_lr"}, "lr": lr_in_use}
-                                  for group in state.optimizer["param_groups"]]}
+    optimizer = {
+        "state": state.optimizer["state"],
+        "param_groups": [
+            {**{k: v for k, v in group.items() if k != "initial_lr"}, "lr": lr_in_use}
+            for group in state.optimizer["param_groups"]
+        ],
+    }
     old_config = config.to_dict()
     del old_config["tensorboard"]
     payload = {
@@ -78,7 +83,9 @@ def small_runs(tmp_path_factory):
     data_dir = root / "data"
     prepare_tiny_corpus(data_dir, characters=8_000)
     end = root / "epoch-end"
-    charlm.train(charlm.TrainConfig(corpus="tiny", cell="lru", epochs=2, data_dir=str(data_dir), run_dir=str(end), **SMALL))
+    charlm.train(
+        charlm.TrainConfig(corpus="tiny", cell="lru", epochs=2, data_dir=str(data_dir), run_dir=str(end), **SMALL)
+    )
     middle = root / "mid-epoch"
     shutil.copytree(end, middle)
     Trainer.resume(middle, epochs=3, max_minutes=1e-7).fit()
@@ -87,6 +94,7 @@ def small_runs(tmp_path_factory):
 
 
 # --- round trips -----------------------------------------------------------------------------------
+
 
 def test_training_checkpoint_round_trips(trained_run, tmp_path):
     original = Checkpoint.load(trained_run / "best.pt")
@@ -115,8 +123,14 @@ def test_training_checkpoint_round_trips(trained_run, tmp_path):
 
 def test_adapted_and_export_kinds_keep_their_fields(trained_run, tmp_path):
     original = Checkpoint.load(trained_run)
-    adapted = dataclasses.replace(original, kind="adapted", training=None, dynamic={"method": "sgd", "lr": 0.01},
-                                  scores={"dynamic_bpc": 3.5}, provenance={"note": "ü", "threads": 1})
+    adapted = dataclasses.replace(
+        original,
+        kind="adapted",
+        training=None,
+        dynamic={"method": "sgd", "lr": 0.01},
+        scores={"dynamic_bpc": 3.5},
+        provenance={"note": "ü", "threads": 1},
+    )
     loaded = Checkpoint.load(adapted.save(tmp_path / "adapted.pt"))
     assert (loaded.kind, loaded.training, loaded.dynamic) == ("adapted", None, {"method": "sgd", "lr": 0.01})
     assert (loaded.scores, loaded.provenance) == ({"dynamic_bpc": 3.5}, {"note": "ü", "threads": 1})
@@ -134,11 +148,15 @@ def test_run_directory_resolves_to_best_or_last(trained_run):
 
 # --- format 1 (charlm 0.1) -------------------------------------------------------------------------
 
+
 def test_format_1_best_loads_with_identical_logits(trained_run, tmp_path):
     best = Checkpoint.load(trained_run / "best.pt")
     old = tmp_path / "old-best.pt"
     optimizer = Checkpoint.load(trained_run / "last.pt").training.optimizer  # a 0.1 best.pt held one; ours keep none
-    torch.save(format_1_payload(dataclasses.replace(best, training=dataclasses.replace(best.training, optimizer=optimizer))), old)
+    torch.save(
+        format_1_payload(dataclasses.replace(best, training=dataclasses.replace(best.training, optimizer=optimizer))),
+        old,
+    )
 
     converted = Checkpoint.load(old)
     assert converted.kind == "training" and converted.charlm_version == "0.1.0"
@@ -181,6 +199,7 @@ def test_format_1_last_resumes_like_format_2(small_runs, tmp_path, where):
 
 
 # --- files that are not checkpoints ----------------------------------------------------------------
+
 
 class Booby:
     """Unpickling this touches a file: a checkpoint loader must never unpickle arbitrary objects."""
@@ -228,14 +247,17 @@ def _wrong_shapes(payload):
     payload["model_config"]["hidden_size"] += 1
 
 
-@pytest.mark.parametrize("damage, fragment", [
-    (_missing_weights, "damaged charlm checkpoint"),
-    (_missing_everything, "damaged charlm checkpoint"),
-    (_bad_model_config, "cannot read (hidden_size must be an integer"),
-    (_unknown_setting, "cannot read (unknown TrainConfig setting: 'warp_drive')"),
-    (_unknown_kind, "unknown kind 'mystery'"),
-    (_wrong_shapes, "has shape [92, 32], the model it describes needs [92, 33]"),
-])
+@pytest.mark.parametrize(
+    "damage, fragment",
+    [
+        (_missing_weights, "damaged charlm checkpoint"),
+        (_missing_everything, "damaged charlm checkpoint"),
+        (_bad_model_config, "cannot read (hidden_size must be an integer"),
+        (_unknown_setting, "cannot read (unknown TrainConfig setting: 'warp_drive')"),
+        (_unknown_kind, "unknown kind 'mystery'"),
+        (_wrong_shapes, "has shape [92, 32], the model it describes needs [92, 33]"),
+    ],
+)
 def test_damaged_checkpoint_is_one_line_error(trained_run, tmp_path, damage, fragment):
     payload = Checkpoint.load(trained_run).to_payload()
     damage(payload)
@@ -274,6 +296,7 @@ def test_files_that_are_not_checkpoints(trained_run, tmp_path):
 
 # --- loading never runs code named in a file -------------------------------------------------------
 
+
 @pytest.fixture
 def forget_modules():
     """Drop the test modules from sys.modules afterwards (and before: another test may have them)."""
@@ -289,11 +312,14 @@ def forget_modules():
 def evil(tmp_path, monkeypatch, forget_modules, trained_run):
     """evilmod.py on sys.path writes a marker when imported; a checkpoint and a run name its cell."""
     marker = tmp_path / "evilmod-was-imported"
-    (tmp_path / "evilmod.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n",
-                                         encoding="utf-8")
+    (tmp_path / "evilmod.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n", encoding="utf-8"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     checkpoint = Checkpoint.load(trained_run / "best.pt")
-    checkpoint = dataclasses.replace(checkpoint, model_config=dataclasses.replace(checkpoint.model_config, cell="evilmod:Nope"))
+    checkpoint = dataclasses.replace(
+        checkpoint, model_config=dataclasses.replace(checkpoint.model_config, cell="evilmod:Nope")
+    )
     path = checkpoint.save(tmp_path / "evil.pt")
     return marker, path
 
@@ -302,12 +328,19 @@ def test_checkpoint_naming_a_module_is_refused_everywhere(evil, tmp_path):
     marker, path = evil
     text = tmp_path / "text.txt"
     text.write_text("The cat sat on the mat.", encoding="utf-8")
-    for args in (("eval", path), ("sample", path, "--length", "5"), ("score", path, text),
-                 ("export", path, tmp_path / "export.pt")):
+    for args in (
+        ("eval", path),
+        ("sample", path, "--length", "5"),
+        ("score", path, text),
+        ("export", path, tmp_path / "export.pt"),
+    ):
         assert_one_line_error(cli(*args), "'evilmod'", "--trust-code")
         assert not marker.exists(), f"charlm {args[0]} imported the module"
-    for call in (lambda: charlm.load(path), lambda: charlm.load(path, cells=["othermod:Nope"]),
-                 lambda: Checkpoint.load(path).build_model()):
+    for call in (
+        lambda: charlm.load(path),
+        lambda: charlm.load(path, cells=["othermod:Nope"]),
+        lambda: Checkpoint.load(path).build_model(),
+    ):
         with pytest.raises(CharlmError, match="'evilmod'.*--trust-code"):
             call()
     assert not marker.exists() and "evilmod" not in sys.modules
@@ -323,9 +356,13 @@ def test_resuming_a_run_that_names_a_module_is_refused(evil, small_runs, tmp_pat
     run = tmp_path / "run"
     shutil.copytree(small_runs["epoch-end"], run)
     last = Checkpoint.load(run / "last.pt")
-    dataclasses.replace(last, model_config=dataclasses.replace(last.model_config, cell="evilmod:Nope")).save(run / "last.pt")
+    dataclasses.replace(last, model_config=dataclasses.replace(last.model_config, cell="evilmod:Nope")).save(
+        run / "last.pt"
+    )
     recorded = json.loads((run / "config.json").read_text(encoding="utf-8"))
-    recorded["model"]["cell"] = "evilmod:Nope"  # the whole run names it (else: a checkpoint of another run, refused as such)
+    recorded["model"]["cell"] = (
+        "evilmod:Nope"  # the whole run names it (else: a checkpoint of another run, refused as such)
+    )
     (run / "config.json").write_text(json.dumps(recorded), encoding="utf-8")
     assert_one_line_error(cli("train", "--resume", run, "--epochs", "3"), "'evilmod'", "--trust-code")
     with pytest.raises(CharlmError, match="'evilmod'"):
@@ -337,8 +374,10 @@ def test_config_file_naming_a_module_is_refused(evil, tiny_corpus, tmp_path):
     marker, _ = evil
     config = tmp_path / "cfg.json"
     run = tmp_path / "run"
-    config.write_text(json.dumps({"cell": "evilmod:Nope", "corpus": "tiny", "data_dir": str(tiny_corpus),
-                                  "run_dir": str(run)}), encoding="utf-8")
+    config.write_text(
+        json.dumps({"cell": "evilmod:Nope", "corpus": "tiny", "data_dir": str(tiny_corpus), "run_dir": str(run)}),
+        encoding="utf-8",
+    )
     assert_one_line_error(cli("train", "--config", config), "'evilmod'", "--trust-code")
     assert not marker.exists() and not run.exists()
 
@@ -349,8 +388,17 @@ def test_user_cell_loads_when_named_or_trusted(tmp_path, monkeypatch, forget_mod
     data_dir = tmp_path / "data"
     prepare_tiny_corpus(data_dir, characters=6_000)
     run = tmp_path / "run"
-    charlm.train(charlm.TrainConfig(corpus="tiny", cell="mycells:LeakyTanh", cell_options={"leak": 0.3}, epochs=1,
-                                    data_dir=str(data_dir), run_dir=str(run), **SMALL))
+    charlm.train(
+        charlm.TrainConfig(
+            corpus="tiny",
+            cell="mycells:LeakyTanh",
+            cell_options={"leak": 0.3},
+            epochs=1,
+            data_dir=str(data_dir),
+            run_dir=str(run),
+            **SMALL,
+        )
+    )
     leaky = importlib.import_module("mycells").LeakyTanh
 
     with pytest.raises(CharlmError, match="'mycells'.*--trust-code"):

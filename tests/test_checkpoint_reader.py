@@ -46,43 +46,108 @@ def _reshape(name, shape):
 
 SYMBOLS = 92  # the tiny corpus's vocabulary (checked in test_the_table_is_of_the_tiny_run)
 DAMAGE = [  # (what, damage to the payload, what the one line says after the file's name)
-    ("vocabulary shorter than the output layer", _drop_symbol,
-     f"its vocabulary has {SYMBOLS - 1} entries, but its output layer (head.weight) has {SYMBOLS} rows"),
-    ("vocabulary shorter than vocab_size", _vocab(lambda vocab: vocab[:-2] + vocab[-1:]),
-     f"its settings say vocab_size {SYMBOLS}, but its vocabulary has {SYMBOLS - 1} entries"),
+    (
+        "vocabulary shorter than the output layer",
+        _drop_symbol,
+        f"its vocabulary has {SYMBOLS - 1} entries, but its output layer (head.weight) has {SYMBOLS} rows",
+    ),
+    (
+        "vocabulary shorter than vocab_size",
+        _vocab(lambda vocab: vocab[:-2] + vocab[-1:]),
+        f"its settings say vocab_size {SYMBOLS}, but its vocabulary has {SYMBOLS - 1} entries",
+    ),
     ("duplicate entries", _vocab(lambda vocab: [vocab[0], vocab[0], *vocab[2:]]), "its vocabulary holds '\\n' twice"),
-    ("a multi-character entry in a character vocabulary", _vocab(lambda vocab: [vocab[0], "ab", *vocab[2:]]),
-     "its char vocabulary holds 'ab', not one character"),
-    ("the vocabulary as a tensor", _vocab(lambda vocab: torch.arange(len(vocab))), "its vocabulary is a tensor, not a list"),
+    (
+        "a multi-character entry in a character vocabulary",
+        _vocab(lambda vocab: [vocab[0], "ab", *vocab[2:]]),
+        "its char vocabulary holds 'ab', not one character",
+    ),
+    (
+        "the vocabulary as a tensor",
+        _vocab(lambda vocab: torch.arange(len(vocab))),
+        "its vocabulary is a tensor, not a list",
+    ),
     ("the vocabulary as numbers", _vocab(lambda vocab: [0, *vocab[1:]]), "its vocabulary holds a number (0)"),
     ("an empty entry", _vocab(lambda vocab: ["", *vocab[1:]]), "its vocabulary holds an empty entry"),
-    ("no unknown-symbol entry of its own", _set("tokenizer", "unk", "<nope>"), "lacks its own unknown-symbol entry '<nope>'"),
-    ("vocab_size 10**9", _set("model_config", "vocab_size", 10**9),
-     f"its settings say vocab_size 1,000,000,000, but its vocabulary has {SYMBOLS} entries"),
+    (
+        "no unknown-symbol entry of its own",
+        _set("tokenizer", "unk", "<nope>"),
+        "lacks its own unknown-symbol entry '<nope>'",
+    ),
+    (
+        "vocab_size 10**9",
+        _set("model_config", "vocab_size", 10**9),
+        f"its settings say vocab_size 1,000,000,000, but its vocabulary has {SYMBOLS} entries",
+    ),
     ("hidden 2.5", _set("model_config", "hidden_size", 2.5), "hidden_size must be an integer, not 2.5"),
-    ("layers -1", _set("model_config", "layers", -1), "holds a setting out of its bounds: layers must be at least 1, not -1"),
+    (
+        "layers -1",
+        _set("model_config", "layers", -1),
+        "holds a setting out of its bounds: layers must be at least 1, not -1",
+    ),
     ("dropout 1", _set("model_config", "dropout", 1.0), "dropout must be in [0, 1), not 1.0"),
     ("a training setting out of bounds", _set("train_config", "bptt", 0), "bptt must be at least 1, not 0"),
-    ("more layers than its weights", _set("model_config", "layers", 2), "its settings say layers 2, but its weights are of 1 layer"),
-    ("a weight of the wrong shape", _reshape("layers.0.gate_weight", (3, 5)),
-     "its weight layers.0.gate_weight has shape [3, 5], the model it describes needs [128, 64]"),
-    ("a missing weight", lambda payload: payload["weights"].pop("layers.0.gate_bias"),
-     "its weights lack layers.0.gate_bias, which the model it describes has"),
-    ("weights of a layer too many", _reshape("layers.1.gate_bias", (128,)), "its settings say layers 1, but its weights are of 2 layers"),
-    ("a weight too many", _reshape("head.extra", (2,)), "its weights hold head.extra, which the model it describes has no place for"),
-    ("a weight that is no tensor", _set("weights", "head.bias", [0.0] * SYMBOLS), "its weight 'head.bias' is a list, not a tensor"),
-    ("integer weights", lambda payload: payload["weights"].__setitem__("head.bias", torch.zeros(SYMBOLS, dtype=torch.long)),
-     "its weight head.bias holds torch.int64, not floating-point numbers"),
+    (
+        "more layers than its weights",
+        _set("model_config", "layers", 2),
+        "its settings say layers 2, but its weights are of 1 layer",
+    ),
+    (
+        "a weight of the wrong shape",
+        _reshape("layers.0.gate_weight", (3, 5)),
+        "its weight layers.0.gate_weight has shape [3, 5], the model it describes needs [128, 64]",
+    ),
+    (
+        "a missing weight",
+        lambda payload: payload["weights"].pop("layers.0.gate_bias"),
+        "its weights lack layers.0.gate_bias, which the model it describes has",
+    ),
+    (
+        "weights of a layer too many",
+        _reshape("layers.1.gate_bias", (128,)),
+        "its settings say layers 1, but its weights are of 2 layers",
+    ),
+    (
+        "a weight too many",
+        _reshape("head.extra", (2,)),
+        "its weights hold head.extra, which the model it describes has no place for",
+    ),
+    (
+        "a weight that is no tensor",
+        _set("weights", "head.bias", [0.0] * SYMBOLS),
+        "its weight 'head.bias' is a list, not a tensor",
+    ),
+    (
+        "integer weights",
+        lambda payload: payload["weights"].__setitem__("head.bias", torch.zeros(SYMBOLS, dtype=torch.long)),
+        "its weight head.bias holds torch.int64, not floating-point numbers",
+    ),
     ("a score that is text", _set("scores", "valid_bpc", "good"), "its score 'valid_bpc' is text, not a number"),
-    ("weights that are a list", lambda payload: payload.__setitem__("weights", []), "its weights is a list, not a mapping"),
-    ("a sparse weight", lambda payload: payload["weights"].__setitem__("head.bias", payload["weights"]["head.bias"].to_sparse()),
-     "its weight head.bias is a sparse coo tensor, not a dense one"),
-    ("a weight without data", lambda payload: payload["weights"].__setitem__("head.bias", torch.empty(SYMBOLS, device="meta")),
-     "its weight head.bias is a tensor without data (on the meta device)"),
-    ("a symbol no output can print", _vocab(lambda vocab: ["\ud800", *vocab[1:]]),
-     "its vocabulary holds '\\ud800', which is not Unicode text (a lone surrogate)"),
-    ("a subword model that is a number", lambda payload: payload["tokenizer"].update(kind="subword", model=10**10),
-     "its subword model is a number, not the bytes of a sentencepiece model"),
+    (
+        "weights that are a list",
+        lambda payload: payload.__setitem__("weights", []),
+        "its weights is a list, not a mapping",
+    ),
+    (
+        "a sparse weight",
+        lambda payload: payload["weights"].__setitem__("head.bias", payload["weights"]["head.bias"].to_sparse()),
+        "its weight head.bias is a sparse coo tensor, not a dense one",
+    ),
+    (
+        "a weight without data",
+        lambda payload: payload["weights"].__setitem__("head.bias", torch.empty(SYMBOLS, device="meta")),
+        "its weight head.bias is a tensor without data (on the meta device)",
+    ),
+    (
+        "a symbol no output can print",
+        _vocab(lambda vocab: ["\ud800", *vocab[1:]]),
+        "its vocabulary holds '\\ud800', which is not Unicode text (a lone surrogate)",
+    ),
+    (
+        "a subword model that is a number",
+        lambda payload: payload["tokenizer"].update(kind="subword", model=10**10),
+        "its subword model is a number, not the bytes of a sentencepiece model",
+    ),
     ("a cell no charlm has", _set("model_config", "cell", "nope"), "unknown cell 'nope'"),
 ]
 
@@ -131,10 +196,12 @@ def _counting(init, built):
     def counted(self, *args, **kwargs):
         built.append(str(torch.empty(0).device))  # under `with torch.device("meta")` a tensor is made there
         return init(self, *args, **kwargs)
+
     return counted
 
 
 # --- a run directory: its last.pt, config.json and best.pt ----------------------------------------
+
 
 @pytest.fixture
 def run_copy(trained_run, tmp_path):
@@ -163,70 +230,144 @@ def _another_cell(payload):
 
 def _two_groups(payload):
     group = payload["training"]["optimizer"]["param_groups"][0]
-    payload["training"]["optimizer"]["param_groups"] = [{**group, "params": group["params"][:3]}, {**group, "params": group["params"][3:]}]
+    payload["training"]["optimizer"]["param_groups"] = [
+        {**group, "params": group["params"][:3]},
+        {**group, "params": group["params"][3:]},
+    ]
 
 
 def _half_state(payload):
     model = LanguageModel(ModelConfig(**payload["model_config"]))
-    payload["training"]["hidden"] = [[tensor.half() for tensor in layer]
-                                     for layer in model.initial_state(payload["train_config"]["batch_size"])]
+    payload["training"]["hidden"] = [
+        [tensor.half() for tensor in layer] for layer in model.initial_state(payload["train_config"]["batch_size"])
+    ]
 
 
 RESUME_DAMAGE = [
-    ("an optimizer state of the wrong shape", _wrong_moment, "its optimizer state exp_avg of parameter 0 has shape [7, 3], "
-                                                            f"the parameter [{SYMBOLS}, 32]"),
-    ("an optimizer state for fewer parameters",
-     lambda payload: payload["training"]["optimizer"]["param_groups"][0]["params"].pop(), "its optimizer state is for 6 parameters, "
-                                                                                          "the model has 7"),
+    (
+        "an optimizer state of the wrong shape",
+        _wrong_moment,
+        f"its optimizer state exp_avg of parameter 0 has shape [7, 3], the parameter [{SYMBOLS}, 32]",
+    ),
+    (
+        "an optimizer state for fewer parameters",
+        lambda payload: payload["training"]["optimizer"]["param_groups"][0]["params"].pop(),
+        "its optimizer state is for 6 parameters, the model has 7",
+    ),
     ("last.pt of another cell", _another_cell, "is not a checkpoint of the run in"),
-    ("a carried state of the wrong shape", lambda payload: payload["training"].__setitem__("hidden", [[torch.zeros(3, 5)]]),
-     "its carried state does not fit the model it describes"),
-    ("progress that is text", lambda payload: payload["training"]["progress"].__setitem__("step", "many"),
-     "its training progress is damaged (step must be an integer"),
-    ("a damaged random-number state", lambda payload: payload["training"]["rng"].__setitem__("torch", [1, 2]),
-     "its random-number state is damaged"),
-    ("a random-number state no generator takes", lambda payload: payload["training"]["rng"]["ranks"][0].__setitem__(
-        "torch", torch.full((5056,), 7, dtype=torch.uint8)), "its random-number state is damaged"),
-    ("a learning rate that is NaN", lambda payload: payload["training"]["optimizer"]["param_groups"][0].__setitem__("lr", math.nan),
-     "its optimizer setting 'lr' is nan, where the run's adam needs a finite number, zero or more"),
-    ("betas of one number", lambda payload: payload["training"]["optimizer"]["param_groups"][0].__setitem__("betas", (0.9,)),
-     "its optimizer setting 'betas' is (0.9,), where the run's adam needs a list of 2"),
-    ("a flag of another optimizer", lambda payload: payload["training"]["optimizer"]["param_groups"][0].__setitem__("amsgrad", True),
-     "its optimizer setting 'amsgrad' is True, where the run's adam needs False"),
-    ("its parameters in two groups", _two_groups, "its optimizer state holds 2 parameter group(s) of [3, 4] parameters, "
-                                                  "where the run's adam has 1 of [7]"),
-    ("a moment that is one number", lambda payload: payload["training"]["optimizer"]["state"][0].__setitem__("exp_avg", torch.tensor(0.5)),
-     f"its optimizer state exp_avg of parameter 0 is of shape [], the parameter [{SYMBOLS}, 32]"),
-    ("a negative step", lambda payload: payload["training"]["optimizer"]["state"][0].__setitem__("step", torch.tensor(-5.0)),
-     "its optimizer state step of parameter 0 is -5.0 (a tensor of torch.float32), not a count"),
-    ("a moment without its companion", lambda payload: payload["training"]["optimizer"]["state"][0].pop("exp_avg_sq"),
-     "its optimizer state of parameter 0 lacks exp_avg_sq, which the run's adam keeps"),
-    ("a schedule's rate that is text", lambda payload: payload["training"]["scheduler"].__setitem__("_last_lr", ["x"]),
-     "its learning-rate schedule's _last_lr is ['x'], where the run's schedule needs 1 finite number, zero or more"),
-    ("a schedule key that replaces a method", lambda payload: payload["training"]["scheduler"].__setitem__("step", 5),
-     "its learning-rate schedule holds 'step', which would replace the schedule's own"),
-    ("progress before the first window", lambda payload: payload["training"]["progress"].__setitem__("window", -1),
-     "its training progress is damaged (window must be a count, not -1)"),
-    ("progress with a NaN time", lambda payload: payload["training"]["progress"]["wall_seconds"].__setitem__("train", math.nan),
-     "its training progress is damaged (wall_seconds must map names to finite numbers, zero or more)"),
-    ("a carried state in half precision", _half_state, "its carried state is of torch.float16, where the model computes in torch.float32"),
+    (
+        "a carried state of the wrong shape",
+        lambda payload: payload["training"].__setitem__("hidden", [[torch.zeros(3, 5)]]),
+        "its carried state does not fit the model it describes",
+    ),
+    (
+        "progress that is text",
+        lambda payload: payload["training"]["progress"].__setitem__("step", "many"),
+        "its training progress is damaged (step must be an integer",
+    ),
+    (
+        "a damaged random-number state",
+        lambda payload: payload["training"]["rng"].__setitem__("torch", [1, 2]),
+        "its random-number state is damaged",
+    ),
+    (
+        "a random-number state no generator takes",
+        lambda payload: payload["training"]["rng"]["ranks"][0].__setitem__(
+            "torch", torch.full((5056,), 7, dtype=torch.uint8)
+        ),
+        "its random-number state is damaged",
+    ),
+    (
+        "a learning rate that is NaN",
+        lambda payload: payload["training"]["optimizer"]["param_groups"][0].__setitem__("lr", math.nan),
+        "its optimizer setting 'lr' is nan, where the run's adam needs a finite number, zero or more",
+    ),
+    (
+        "betas of one number",
+        lambda payload: payload["training"]["optimizer"]["param_groups"][0].__setitem__("betas", (0.9,)),
+        "its optimizer setting 'betas' is (0.9,), where the run's adam needs a list of 2",
+    ),
+    (
+        "a flag of another optimizer",
+        lambda payload: payload["training"]["optimizer"]["param_groups"][0].__setitem__("amsgrad", True),
+        "its optimizer setting 'amsgrad' is True, where the run's adam needs False",
+    ),
+    (
+        "its parameters in two groups",
+        _two_groups,
+        "its optimizer state holds 2 parameter group(s) of [3, 4] parameters, where the run's adam has 1 of [7]",
+    ),
+    (
+        "a moment that is one number",
+        lambda payload: payload["training"]["optimizer"]["state"][0].__setitem__("exp_avg", torch.tensor(0.5)),
+        f"its optimizer state exp_avg of parameter 0 is of shape [], the parameter [{SYMBOLS}, 32]",
+    ),
+    (
+        "a negative step",
+        lambda payload: payload["training"]["optimizer"]["state"][0].__setitem__("step", torch.tensor(-5.0)),
+        "its optimizer state step of parameter 0 is -5.0 (a tensor of torch.float32), not a count",
+    ),
+    (
+        "a moment without its companion",
+        lambda payload: payload["training"]["optimizer"]["state"][0].pop("exp_avg_sq"),
+        "its optimizer state of parameter 0 lacks exp_avg_sq, which the run's adam keeps",
+    ),
+    (
+        "a schedule's rate that is text",
+        lambda payload: payload["training"]["scheduler"].__setitem__("_last_lr", ["x"]),
+        "its learning-rate schedule's _last_lr is ['x'], where the run's schedule needs 1 finite number, zero or more",
+    ),
+    (
+        "a schedule key that replaces a method",
+        lambda payload: payload["training"]["scheduler"].__setitem__("step", 5),
+        "its learning-rate schedule holds 'step', which would replace the schedule's own",
+    ),
+    (
+        "progress before the first window",
+        lambda payload: payload["training"]["progress"].__setitem__("window", -1),
+        "its training progress is damaged (window must be a count, not -1)",
+    ),
+    (
+        "progress with a NaN time",
+        lambda payload: payload["training"]["progress"]["wall_seconds"].__setitem__("train", math.nan),
+        "its training progress is damaged (wall_seconds must map names to finite numbers, zero or more)",
+    ),
+    (
+        "a carried state in half precision",
+        _half_state,
+        "its carried state is of torch.float16, where the model computes in torch.float32",
+    ),
 ]
 
 
 @pytest.mark.parametrize("what, damage, fragment", RESUME_DAMAGE, ids=[row[0] for row in RESUME_DAMAGE])
 def test_resuming_from_a_damaged_last_checkpoint_is_refused(run_copy, what, damage, fragment):
     _tamper_last(run_copy, damage)
-    result = refused(run_copy, "train", "--resume", run_copy, "--epochs", "3", fragment=fragment, name=run_copy / "last.pt")
+    result = refused(
+        run_copy, "train", "--resume", run_copy, "--epochs", "3", fragment=fragment, name=run_copy / "last.pt"
+    )
     if what == "last.pt of another cell":
-        assert f"cell 'lru' in config.json, 'gru' in last.pt" in result.stderr
+        assert "cell 'lru' in config.json, 'gru' in last.pt" in result.stderr
         assert str(run_copy / "config.json") in result.stderr
 
 
 CONFIG_DAMAGE = [  # a run stopped before its first checkpoint starts again from config.json's settings: damaged ones
     ("settings that are a list", [1], "config.json: train must be an object, not a list"),
-    ("a setting of the wrong type", {"bptt": "x"}, "config.json holds a setting out of its bounds: bptt must be an integer, not 'x'"),
-    ("a setting out of bounds", {"hidden": 10**9}, "config.json holds a setting out of its bounds: hidden must be at most"),
-    ("an unknown setting", {"bogus": 1}, "config.json holds settings this charlm cannot read (unknown TrainConfig setting: 'bogus')"),
+    (
+        "a setting of the wrong type",
+        {"bptt": "x"},
+        "config.json holds a setting out of its bounds: bptt must be an integer, not 'x'",
+    ),
+    (
+        "a setting out of bounds",
+        {"hidden": 10**9},
+        "config.json holds a setting out of its bounds: hidden must be at most",
+    ),
+    (
+        "an unknown setting",
+        {"bogus": 1},
+        "config.json holds settings this charlm cannot read (unknown TrainConfig setting: 'bogus')",
+    ),
 ]
 
 
@@ -248,10 +389,18 @@ def test_the_memory_a_checkpoint_asks_for_is_checked_before_the_model_is_built(t
     parameters = sum(tensor.numel() for tensor in Checkpoint.load(best).weights.values())
     text = tmp_path / "text.txt"
     text.write_text("the text", encoding="utf-8")
-    for command in (("sample", trained_run), ("eval", trained_run), ("score", trained_run, text), ("export", trained_run, tmp_path / "out.pt")):
+    for command in (
+        ("sample", trained_run),
+        ("eval", trained_run),
+        ("score", trained_run, text),
+        ("export", trained_run, tmp_path / "out.pt"),
+    ):
         result = cli(*command)
-        assert_one_line_error(result, f"the model in {best} has {parameters:,} parameters, which need about "
-                                      f"{memory._gib(parameters * 4)} on cpu, but it has 1 KiB free")
+        assert_one_line_error(
+            result,
+            f"the model in {best} has {parameters:,} parameters, which need about "
+            f"{memory._gib(parameters * 4)} on cpu, but it has 1 KiB free",
+        )
     with pytest.raises(charlm.CharlmError, match="parameters, which need about"):
         charlm.load(trained_run, device="cpu")
     assert built and all(device == "meta" for device in built)
@@ -269,28 +418,56 @@ def test_bench_refuses_a_budget_no_machine_holds_before_building_a_model(monkeyp
     for module in (memory, benchmark_memory):  # the benchmark's check holds its own name for it once imported
         monkeypatch.setattr(module, "available_memory", lambda device: 8 * 1024**3)
     started = time.monotonic()
-    assert_one_line_error(cli("bench", "--params", "1e23"), "a budget of 99,999,999,999,999,991,611,392 parameters needs at "
-                                                            "least", "8.0 GiB free: use a smaller --params")
+    assert_one_line_error(
+        cli("bench", "--params", "1e23"),
+        "a budget of 99,999,999,999,999,991,611,392 parameters needs at least",
+        "8.0 GiB free: use a smaller --params",
+    )
     # a budget that fits, with a vocabulary that does not: 16 bytes for each of 2 × 1e8 × (8 + 1) parameters
-    assert_one_line_error(cli("bench", "--cells", "lstm", "--params", "1000", "--vocab-size", "100000000"),
-                          "a smaller --vocab-size")
+    assert_one_line_error(
+        cli("bench", "--cells", "lstm", "--params", "1000", "--vocab-size", "100000000"), "a smaller --vocab-size"
+    )
     assert time.monotonic() - started < SECONDS
 
 
-@pytest.mark.parametrize("options, named", [
-    (["--embed-size", "50000", "--hidden", "8"], "use a smaller --embed-size (most of its size comes from it), or a smaller --hidden"),
-    (["--layers", "8", "--hidden", "64"], "use fewer --layers (most of its size comes from it), or a smaller --hidden"),
-    (["--hidden", "300"], "but cpu has 1 KiB free: use a smaller --hidden or --params, or a smaller --batch-size"),
-])
-def test_the_advice_for_an_oversized_model_names_the_options_at_fault(tiny_corpus, tmp_path, monkeypatch, options, named):
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        (
+            ["--embed-size", "50000", "--hidden", "8"],
+            "use a smaller --embed-size (most of its size comes from it), or a smaller --hidden",
+        ),
+        (
+            ["--layers", "8", "--hidden", "64"],
+            "use fewer --layers (most of its size comes from it), or a smaller --hidden",
+        ),
+        (["--hidden", "300"], "but cpu has 1 KiB free: use a smaller --hidden or --params, or a smaller --batch-size"),
+    ],
+)
+def test_the_advice_for_an_oversized_model_names_the_options_at_fault(
+    tiny_corpus, tmp_path, monkeypatch, options, named
+):
     monkeypatch.setattr(memory, "available_memory", lambda device: 1024)
-    result = cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "run", "--cell", "lstm",
-                 "--device", "cpu", *options)
+    result = cli(
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        tiny_corpus,
+        "--run-dir",
+        tmp_path / "run",
+        "--cell",
+        "lstm",
+        "--device",
+        "cpu",
+        *options,
+    )
     assert_one_line_error(result, named)
     assert not (tmp_path / "run").exists()
 
 
 # --- best.pt older than what the run says is best --------------------------------------------------
+
 
 class Killed(BaseException):
     """In place of the save of best.pt at the second epoch's end: the run dies between its commit and it."""
@@ -309,8 +486,9 @@ def killed_before_best(tiny_corpus, tmp_path, monkeypatch):
         return save(checkpoint, path)
 
     monkeypatch.setattr(Checkpoint, "save", dies_at_the_second_best)
-    config = tiny_config(tiny_corpus, run, cell="gru", hidden=8, bptt=32, eval_batch_size=16, train_fraction=0.05,
-                         log_every=1000)  # two epochs, both best so far (as in test_crash_consistency)
+    config = tiny_config(
+        tiny_corpus, run, cell="gru", hidden=8, bptt=32, eval_batch_size=16, train_fraction=0.05, log_every=1000
+    )  # two epochs, both best so far (as in test_crash_consistency)
     with pytest.raises(Killed):
         Trainer(config).fit()
     monkeypatch.undo()
@@ -351,8 +529,10 @@ def test_eval_says_which_epoch_it_scores_when_no_checkpoint_holds_the_best(kille
             cli("eval", run, "--data-dir", tiny_corpus, check_code=0)
     finally:
         logger.removeHandler(caplog.handler)
-    assert (f"using the weights of epoch 1 ({run / 'best.pt'}): the run's records call epoch 2 best, but no checkpoint "
-            "holds its weights") in caplog.text
+    assert (
+        f"using the weights of epoch 1 ({run / 'best.pt'}): the run's records call epoch 2 best, but no checkpoint "
+        "holds its weights"
+    ) in caplog.text
 
 
 def test_a_consistent_run_is_read_without_a_word(trained_run, caplog):

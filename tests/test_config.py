@@ -13,7 +13,15 @@ import pytest
 import torch
 
 import charlm
-from charlm.config import BenchmarkConfig, DemoConfig, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig, TrainConfig
+from charlm.config import (
+    BenchmarkConfig,
+    DemoConfig,
+    DynamicOptions,
+    EvalConfig,
+    SampleConfig,
+    ScoreConfig,
+    TrainConfig,
+)
 from charlm.settings import validate
 from charlm.errors import CharlmError, ConfigError
 from helpers import assert_one_line_error, cli, prepare_tiny_corpus
@@ -22,6 +30,7 @@ NAN, INF = float("nan"), float("inf")
 
 
 # --- bounds ----------------------------------------------------------------------------------------
+
 
 def test_defaults_are_valid():
     TrainConfig().validate()
@@ -32,47 +41,50 @@ def test_defaults_are_valid():
     assert DynamicOptions().lr == 0.01 and DynamicOptions(method="rms").lr == 1e-4
 
 
-@pytest.mark.parametrize("settings, field, message", [
-    (TrainConfig(layers=0), "layers", "layers must be at least 1, not 0"),
-    (TrainConfig(hidden=0), "hidden", "hidden must be at least 1"),
-    (TrainConfig(embed_size=-1), "embed_size", "embed_size must be zero or positive"),
-    (TrainConfig(dropout=1.0), "dropout", "dropout must be in [0, 1), not 1.0"),
-    (TrainConfig(dropout=NAN), "dropout", "dropout must be in [0, 1), not nan"),
-    (TrainConfig(batch_size=0), "batch_size", "batch_size must be at least 1"),
-    (TrainConfig(bptt=0), "bptt", "bptt must be at least 1"),
-    (TrainConfig(lr=0.0), "lr", "lr must be positive, not 0.0"),
-    (TrainConfig(lr=-1e-3), "lr", "lr must be positive"),
-    (TrainConfig(lr=NAN), "lr", "lr must be positive, not nan"),
-    (TrainConfig(lr_decay=0.0), "lr_decay", "lr_decay must be positive"),
-    (TrainConfig(epochs=0), "epochs", "epochs must be at least 1"),
-    (TrainConfig(patience=0), "patience", "patience must be at least 1"),
-    (TrainConfig(clip=-1.0), "clip", "clip must be zero or positive"),
-    (TrainConfig(clip=NAN), "clip", "clip must be zero or positive, not nan"),
-    (TrainConfig(train_fraction=0.0), "train_fraction", "train_fraction must be in (0, 1]"),
-    (TrainConfig(train_fraction=1.5), "train_fraction", "train_fraction must be in (0, 1]"),
-    (TrainConfig(eval_batch_size=0), "eval_batch_size", "eval_batch_size must be at least 1"),
-    (TrainConfig(eval_every=-1), "eval_every", "eval_every must be zero or positive"),
-    (TrainConfig(log_every=0), "log_every", "log_every must be at least 1"),
-    (TrainConfig(max_minutes=0.0), "max_minutes", "max_minutes must be positive"),
-    (TrainConfig(max_minutes=NAN), "max_minutes", "max_minutes must be positive"),
-    (TrainConfig(device="tpu"), "device", "device must be auto, cpu, cuda, cuda:N or mps, not 'tpu'"),
-    (TrainConfig(hidden=8, params="1M"), "hidden", "hidden and --params are exclusive"),
-    (TrainConfig(layers="2"), "layers", "layers must be a number, not '2'"),
-    (SampleConfig(temperature=0.0), "temperature", "temperature must be positive"),
-    (SampleConfig(top_p=0.0), "top_p", "top_p must be in (0, 1]"),
-    (SampleConfig(top_p=NAN), "top_p", "top_p must be in (0, 1], not nan"),
-    (SampleConfig(length=-1), "length", "length must be zero or positive"),
-    (SampleConfig(num_samples=0), "num_samples", "num_samples must be at least 1"),
-    (EvalConfig(split="train"), "split", "split must be one of valid, test, not 'train'"),
-    (ScoreConfig(unknown="drop"), "unknown", "unknown must be one of error, skip, unk"),
-    (DynamicOptions(lr=NAN), "lr", "lr must be zero or positive, not nan"),
-    (DynamicOptions(lr=INF), "lr", "lr must be finite"),
-    (DynamicOptions(decay=1.5), "decay", "decay must be in [0, 1]"),
-    (DynamicOptions(eps=0.0), "eps", "eps must be positive"),
-    (DynamicOptions(segment=0), "segment", "segment must be at least 1"),
-    (DynamicOptions(method="adam"), "method", "method must be one of sgd, rms"),
-    (BenchmarkConfig(vocab_size=1), "vocab_size", "vocab_size must be at least 2"),
-])
+@pytest.mark.parametrize(
+    "settings, field, message",
+    [
+        (TrainConfig(layers=0), "layers", "layers must be at least 1, not 0"),
+        (TrainConfig(hidden=0), "hidden", "hidden must be at least 1"),
+        (TrainConfig(embed_size=-1), "embed_size", "embed_size must be zero or positive"),
+        (TrainConfig(dropout=1.0), "dropout", "dropout must be in [0, 1), not 1.0"),
+        (TrainConfig(dropout=NAN), "dropout", "dropout must be in [0, 1), not nan"),
+        (TrainConfig(batch_size=0), "batch_size", "batch_size must be at least 1"),
+        (TrainConfig(bptt=0), "bptt", "bptt must be at least 1"),
+        (TrainConfig(lr=0.0), "lr", "lr must be positive, not 0.0"),
+        (TrainConfig(lr=-1e-3), "lr", "lr must be positive"),
+        (TrainConfig(lr=NAN), "lr", "lr must be positive, not nan"),
+        (TrainConfig(lr_decay=0.0), "lr_decay", "lr_decay must be positive"),
+        (TrainConfig(epochs=0), "epochs", "epochs must be at least 1"),
+        (TrainConfig(patience=0), "patience", "patience must be at least 1"),
+        (TrainConfig(clip=-1.0), "clip", "clip must be zero or positive"),
+        (TrainConfig(clip=NAN), "clip", "clip must be zero or positive, not nan"),
+        (TrainConfig(train_fraction=0.0), "train_fraction", "train_fraction must be in (0, 1]"),
+        (TrainConfig(train_fraction=1.5), "train_fraction", "train_fraction must be in (0, 1]"),
+        (TrainConfig(eval_batch_size=0), "eval_batch_size", "eval_batch_size must be at least 1"),
+        (TrainConfig(eval_every=-1), "eval_every", "eval_every must be zero or positive"),
+        (TrainConfig(log_every=0), "log_every", "log_every must be at least 1"),
+        (TrainConfig(max_minutes=0.0), "max_minutes", "max_minutes must be positive"),
+        (TrainConfig(max_minutes=NAN), "max_minutes", "max_minutes must be positive"),
+        (TrainConfig(device="tpu"), "device", "device must be auto, cpu, cuda, cuda:N or mps, not 'tpu'"),
+        (TrainConfig(hidden=8, params="1M"), "hidden", "hidden and --params are exclusive"),
+        (TrainConfig(layers="2"), "layers", "layers must be a number, not '2'"),
+        (SampleConfig(temperature=0.0), "temperature", "temperature must be positive"),
+        (SampleConfig(top_p=0.0), "top_p", "top_p must be in (0, 1]"),
+        (SampleConfig(top_p=NAN), "top_p", "top_p must be in (0, 1], not nan"),
+        (SampleConfig(length=-1), "length", "length must be zero or positive"),
+        (SampleConfig(num_samples=0), "num_samples", "num_samples must be at least 1"),
+        (EvalConfig(split="train"), "split", "split must be one of valid, test, not 'train'"),
+        (ScoreConfig(unknown="drop"), "unknown", "unknown must be one of error, skip, unk"),
+        (DynamicOptions(lr=NAN), "lr", "lr must be zero or positive, not nan"),
+        (DynamicOptions(lr=INF), "lr", "lr must be finite"),
+        (DynamicOptions(decay=1.5), "decay", "decay must be in [0, 1]"),
+        (DynamicOptions(eps=0.0), "eps", "eps must be positive"),
+        (DynamicOptions(segment=0), "segment", "segment must be at least 1"),
+        (DynamicOptions(method="adam"), "method", "method must be one of sgd, rms"),
+        (BenchmarkConfig(vocab_size=1), "vocab_size", "vocab_size must be at least 2"),
+    ],
+)
 def test_bounds_name_the_field(settings, field, message):
     with pytest.raises(ConfigError) as caught:
         settings.validate() if hasattr(settings, "validate") else validate(settings)
@@ -112,17 +124,21 @@ def test_from_dict_is_strict():
 
 # --- the command line prints the flag --------------------------------------------------------------
 
-@pytest.mark.parametrize("args, fragments", [
-    (("train", "--lr", "0"), ["--lr must be positive, not 0.0"]),
-    (("train", "--lr-decay", "nan"), ["--lr-decay must be positive, not nan"]),
-    (("train", "--dropout", "1"), ["--dropout must be in [0, 1)"]),
-    (("train", "--train-fraction", "0"), ["--train-fraction must be in (0, 1]"]),
-    (("train", "--max-minutes", "0"), ["--max-minutes must be positive"]),
-    (("train", "--hidden", "8", "--params", "1M"), ["--hidden and --params are exclusive"]),
-    (("train", "--layers", "0"), ["--layers", "1"]),  # a closed bound: checked by the option itself
-    (("train", "--batch-size", "many"), ["--batch-size", "integer"]),
-    (("train", "--tensorboard", "--layers", "0"), ["--layers"]),
-])
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (("train", "--lr", "0"), ["--lr must be positive, not 0.0"]),
+        (("train", "--lr-decay", "nan"), ["--lr-decay must be positive, not nan"]),
+        (("train", "--dropout", "1"), ["--dropout must be in [0, 1)"]),
+        (("train", "--train-fraction", "0"), ["--train-fraction must be in (0, 1]"]),
+        (("train", "--max-minutes", "0"), ["--max-minutes must be positive"]),
+        (("train", "--hidden", "8", "--params", "1M"), ["--hidden and --params are exclusive"]),
+        (("train", "--layers", "0"), ["--layers", "1"]),  # a closed bound: checked by the option itself
+        (("train", "--batch-size", "many"), ["--batch-size", "integer"]),
+        (("train", "--tensorboard", "--layers", "0"), ["--layers"]),
+    ],
+)
 def test_command_line_names_the_flag(args, fragments, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert_one_line_error(cli(*args), *fragments)
@@ -157,8 +173,12 @@ def test_other_commands_name_their_flags(trained_run, tmp_path):
     assert_one_line_error(cli("sample", trained_run, "--temperature", "0"), "--temperature must be positive")
     assert_one_line_error(cli("sample", trained_run, "--top-p", "0"), "--top-p must be in (0, 1], not 0.0")
     assert_one_line_error(cli("sample", trained_run, "--top-p", "nan"), "--top-p")
-    assert_one_line_error(cli("score", trained_run, text, "--dynamic", "sgd", "--dyn-lr", "inf"), "--dyn-lr must be finite")
-    assert_one_line_error(cli("score", trained_run, text, "--dynamic", "rms", "--dyn-eps", "0"), "--dyn-eps must be positive")
+    assert_one_line_error(
+        cli("score", trained_run, text, "--dynamic", "sgd", "--dyn-lr", "inf"), "--dyn-lr must be finite"
+    )
+    assert_one_line_error(
+        cli("score", trained_run, text, "--dynamic", "rms", "--dyn-eps", "0"), "--dyn-eps must be positive"
+    )
     assert_one_line_error(cli("eval", trained_run, "--split", "train"), "--split", "train")
 
 
@@ -227,13 +247,25 @@ def test_shell_completion_and_version():
 
 # --- resuming ------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def small_run(tmp_path):
     data_dir = tmp_path / "data"
     prepare_tiny_corpus(data_dir, characters=6_000)
     run = tmp_path / "run"
-    charlm.train(TrainConfig(corpus="tiny", cell="lru", hidden=12, batch_size=8, bptt=16, eval_batch_size=4, epochs=1,
-                             data_dir=str(data_dir), run_dir=str(run)))
+    charlm.train(
+        TrainConfig(
+            corpus="tiny",
+            cell="lru",
+            hidden=12,
+            batch_size=8,
+            bptt=16,
+            eval_batch_size=4,
+            epochs=1,
+            data_dir=str(data_dir),
+            run_dir=str(run),
+        )
+    )
     return run
 
 
@@ -245,7 +277,9 @@ def test_resume_accepts_only_run_independent_settings(small_run):
     assert_one_line_error(cli("train", "--resume", small_run, "--cell-opt", "a=1"), "--cell-opt cannot change")
     assert (small_run / "last.pt").read_bytes() == before
 
-    result = cli("train", "--resume", small_run, "--epochs", "2", "--max-minutes", "10", "--patience", "5", check_code=0)
+    result = cli(
+        "train", "--resume", small_run, "--epochs", "2", "--max-minutes", "10", "--patience", "5", check_code=0
+    )
     assert re.search(r"^epochs\s+2$", result.stdout, re.M), result.stdout
     resumed = charlm.Checkpoint.load(small_run, prefer="last")
     assert resumed.training.progress["epoch"] == 2
@@ -255,11 +289,14 @@ def test_resume_accepts_only_run_independent_settings(small_run):
 
 # --- devices ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_unavailable_and_unknown_devices(trained_run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert_one_line_error(cli("train", "--device", "cuda", "--corpus", "tiny", "--run-dir", tmp_path / "run"),
-                          "device 'cuda' is not available")
+    assert_one_line_error(
+        cli("train", "--device", "cuda", "--corpus", "tiny", "--run-dir", tmp_path / "run"),
+        "device 'cuda' is not available",
+    )
     assert_one_line_error(cli("sample", trained_run, "--device", "cuda:1"), "not available")
     assert_one_line_error(cli("train", "--device", "tpu"), "--device must be auto, cpu, cuda, cuda:N or mps, not 'tpu'")
     assert_one_line_error(cli("eval", trained_run, "--device", "tpu"), "unknown device 'tpu'")
@@ -292,13 +329,17 @@ def test_a_budget_named_after_a_reference_model_sizes_every_cell_to_it():
         assert chosen <= abs(count(model_config.hidden_size + 1) - budget), name
 
 
-@pytest.mark.parametrize("params, message", [
-    ("lstm@0", "parameter budget 'lstm@0': the reference model needs at least one hidden unit"),
-    ("nope@100", "unknown cell 'nope'"),
-    ("lstm[nope=1]@100", "cell 'lstm' has no option 'nope'"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ("lstm@0", "parameter budget 'lstm@0': the reference model needs at least one hidden unit"),
+        ("nope@100", "unknown cell 'nope'"),
+        ("lstm[nope=1]@100", "cell 'lstm' has no option 'nope'"),
+    ],
+)
 def test_a_bad_reference_budget_is_one_line(params, message, tiny_corpus):
     from helpers import assert_one_line_error, cli
 
-    assert_one_line_error(cli("train", "--corpus", "tiny", "--data-dir", str(tiny_corpus), "--params", params,
-                              "--epochs", "1"), message)
+    assert_one_line_error(
+        cli("train", "--corpus", "tiny", "--data-dir", str(tiny_corpus), "--params", params, "--epochs", "1"), message
+    )

@@ -58,7 +58,7 @@ def test_every_relative_link_leads_to_a_file(page):
 
 def test_the_nav_names_every_page_and_only_pages_that_exist():
     config = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
-    nav = config[config.index("\nnav:"):]
+    nav = config[config.index("\nnav:") :]
     named = re.findall(r":\s*([\w./-]+\.md)\s*$", nav, re.M)
     assert sorted(named) == sorted(str(page.relative_to(DOCS)) for page in PAGES)
 
@@ -85,7 +85,9 @@ def test_the_command_line_reference_has_every_command_and_option():
     sections = dict(re.findall(r"^## (charlm(?: [\w-]+)?)\n(.*?)(?=^## |\Z)", reference, re.S | re.M))
     root = typer.main.get_command(app)
     context = click.Context(root, info_name="charlm")
-    commands = {"charlm": root} | {f"charlm {name}": root.get_command(context, name) for name in root.list_commands(context)}
+    commands = {"charlm": root} | {
+        f"charlm {name}": root.get_command(context, name) for name in root.list_commands(context)
+    }
     assert sorted(sections) == sorted(commands)
     module = hooks()
     for title, command in commands.items():

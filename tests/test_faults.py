@@ -25,8 +25,26 @@ from charlm.training.trainer import Trainer
 from helpers import assert_one_line_error, cli, records
 from helpers import assert_same_run_end, tiny_config
 
-SMALL_RUN = ["--corpus", "tiny", "--cell", "gru", "--hidden", "16", "--batch-size", "2", "--bptt", "8", "--epochs", "2",
-             "--log-every", "1", "--eval-batch-size", "8", "--train-fraction", "0.3"]
+SMALL_RUN = [
+    "--corpus",
+    "tiny",
+    "--cell",
+    "gru",
+    "--hidden",
+    "16",
+    "--batch-size",
+    "2",
+    "--bptt",
+    "8",
+    "--epochs",
+    "2",
+    "--log-every",
+    "1",
+    "--eval-batch-size",
+    "8",
+    "--train-fraction",
+    "0.3",
+]
 
 
 def wait_for(predicate, seconds=120.0):
@@ -50,13 +68,19 @@ def checkpoint_events(run_dir):
 def test_kill_9_inside_an_epoch_loses_at_most_save_every_and_the_lock_dies_with_the_process(tiny_corpus, tmp_path):
     killed = tmp_path / "killed"
     args = [*SMALL_RUN, "--data-dir", tiny_corpus, "--save-every", "3"]
-    process = subprocess.Popen([sys.executable, "-m", "charlm", "train", *map(str, args), "--run-dir", str(killed)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "charlm", "train", *map(str, args), "--run-dir", str(killed)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert wait_for(lambda: len(checkpoint_events(killed)) >= 2), process.stderr.read() if process.poll() else ""
         assert Run(killed).status() == "running"  # `charlm runs` sees the lock its process holds
         # While it trains, the directory is its own: a second training, new or resumed, is refused.
-        assert_one_line_error(cli("train", *args, "--run-dir", killed), "is in use by another training", f"pid {process.pid}")
+        assert_one_line_error(
+            cli("train", *args, "--run-dir", killed), "is in use by another training", f"pid {process.pid}"
+        )
         assert_one_line_error(cli("train", "--resume", killed), "is in use by another training")
         process.send_signal(signal.SIGKILL)
         process.communicate(timeout=60)
@@ -70,7 +94,9 @@ def test_kill_9_inside_an_epoch_loses_at_most_save_every_and_the_lock_dies_with_
 
     # both finish without saving every 3 steps (a save is not part of the arithmetic; it takes time)
     cli("train", *args, "--save-every", "0", "--log-every", "100", "--run-dir", tmp_path / "straight", check_code=0)
-    resumed = cli("train", "--resume", killed, "--save-every", "0", "--log-every", "100", check_code=0)  # the dead process's lock does not block
+    resumed = cli(
+        "train", "--resume", killed, "--save-every", "0", "--log-every", "100", check_code=0
+    )  # the dead process's lock does not block
     assert "Traceback" not in resumed.stderr
     assert_same_run_end(tmp_path / "straight", killed)
 
@@ -121,10 +147,30 @@ def test_full_disk_while_saving_stops_with_one_line_and_keeps_the_last_checkpoin
 
     monkeypatch.setattr(charlm.checkpoint.torch, "save", save_until_the_disk_fills)
     run = tmp_path / "run"
-    result = cli("train", "--corpus", "tiny", "--cell", "lstm", "--hidden", "16", "--batch-size", "8", "--epochs", "3",
-                 "--data-dir", tiny_corpus, "--run-dir", run)
-    assert_one_line_error(result, "training stopped: cannot write", "No space left on device",
-                          f"the last checkpoint {run / 'last.pt'} is intact", code=1)
+    result = cli(
+        "train",
+        "--corpus",
+        "tiny",
+        "--cell",
+        "lstm",
+        "--hidden",
+        "16",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "3",
+        "--data-dir",
+        tiny_corpus,
+        "--run-dir",
+        run,
+    )
+    assert_one_line_error(
+        result,
+        "training stopped: cannot write",
+        "No space left on device",
+        f"the last checkpoint {run / 'last.pt'} is intact",
+        code=1,
+    )
     monkeypatch.undo()
     assert Checkpoint.load(run / "last.pt").training.progress["epoch"] == 1
     assert not list(run.glob(".*.tmp"))
@@ -157,8 +203,9 @@ def test_run_killed_before_its_first_checkpoint_starts_again_on_resume(tiny_corp
 
 def test_progress_lines_when_stderr_is_not_a_terminal(tiny_corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(charlm.training.reporting, "STATUS_INTERVAL", 0.0)
-    result = cli("train", *SMALL_RUN, "--epochs", "1", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "run",
-                 check_code=0)
+    result = cli(
+        "train", *SMALL_RUN, "--epochs", "1", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "run", check_code=0
+    )
     lines = [line for line in result.stderr.splitlines() if line.startswith("epoch 1/1  window ")]
     assert len(lines) > 10 and "bpc" in lines[0] and "chars/s" in lines[0]
 
@@ -170,8 +217,16 @@ def test_every_built_in_cell_declares_the_activation_memory_it_keeps():
 
 
 def test_memory_estimate_covers_weights_optimizer_and_activations():
-    estimate = estimate_training_memory(1_000_000, CELLS.get("lstm").activation_factor, hidden_size=256, layers=2, vocab_size=50, embed_size=256,
-                                        batch_size=100, bptt=50)
+    estimate = estimate_training_memory(
+        1_000_000,
+        CELLS.get("lstm").activation_factor,
+        hidden_size=256,
+        layers=2,
+        vocab_size=50,
+        embed_size=256,
+        batch_size=100,
+        bptt=50,
+    )
     assert estimate.state_bytes == 16_000_000
     assert estimate.activation_bytes == 100 * 50 * (2 * 256 * 4 * 15 + (256 + 4 * 50) * 4)
     check_fits(estimate, torch.device("cpu"), available=estimate.total_bytes)  # just fits

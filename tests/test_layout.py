@@ -44,7 +44,9 @@ def imports_of(path: Path, name: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             if not base.startswith("charlm"):
                 continue
             known = modules()
@@ -84,7 +86,7 @@ def test_no_module_imports_itself_back():
         state[name] = "open"
         for nxt in sorted(graph[name]):
             if state.get(nxt) == "open":
-                cycles.append(" -> ".join(trail[trail.index(nxt):] + [nxt]))
+                cycles.append(" -> ".join(trail[trail.index(nxt) :] + [nxt]))
             elif nxt not in state:
                 visit(nxt, trail + [nxt])
         state[name] = "done"
@@ -100,7 +102,10 @@ def test_the_module_map_lists_every_module():
     block = re.search(r"```text\ncharlm/\n(.*?)```", page, re.S)
     assert block, "docs/development.md lost its module map (a ```text block starting with charlm/)"
     listed = re.findall(r"^\s+([\w/]+\.py|[\w/]+\.toml)\s", block.group(1), re.M)
-    actual = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
-                    if path.name != "__init__.py" or path.parent == PACKAGE)
+    actual = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "__init__.py" or path.parent == PACKAGE
+    )
     assert sorted(set(listed)) == sorted(listed), "a module is listed twice"
     assert sorted(name for name in listed if name.endswith(".py")) == actual

@@ -41,10 +41,13 @@ def terminal():
 
 
 @pytest.mark.parametrize("columns", [79, 80])  # an 80-column terminal gives tqdm 79
-@pytest.mark.parametrize("epoch, epochs, done, windows, speed, shown", [
-    (12, 50, 6000, 7031, 1_234_567, "1.23M"),
-    (3, 30, 100, 260, 41_234, "41.2k"),
-])
+@pytest.mark.parametrize(
+    "epoch, epochs, done, windows, speed, shown",
+    [
+        (12, 50, 6000, 7031, 1_234_567, "1.23M"),
+        (3, 30, 100, 260, 41_234, "41.2k"),
+    ],
+)
 def test_the_training_bar_keeps_its_figures_whole_at_80_columns(columns, epoch, epochs, done, windows, speed, shown):
     with terminal():
         bar = EpochBar(windows, done, epoch, epochs, show=True)
@@ -56,7 +59,7 @@ def test_the_training_bar_keeps_its_figures_whole_at_80_columns(columns, epoch, 
     figures = f"epoch {epoch}/{epochs}, train 1.235, valid 1.457, {shown} chars/s"
     assert line.startswith(figures + " |"), line  # first, and whole
     assert len(line) <= columns and f"| {done}/{windows} eta " in line, line  # the counts fit too
-    assert len(line[len(figures) + 2:line.index(f"| {done}/")]) >= 1  # the bar has what is left
+    assert len(line[len(figures) + 2 : line.index(f"| {done}/")]) >= 1  # the bar has what is left
 
 
 def test_no_bar_off_a_terminal_or_where_not_asked(monkeypatch):
@@ -87,7 +90,9 @@ def test_scoring_during_training_shows_progress_on_a_terminal_with_the_same_figu
         assert f"scoring {split} |" in shown and f"| 0/{windows} eta" in shown
     assert "epoch 1/1" in shown
     for event, field in (("epoch", "valid_bpc"), ("epoch", "test_bpc"), ("test", "test_bpc")):
-        assert [r[field] for r in records(tmp_path / "shown", event)] == [r[field] for r in records(tmp_path / "piped", event)]
+        assert [r[field] for r in records(tmp_path / "shown", event)] == [
+            r[field] for r in records(tmp_path / "piped", event)
+        ]
 
 
 def test_scoring_a_text_shows_its_stages_with_the_same_figures(trained_run, tmp_path):

@@ -26,7 +26,9 @@ def test_an_old_checkpoint_samples_and_scores_as_it_did(tiny_corpus, tmp_path):
     stored = torch.load(FIXTURE / "run" / "best.pt", map_location="cpu", weights_only=True)
     assert model.parameters_count == EXPECTED["summary"]["parameters"]
     assert model.sample("The ", length=60, temperature=0.8, seed=3) == EXPECTED["sample"]
-    assert model.score("The quick brown fox jumps over the lazy dog.\n").bpc == pytest.approx(EXPECTED["score_bpc"], **CLOSE)
+    assert model.score("The quick brown fox jumps over the lazy dog.\n").bpc == pytest.approx(
+        EXPECTED["score_bpc"], **CLOSE
+    )
     assert model.evaluate("test", data_dir=str(tiny_corpus)).bpc == pytest.approx(EXPECTED["test_bpc"], **CLOSE)
     for name, tensor in model.network.state_dict().items():
         assert torch.equal(tensor, stored["weights"][name]), name
@@ -50,8 +52,22 @@ def test_an_old_run_resumes_where_it_stopped(tiny_corpus, tmp_path):
 
 
 def test_a_fixed_seed_run_gives_the_losses_it_gave(tiny_corpus, tmp_path):
-    train(TrainConfig(corpus="tiny", cell="lru", hidden=16, batch_size=8, bptt=20, epochs=2, lr=3e-3, eval_batch_size=4,
-                      data_dir=str(tiny_corpus), run_dir=str(tmp_path / "lru"), seed=7, log_every=5))
+    train(
+        TrainConfig(
+            corpus="tiny",
+            cell="lru",
+            hidden=16,
+            batch_size=8,
+            bptt=20,
+            epochs=2,
+            lr=3e-3,
+            eval_batch_size=4,
+            data_dir=str(tiny_corpus),
+            run_dir=str(tmp_path / "lru"),
+            seed=7,
+            log_every=5,
+        )
+    )
     history = Run(tmp_path / "lru").history()
     steps = [record.loss for record in history.steps]
     assert steps == pytest.approx([row["loss"] for row in EXPECTED["steps"]], **CLOSE)
@@ -63,9 +79,25 @@ def test_a_fixed_seed_run_gives_the_losses_it_gave(tiny_corpus, tmp_path):
 @pytest.mark.parametrize("cell", ["gru", "lstm", "rhn"])
 def test_two_layers_with_dropout_give_the_losses_they_gave(tiny_corpus, tmp_path, cell):
     run = tmp_path / cell
-    train(TrainConfig(corpus="tiny", cell=cell, hidden=16, layers=2, dropout=0.2, batch_size=8, bptt=20, epochs=1,
-                      train_fraction=0.5, lr=3e-3, eval_batch_size=4, data_dir=str(tiny_corpus), run_dir=str(run), seed=11,
-                      log_every=10))
+    train(
+        TrainConfig(
+            corpus="tiny",
+            cell=cell,
+            hidden=16,
+            layers=2,
+            dropout=0.2,
+            batch_size=8,
+            bptt=20,
+            epochs=1,
+            train_fraction=0.5,
+            lr=3e-3,
+            eval_batch_size=4,
+            data_dir=str(tiny_corpus),
+            run_dir=str(run),
+            seed=11,
+            log_every=10,
+        )
+    )
     history = Run(run).history()
     expected = EXPECTED["fixed_seed_2layer_dropout"][cell]
     assert [record.loss for record in history.steps] == pytest.approx(expected["steps"], **CLOSE)

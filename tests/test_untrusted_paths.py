@@ -32,15 +32,20 @@ def assert_one_line(result, *fragments: str, code: int = 2) -> None:
 
 # --- names from files -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ['"../elsewhere"', '["a"]', '"a/b"', '".hidden"', '"-x"'])
-def test_a_plan_whose_name_is_not_a_plain_name_is_refused_and_nothing_is_written(name, tmp_path, monkeypatch, tiny_corpus):
+def test_a_plan_whose_name_is_not_a_plain_name_is_refused_and_nothing_is_written(
+    name, tmp_path, monkeypatch, tiny_corpus
+):
     work = tmp_path / "work"
     work.mkdir()
     (work / "plan.toml").write_text(PLAN.format(name=name), encoding="utf-8")
     monkeypatch.chdir(work)
     result = cli("sweep", "plan.toml", "--data-dir", tiny_corpus)
     assert_one_line(result, "plan plan.toml: its name", "is not a plain name")
-    assert sorted(os.listdir(tmp_path)) == ["work"] and os.listdir(work) == ["plan.toml"]  # no sweeps/, no elsewhere-paper
+    assert sorted(os.listdir(tmp_path)) == ["work"] and os.listdir(work) == [
+        "plan.toml"
+    ]  # no sweeps/, no elsewhere-paper
 
 
 def test_a_profile_whose_name_climbs_out_is_refused(tmp_path):
@@ -68,6 +73,7 @@ def test_a_corpus_name_is_never_a_path(tiny_corpus, tmp_path):
 
 # --- readers refuse what is not a regular file, at once ---------------------------------------------
 
+
 def within_a_second(fifo: Path, call, seconds: float = 1.0, other_end: int = os.O_WRONLY):
     """``call()``'s result; fails (and frees the reader by opening the FIFO for writing, or a writer by
     opening it for reading: ``other_end``) if it waits on ``fifo``."""
@@ -90,14 +96,23 @@ def fifo(tmp_path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("sample", "{run}", "--prime-file", "{fifo}"), "prime file {fifo} is a FIFO, not a regular file"),
-    (("score", "{run}", "{fifo}"), "text file {fifo} is a FIFO, not a regular file"),
-    (("train", "--config", "{fifo}"), "config file {fifo} is a FIFO, not a regular file"),
-    (("sweep", "{fifo}", "--dry-run"), "plan file {fifo} is a FIFO, not a regular file"),
-    (("prepare", "ptb", "--source", "{fifo}", "--data-dir", "{tmp}"), "--source {fifo} is a FIFO, not a regular file or a directory"),
-    (("prepare", "text", "{fifo}", "--name", "mine", "--data-dir", "{tmp}"), "input {fifo} is a FIFO, not a regular file or a directory"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("sample", "{run}", "--prime-file", "{fifo}"), "prime file {fifo} is a FIFO, not a regular file"),
+        (("score", "{run}", "{fifo}"), "text file {fifo} is a FIFO, not a regular file"),
+        (("train", "--config", "{fifo}"), "config file {fifo} is a FIFO, not a regular file"),
+        (("sweep", "{fifo}", "--dry-run"), "plan file {fifo} is a FIFO, not a regular file"),
+        (
+            ("prepare", "ptb", "--source", "{fifo}", "--data-dir", "{tmp}"),
+            "--source {fifo} is a FIFO, not a regular file or a directory",
+        ),
+        (
+            ("prepare", "text", "{fifo}", "--name", "mine", "--data-dir", "{tmp}"),
+            "input {fifo} is a FIFO, not a regular file or a directory",
+        ),
+    ],
+)
 def test_a_fifo_given_as_a_file_is_refused_at_once(args, fragment, fifo, trained_run, tmp_path):
     values = {"run": trained_run, "fifo": fifo, "tmp": tmp_path / "data"}
     result = within_a_second(fifo, lambda: cli(*(arg.format(**values) for arg in args)))
@@ -105,8 +120,10 @@ def test_a_fifo_given_as_a_file_is_refused_at_once(args, fragment, fifo, trained
     assert not (tmp_path / "data").exists()
 
 
-@pytest.mark.parametrize("name, kind", [("train.log", "a FIFO"), ("metrics.jsonl", "a FIFO"), ("best.pt", "a directory"),
-                                        ("lock", "a directory")])
+@pytest.mark.parametrize(
+    "name, kind",
+    [("train.log", "a FIFO"), ("metrics.jsonl", "a FIFO"), ("best.pt", "a directory"), ("lock", "a directory")],
+)
 def test_a_run_with_no_regular_file_where_it_writes_one_is_not_resumed(name, kind, trained_run, tmp_path):
     """A writer would wait for ever on a FIFO where train.log belongs, and a directory where best.pt
     belongs would fail the first save an epoch later: refused at once, before anything is written."""
@@ -115,9 +132,12 @@ def test_a_run_with_no_regular_file_where_it_writes_one_is_not_resumed(name, kin
     (run / name).unlink()
     os.mkfifo(run / name) if kind == "a FIFO" else (run / name).mkdir()
     before = {path.name: path.stat().st_mtime_ns for path in run.iterdir() if path.is_file()}
-    result = within_a_second(run / name, lambda: cli("train", "--resume", run, "--epochs", "3"), seconds=10,
-                             other_end=os.O_RDONLY)
-    assert_one_line(result, f"run directory {run} cannot be resumed: {run / name} is {kind}, where the run keeps a file")
+    result = within_a_second(
+        run / name, lambda: cli("train", "--resume", run, "--epochs", "3"), seconds=10, other_end=os.O_RDONLY
+    )
+    assert_one_line(
+        result, f"run directory {run} cannot be resumed: {run / name} is {kind}, where the run keeps a file"
+    )
     assert {path.name: path.stat().st_mtime_ns for path in run.iterdir() if path.is_file()} == before
 
 
@@ -130,12 +150,14 @@ def test_eval_of_a_run_whose_metrics_jsonl_is_a_fifo_never_waits_on_it(trained_r
     shutil.copytree(trained_run, run)
     (run / "metrics.jsonl").unlink()
     os.mkfifo(run / "metrics.jsonl")
-    result = within_a_second(run / "metrics.jsonl", lambda: cli("eval", run, "--data-dir", tiny_corpus), seconds=30,
-                             other_end=os.O_RDONLY)
+    result = within_a_second(
+        run / "metrics.jsonl", lambda: cli("eval", run, "--data-dir", tiny_corpus), seconds=30, other_end=os.O_RDONLY
+    )
     assert_one_line(result, f"cannot write {run / 'metrics.jsonl'}: it is a FIFO, not a regular file")
 
 
 # --- a damaged run among good ones ------------------------------------------------------------------
+
 
 @pytest.fixture
 def runs_with_damage(trained_run, tmp_path) -> Path:
@@ -173,7 +195,7 @@ def test_runs_lists_a_damaged_run_with_its_reason_and_the_good_ones(runs_with_da
     reasons = {
         "bad-config": f"{root / 'bad-config' / 'config.json'} must hold a JSON object, not a list",
         "bad-record": f"{root / 'bad-record' / 'metrics.jsonl'} line {line}: the epoch record's valid_bpc must be a "
-                      'number, not "abc"',
+        'number, not "abc"',
         "fifo": f"run record file {root / 'fifo' / 'metrics.jsonl'} is a FIFO, not a regular file",
     }
     for name, reason in reasons.items():
@@ -186,10 +208,13 @@ def test_runs_lists_a_damaged_run_with_its_reason_and_the_good_ones(runs_with_da
     assert statuses == {"good": "finished", "bad-config": "damaged", "bad-record": "damaged", "fifo": "damaged"}
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("[" * 100_000 + "]" * 100_000, "is not valid JSON (its values are nested too deeply)"),
-    ('{"train": {"train_fraction": NaN}}', "train.train_fraction must be a number (finite), not NaN"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("[" * 100_000 + "]" * 100_000, "is not valid JSON (its values are nested too deeply)"),
+        ('{"train": {"train_fraction": NaN}}', "train.train_fraction must be a number (finite), not NaN"),
+    ],
+)
 def test_a_config_json_no_listing_can_show_makes_a_damaged_row(text, reason, trained_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("*.pt"))
@@ -221,7 +246,10 @@ def test_report_reports_the_good_runs_and_says_which_it_skipped(runs_with_damage
     root = runs_with_damage
     shutil.rmtree(root / "fifo")  # the FIFO's case is the listing's; the report's point is the skipping
     result = cli("report", root, check_code=0)
-    assert "skipped the damaged run bad-config: " in result.stderr and "skipped the damaged run bad-record: " in result.stderr
+    assert (
+        "skipped the damaged run bad-config: " in result.stderr
+        and "skipped the damaged run bad-record: " in result.stderr
+    )
     index = (root / "report" / "index.md").read_text(encoding="utf-8")
     assert "Skipped the damaged run bad-config: " in index and "must hold a JSON object, not a list" in index
     assert "Skipped the damaged run bad-record: " in index and "valid_bpc must be a number" in index
@@ -239,8 +267,19 @@ def test_report_of_nothing_but_damaged_runs_says_why(runs_with_damage):
 
 # --- an output that cannot encode a character -------------------------------------------------------
 
+
 def test_sample_on_an_ascii_stdout_replaces_what_it_cannot_encode(trained_run):
-    result = run_cli("sample", trained_run, "--prime", "“x”", "--length", "5", "--seed", "1",
-                     env={"PYTHONIOENCODING": "ascii"}, timeout=120)
+    result = run_cli(
+        "sample",
+        trained_run,
+        "--prime",
+        "“x”",
+        "--length",
+        "5",
+        "--seed",
+        "1",
+        env={"PYTHONIOENCODING": "ascii"},
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("?x?") and "Traceback" not in result.stderr

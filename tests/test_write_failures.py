@@ -38,13 +38,22 @@ def run_with_file_size_limit(limit: int, *args, cwd: Path) -> subprocess.Complet
     def lower_the_limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
 
-    return subprocess.run([sys.executable, "-m", "charlm", *map(str, args)], cwd=cwd,
-                          preexec_fn=lower_the_limit, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "charlm", *map(str, args)],
+        cwd=cwd,
+        preexec_fn=lower_the_limit,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def digests(directory: Path, pattern: str = "*") -> dict[str, str]:
-    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(directory.glob(pattern))
-            if path.is_file()}
+    return {
+        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.glob(pattern))
+        if path.is_file()
+    }
 
 
 def temporaries(directory: Path) -> list[Path]:
@@ -60,6 +69,7 @@ def failed_target(result, limit: int) -> str:
 
 # --- in a subprocess, past a file-size limit ------------------------------------------------------
 
+
 def test_training_save_past_the_limit_is_one_line_keeps_the_checkpoints_and_resumes_exactly(tiny_corpus, tmp_path):
     straight, run = tmp_path / "straight", tmp_path / "run"
     Trainer(tiny_config(tiny_corpus, straight, epochs=2, **TINY)).fit()
@@ -67,8 +77,9 @@ def test_training_save_past_the_limit_is_one_line_keeps_the_checkpoints_and_resu
     before = digests(run, "*.pt")
     limit = min((run / "best.pt").stat().st_size, (run / "last.pt").stat().st_size) // 2  # records and logs fit
 
-    result = run_with_file_size_limit(limit, "train", "--resume", run, "--epochs", "2", "--save-every", "1",
-                                      cwd=tmp_path)  # the first step's save fails
+    result = run_with_file_size_limit(
+        limit, "train", "--resume", run, "--epochs", "2", "--save-every", "1", cwd=tmp_path
+    )  # the first step's save fails
 
     target = failed_target(result, limit)
     assert Path(target).name in ("last.pt", "best.pt") and Path(target).parent == run  # never the temporary file
@@ -87,8 +98,9 @@ def test_export_past_the_limit_is_one_line_and_keeps_the_earlier_export(trained_
     before = digests(tmp_path)
     limit = output.stat().st_size // 2
 
-    result = run_with_file_size_limit(limit, "export", trained_run, output, "--format", "torchscript", "--force",
-                                      cwd=tmp_path)
+    result = run_with_file_size_limit(
+        limit, "export", trained_run, output, "--format", "torchscript", "--force", cwd=tmp_path
+    )
 
     assert failed_target(result, limit) == str(output)  # torch's C++ writer used to abort the process here
     assert digests(tmp_path) == before and temporaries(tmp_path) == []
@@ -103,8 +115,9 @@ def test_prepare_past_the_limit_is_one_line_and_keeps_the_prepared_corpus(tmp_pa
 
     changed = tmp_path / "changed.txt"  # other inputs: the corpus is prepared again, replacing the one there
     changed.write_text((tmp_path / "tiny.txt").read_text(encoding="utf-8")[::-1], encoding="utf-8")
-    result = run_with_file_size_limit(limit, "prepare", "text", changed, "--name", "tiny", "--data-dir", data,
-                                      "--unknown", "unk", cwd=tmp_path)
+    result = run_with_file_size_limit(
+        limit, "prepare", "text", changed, "--name", "tiny", "--data-dir", data, "--unknown", "unk", cwd=tmp_path
+    )
 
     assert failed_target(result, limit) == str(data / "tiny")  # the corpus, not its staging directory
     assert temporaries(data) == [] and digests(data / "tiny") == before
@@ -152,6 +165,7 @@ def test_a_limit_of_no_bytes_at_all_is_one_line_too(trained_run, tmp_path):
 
 
 # --- in this process: the reasons, the exit codes, appends, downloads ------------------------------
+
 
 def test_append_that_fails_leaves_no_half_line(tmp_path, monkeypatch):
     metrics = tmp_path / "metrics.jsonl"
@@ -216,8 +230,12 @@ def test_a_download_that_fills_the_disk_stops_at_once_naming_the_archive(corpus_
 
     payload = bytes(range(256)) * 400
     corpus_server.files["corpus.zip"] = payload
-    remote = RemoteFile(url=corpus_server.url("corpus.zip"), filename="corpus.zip", size=len(payload),
-                        sha256=hashlib.sha256(payload).hexdigest())
+    remote = RemoteFile(
+        url=corpus_server.url("corpus.zip"),
+        filename="corpus.zip",
+        size=len(payload),
+        sha256=hashlib.sha256(payload).hexdigest(),
+    )
 
     class FullDiskFile:
         def __init__(self, path, mode):
@@ -238,8 +256,13 @@ def test_a_download_that_fills_the_disk_stops_at_once_naming_the_archive(corpus_
     monkeypatch.setattr(download, "open", FullDiskFile, raising=False)
     messages = []
     with pytest.raises(WriteError, match=re.escape(f"cannot write {tmp_path / 'corpus.zip'}: No space left on device")):
-        fetch(remote, tmp_path, policy=DownloadPolicy(attempts=3, backoff=0.0, timeout=5.0), progress=False,
-              log=messages.append)
+        fetch(
+            remote,
+            tmp_path,
+            policy=DownloadPolicy(attempts=3, backoff=0.0, timeout=5.0),
+            progress=False,
+            log=messages.append,
+        )
     assert messages == [] and len(corpus_server.requests) == 1  # the disk, not the network: no retry
 
 

@@ -8,8 +8,22 @@ importing torch. Building ``CELLS`` checks that the names are those of the class
 import threading
 
 # The registered cells, in the order `charlm cells` lists them.
-CELL_NAMES = ("rnn", "lstm", "gru", "mgu", "mi-rnn", "scrn", "rhn", "delta-rnn", "ps-lru", "rg-lru", "lru", "grid-lstm",
-              "ho-lstm", "ho-gru")
+CELL_NAMES = (
+    "rnn",
+    "lstm",
+    "gru",
+    "mgu",
+    "mi-rnn",
+    "scrn",
+    "rhn",
+    "delta-rnn",
+    "ps-lru",
+    "rg-lru",
+    "lru",
+    "grid-lstm",
+    "ho-lstm",
+    "ho-gru",
+)
 
 _EXPORTS = {
     "CellRegistry": "charlm.cells.registry",
@@ -60,7 +74,9 @@ def _registered_cells():
         ]
     )
     if tuple(cells.names()) != CELL_NAMES:
-        raise RuntimeError(f"charlm.cells.CELL_NAMES {CELL_NAMES} differs from the cells registered {tuple(cells.names())}")
+        raise RuntimeError(
+            f"charlm.cells.CELL_NAMES {CELL_NAMES} differs from the cells registered {tuple(cells.names())}"
+        )
     return cells
 
 

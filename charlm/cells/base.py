@@ -138,15 +138,20 @@ class RecurrentCell(nn.Module):
             outputs.append(output)
         return torch.stack(outputs), state
 
-    def inference_forward(self, inputs: Tensor, state: State, lookup: EmbeddingLookup | None = None) -> tuple[Tensor, State]:
+    def inference_forward(
+        self, inputs: Tensor, state: State, lookup: EmbeddingLookup | None = None
+    ) -> tuple[Tensor, State]:
         """``forward`` where nothing needs a gradient, through :meth:`inference_step`: the input's
         share for the whole window at once (for the V symbols when ``lookup`` says what the inputs
         are), then ``advance`` step by step. The model calls it instead of ``forward`` for cells
         that set ``evaluates_through_step`` (where it measured faster than their autograd loop)."""
         fast = self.inference_step()
         if lookup is not None:
-            symbols = lookup.table if lookup.table is not None else torch.eye(
-                inputs.shape[-1], dtype=inputs.dtype, device=inputs.device)  # one-hot inputs
+            symbols = (
+                lookup.table
+                if lookup.table is not None
+                else torch.eye(inputs.shape[-1], dtype=inputs.dtype, device=inputs.device)
+            )  # one-hot inputs
             rows = fast.project(symbols)
             projected = None if rows is None else lookup.spread(rows)
         else:
@@ -160,8 +165,9 @@ class RecurrentCell(nn.Module):
         return torch.stack(outputs), state
 
     @staticmethod
-    def input_product(inputs: Tensor, weight: Tensor, bias: Tensor | None = None,
-                      lookup: EmbeddingLookup | None = None) -> Tensor:
+    def input_product(
+        inputs: Tensor, weight: Tensor, bias: Tensor | None = None, lookup: EmbeddingLookup | None = None
+    ) -> Tensor:
         """``inputs @ weight.T + bias`` over a window ``[T, B, d]``; a table lookup when ``lookup``
         says what the inputs are."""
         if lookup is not None:
@@ -231,7 +237,9 @@ def library_rnn(kernel, inputs: Tensor, hidden, weights: list[Tensor], training:
     low = torch.bfloat16
     hidden = tuple(h.to(low) for h in hidden) if isinstance(hidden, (tuple, list)) else hidden.to(low)
     with torch.autocast(device_type, enabled=False):
-        return kernel(inputs.to(low), hidden, [weight.to(low) for weight in weights], True, 1, 0.0, training, False, False)
+        return kernel(
+            inputs.to(low), hidden, [weight.to(low) for weight in weights], True, 1, 0.0, training, False, False
+        )
 
 
 def glorot_uniform_(weight: Tensor, blocks: int = 1) -> Tensor:

@@ -150,8 +150,12 @@ class GridLSTM(RecurrentCell):
         if lookup is not None:  # h_depth is the first n columns of the table (one-hot inputs: not folded)
             lookup = lookup.narrowed(n) if lookup.table is not None else None
         time_rows = self.time_weight.shape[0]
-        from_depth = self.input_product(h_depth, torch.cat([self.time_weight[:, n:], self.depth_weight[:, n:]]),
-                                        torch.cat([self.time_bias, self.depth_bias]), lookup)
+        from_depth = self.input_product(
+            h_depth,
+            torch.cat([self.time_weight[:, n:], self.depth_weight[:, n:]]),
+            torch.cat([self.time_bias, self.depth_bias]),
+            lookup,
+        )
         time_from_depth, depth_from_depth = from_depth[..., :time_rows], from_depth[..., time_rows:]
         recurrent_weight = self.time_weight[:, :n]
         h_time, m_time = state
@@ -195,8 +199,9 @@ class GridInference(InferenceStep):
         time_rows = 4 * n
         time_pre = torch.addmm(projected.narrow(-1, 0, time_rows), h_time, self.time_recurrent)
         h_time, m_time = self._transform(time_pre, m_time)
-        depth_pre = torch.addmm(projected.narrow(-1, time_rows, self.depth_from_time.shape[1]), h_time,
-                                self.depth_from_time)
+        depth_pre = torch.addmm(
+            projected.narrow(-1, time_rows, self.depth_from_time.shape[1]), h_time, self.depth_from_time
+        )
         if self.depth != "lstm":
             return _DEPTH_ACTIVATIONS[self.depth](depth_pre), (h_time, m_time)
         return torch.cat(self._transform(depth_pre, x.narrow(-1, n, n)), dim=-1), (h_time, m_time)

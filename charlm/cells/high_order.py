@@ -210,7 +210,9 @@ class HighOrderLSTMInference(LSTMInference):
     def gates(self, projected: Tensor, h: Tensor) -> Tensor:
         width = 4 * self.hidden_size
         features = projected.narrow(-1, width, self.factors_input.shape[1]) * (h @ self.factors_hidden)
-        return torch.addmm(super().gates(projected.narrow(-1, 0, width), h), features, self.mixing)  # out of place: autocast casts it
+        return torch.addmm(
+            super().gates(projected.narrow(-1, 0, width), h), features, self.mixing
+        )  # out of place: autocast casts it
 
 
 class HighOrderGRU(GRU):

@@ -154,9 +154,9 @@ class LatticeInference(InferenceStep):
 class ProjectedStateLRU(_Lattice):
     r"""PS-LRU: projected state decoupled; one reset gate r, one update gate z.
 
-        r = σ(A_r [h₁; h₂] + b_r),  z = σ(A_z [h₁; h₂] + b_z)
-        ĥ₁ = tanh(A₁ [h₁; r ⊙ h₂] + b₁),  ĥ₂ = tanh(A₂ [r ⊙ h₁; h₂] + b₂)
-        h₁′ = z ⊙ h₁ + (1 − z) ⊙ ĥ₂,  h₂′ = z ⊙ h₂ + (1 − z) ⊙ ĥ₁
+    r = σ(A_r [h₁; h₂] + b_r),  z = σ(A_z [h₁; h₂] + b_z)
+    ĥ₁ = tanh(A₁ [h₁; r ⊙ h₂] + b₁),  ĥ₂ = tanh(A₂ [r ⊙ h₁; h₂] + b₂)
+    h₁′ = z ⊙ h₁ + (1 − z) ⊙ ĥ₂,  h₂′ = z ⊙ h₂ + (1 − z) ⊙ ĥ₁
     """
 
     name = "ps-lru"
@@ -170,9 +170,9 @@ class ProjectedStateLRU(_Lattice):
 class ResetGateLRU(_Lattice):
     r"""RG-LRU: reset gate also decoupled; r₁, r₂, one update gate z.
 
-        r₁, r₂, z = σ(A_· [h₁; h₂] + b_·)
-        ĥ₁ = tanh(A₁ [h₁; r₂ ⊙ h₂] + b₁),  ĥ₂ = tanh(A₂ [r₁ ⊙ h₁; h₂] + b₂)
-        h₁′ = z ⊙ h₁ + (1 − z) ⊙ ĥ₂,  h₂′ = z ⊙ h₂ + (1 − z) ⊙ ĥ₁
+    r₁, r₂, z = σ(A_· [h₁; h₂] + b_·)
+    ĥ₁ = tanh(A₁ [h₁; r₂ ⊙ h₂] + b₁),  ĥ₂ = tanh(A₂ [r₁ ⊙ h₁; h₂] + b₂)
+    h₁′ = z ⊙ h₁ + (1 − z) ⊙ ĥ₂,  h₂′ = z ⊙ h₂ + (1 − z) ⊙ ĥ₁
     """
 
     name = "rg-lru"
@@ -186,9 +186,9 @@ class ResetGateLRU(_Lattice):
 class LatticeRecurrentUnit(_Lattice):
     r"""LRU (UG-LRU): update gate also decoupled; r₁, r₂, z₁, z₂.
 
-        r₁, r₂, z₁, z₂ = σ(A_· [h₁; h₂] + b_·)
-        ĥ₁ = tanh(A₁ [h₁; r₂ ⊙ h₂] + b₁),  ĥ₂ = tanh(A₂ [r₁ ⊙ h₁; h₂] + b₂)
-        h₁′ = z₁ ⊙ ĥ₂ + (1 − z₁) ⊙ h₁,  h₂′ = z₂ ⊙ ĥ₁ + (1 − z₂) ⊙ h₂
+    r₁, r₂, z₁, z₂ = σ(A_· [h₁; h₂] + b_·)
+    ĥ₁ = tanh(A₁ [h₁; r₂ ⊙ h₂] + b₁),  ĥ₂ = tanh(A₂ [r₁ ⊙ h₁; h₂] + b₂)
+    h₁′ = z₁ ⊙ ĥ₂ + (1 − z₁) ⊙ h₁,  h₂′ = z₂ ⊙ ĥ₁ + (1 − z₂) ⊙ h₂
     """
 
     name = "lru"

@@ -46,8 +46,9 @@ class CellRegistry:
                 f"unknown cell {name!r}; known cells: {', '.join(self._cells)} (or module:Class for your own)"
             ) from None
 
-
-    def resolve(self, name: str, *, cells=(), trust_code: bool = False, source: str = "the file") -> type[RecurrentCell]:
+    def resolve(
+        self, name: str, *, cells=(), trust_code: bool = False, source: str = "the file"
+    ) -> type[RecurrentCell]:
         """The cell that a file (a checkpoint, a config) names. A registered name is looked up; a
         user cell ``module:Class`` is imported only when the caller names it in ``cells`` (a class,
         or its ``module:Class`` string) or trusts the file's code."""
@@ -63,7 +64,10 @@ class CellRegistry:
         for cell in cells:
             if isinstance(cell, str) and cell == name:
                 return _import_cell(name)
-            if isinstance(cell, type) and name in (f"{cell.__module__}:{cell.__qualname__}", f"{cell.__module__}:{cell.__name__}"):
+            if isinstance(cell, type) and name in (
+                f"{cell.__module__}:{cell.__qualname__}",
+                f"{cell.__module__}:{cell.__name__}",
+            ):
                 _check_cell_class(cell, name)
                 return cell
         if trust_code:
@@ -88,8 +92,10 @@ def _import_cell(reference: str) -> type[RecurrentCell]:
     module_name, _, class_name = reference.partition(":")
     if not (all(part.isidentifier() for part in module_name.split(".")) and class_name.isidentifier()):
         # importlib raises ValueError or TypeError (a relative name) on what is not a module's name
-        raise CharlmError(f"cell {reference!r} is not a registered name or module:Class (a module's dotted name, "
-                          "a colon and a class name, such as mycells:MyCell)")
+        raise CharlmError(
+            f"cell {reference!r} is not a registered name or module:Class (a module's dotted name, "
+            "a colon and a class name, such as mycells:MyCell)"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:

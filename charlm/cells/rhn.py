@@ -125,8 +125,14 @@ def _highway(s: Tensor, pre: Tensor) -> Tensor:
     return torch.tanh(pre_h) * t + s * (1 - t)
 
 
-def highway_columns(first_layer_input: Tensor, s0: Tensor, weight_hidden: Tensor, bias: Tensor,
-                    states: list | None = None, activations: list | None = None) -> tuple[Tensor, Tensor]:
+def highway_columns(
+    first_layer_input: Tensor,
+    s0: Tensor,
+    weight_hidden: Tensor,
+    bias: Tensor,
+    states: list | None = None,
+    activations: list | None = None,
+) -> tuple[Tensor, Tensor]:
     """The highway recurrence over a window without autograd: outputs ``[T, B, n]`` and the last s.
 
     Column layout: s is kept as sᵀ ``[n, B]`` and the pre-activations as ``[2n, B]``, so the H and T
@@ -208,7 +214,9 @@ class HighwayWindow(torch.autograd.Function):
                 ds_gated = ds * gate
                 grad = ds.new_empty(two_n, B)  # [∂pre_H; ∂pre_T]
                 torch.ops.aten.tanh_backward.grad_input(ds_gated, h, grad_input=grad[:n])  # ∂s ⊙ t ⊙ (1 − h²)
-                torch.ops.aten.sigmoid_backward.grad_input(ds * (h - s), gate, grad_input=grad[n:])  # ⊙ (h − s) t(1 − t)
+                torch.ops.aten.sigmoid_backward.grad_input(
+                    ds * (h - s), gate, grad_input=grad[n:]
+                )  # ⊙ (h − s) t(1 − t)
                 grad_weight[layer].addmm_(grad, s.T)  # ∂R_ℓ += ∂preᵀ s_{ℓ−1}
                 grad_bias[layer] += grad.sum(dim=1)
                 ds = torch.addmm(ds.sub_(ds_gated), weight_hidden[layer].T, grad)  # ∂s_{ℓ−1}

@@ -43,7 +43,9 @@ class SCRN(RecurrentCell):
     activation_factor = 8
     folds_embedding = True
     evaluates_through_step = True  # measured faster without gradients (see RecurrentCell)
-    description = "Structurally constrained RNN: sigmoid hidden state plus a slow context; depth output h and s concatenated"
+    description = (
+        "Structurally constrained RNN: sigmoid hidden state plus a slow context; depth output h and s concatenated"
+    )
     paper = "Mikolov et al. 2015, Learning longer memory in recurrent neural networks"
     formula = "dc + dn + cn + n² (c = max(1, n // 10); +c learnable α, +n bias)"
     Config = SCRNConfig

@@ -62,6 +62,7 @@ def _keep_option_names_whole() -> None:
             rich_utils.Table = HelpTable
 
     for kind in (core.TyperCommand, core.TyperGroup):
+
         def format_help(self, ctx, formatter, shown=kind.format_help):
             install()
             return shown(self, ctx, formatter)
@@ -84,9 +85,14 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
     ),
-    threads: int = typer.Option(None, "--threads", envvar="CHARLM_THREADS", show_default=False,
-                                help="CPU threads for torch (default: torch's choice, the number of cores). "
-                                     "On a busy machine, 1 is often faster for small models."),
+    threads: int = typer.Option(
+        None,
+        "--threads",
+        envvar="CHARLM_THREADS",
+        show_default=False,
+        help="CPU threads for torch (default: torch's choice, the number of cores). "
+        "On a busy machine, 1 is often faster for small models.",
+    ),
 ):
     """Prepare corpora, train recurrent cells, evaluate bits per character, sample text."""
     if threads is not None:
@@ -97,10 +103,41 @@ def _root(
 
 
 def _register_commands():
-    from charlm.cli import (bench, cells, check, demo, evaluate, export, prepare, report, runs, sample, score, serve, sweep,
-                            task, train)
+    from charlm.cli import (
+        bench,
+        cells,
+        check,
+        demo,
+        evaluate,
+        export,
+        prepare,
+        report,
+        runs,
+        sample,
+        score,
+        serve,
+        sweep,
+        task,
+        train,
+    )
 
-    for module in (prepare, cells, train, task, evaluate, score, sample, runs, report, export, demo, bench, check, sweep, serve):
+    for module in (
+        prepare,
+        cells,
+        train,
+        task,
+        evaluate,
+        score,
+        sample,
+        runs,
+        report,
+        export,
+        demo,
+        bench,
+        check,
+        sweep,
+        serve,
+    ):
         module.register(app)
 
 
@@ -137,7 +174,9 @@ def run(argv: list[str] | None = None) -> int:
         print("charlm: error: interrupted", file=sys.stderr)
         return 130
     except OSError as error:  # writes fail as WriteError (a CharlmError): this is a path that cannot be used
-        if error.filename is None and NO_TEMPORARY_DIRECTORY in str(error):  # tempfile, as torch imports: nothing can be written
+        if error.filename is None and NO_TEMPORARY_DIRECTORY in str(
+            error
+        ):  # tempfile, as torch imports: nothing can be written
             print(f"charlm: error: cannot write a temporary file: {_no_temporary_file_reason(error)}", file=sys.stderr)
             return 1
         where = f" {error.filename}" if error.filename else ""
@@ -171,7 +210,9 @@ def _takes_paths(param) -> bool:
     annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
     if annotation is None:
         return type(getattr(param, "type", None)).__name__ == "Path"
-    return any(isinstance(kind, type) and issubclass(kind, PurePath) for kind in (annotation, *typing.get_args(annotation)))
+    return any(
+        isinstance(kind, type) and issubclass(kind, PurePath) for kind in (annotation, *typing.get_args(annotation))
+    )
 
 
 def _without_empty_paths(param, process_value):

@@ -17,8 +17,13 @@ def cells():
     for cell in CELLS:
         options = ", ".join(f"{field.name}={_default(field)}" for field in dataclasses.fields(cell.Config)) or "-"
         rows.append([cell.name, cell.description, cell.paper, cell.formula, options])
-    print_table("Registered cells (d: input size, n: hidden size; per layer)", ["name", "description", "paper", "params", "options"],
-                rows, drop_order=("paper", "params"), wrap=("description", "paper", "params", "options"))
+    print_table(
+        "Registered cells (d: input size, n: hidden size; per layer)",
+        ["name", "description", "paper", "params", "options"],
+        rows,
+        drop_order=("paper", "params"),
+        wrap=("description", "paper", "params", "options"),
+    )
 
 
 def _default(field: dataclasses.Field):

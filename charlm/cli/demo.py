@@ -15,11 +15,18 @@ from charlm.config import DemoConfig
 
 @settings_options(DemoConfig)
 def demo(
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", callback=directory_option, help="Root of prepared corpora (default: $CHARLM_DATA or ./data)."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", callback=directory_option, help="Where to write the run (default: runs/pydoc-lru-demo-TIME)."),
+    data_dir: Optional[Path] = typer.Option(
+        None,
+        "--data-dir",
+        callback=directory_option,
+        help="Root of prepared corpora (default: $CHARLM_DATA or ./data).",
+    ),
+    run_dir: Optional[Path] = typer.Option(
+        None, "--run-dir", callback=directory_option, help="Where to write the run (default: runs/pydoc-lru-demo-TIME)."
+    ),
     given: dict = None,
 ):
-    """Prepare the embedded `pydoc` corpus, size a small LRU to this machine and train it for the budget, report bits per character, sample."""
+    """Prepare the embedded `pydoc` corpus, size a small LRU to this machine and train it for the budget, report bits per character, sample."""  # noqa: E501  the help shows the docstring's line breaks
     from charlm.settings import validate
     from charlm.tools.demo import run_demo
 

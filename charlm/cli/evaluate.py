@@ -22,14 +22,40 @@ from charlm.settings import INT64_MAX, flag_of, validate
 @settings_options(EvalConfig, into="static", exclude=("batch_size",))
 def evaluate(
     checkpoint: Path = CHECKPOINT,
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", max=INT64_MAX, help=(
-        "Parallel streams; every symbol is scored once whatever the value. Must be at least 1. (default: "
-        f"{EvalConfig.batch_size} static, {DynamicOptions.batch_size} dynamic (exact, in text order)).")),
-    dynamic: Optional[str] = typer.Option(None, "--dynamic", callback=dynamic_option, help="Also evaluate dynamically, adapting the weights test-then-train: sgd (Delta-RNN paper) or rms (Krause et al. 2018)."),
-    adapt_on: Optional[str] = typer.Option(None, "--adapt-on", help="valid: adapt over the whole validation split first, then evaluate the test split from the adapted weights (#2)."),
-    dyn_search: bool = typer.Option(False, "--dyn-search", help="Grid-search η (and λ for rms) on a validation prefix, then evaluate with the best."),
-    search_prefix: Optional[int] = typer.Option(None, "--search-prefix", max=INT64_MAX, help=f"Characters of the validation split the search scores (default: {DEFAULT_SEARCH_PREFIX})."),
-    save_adapted: Optional[Path] = typer.Option(None, "--save-adapted", help="Write the adapted weights to this checkpoint file."),
+    batch_size: Optional[int] = typer.Option(
+        None,
+        "--batch-size",
+        max=INT64_MAX,
+        help=(
+            "Parallel streams; every symbol is scored once whatever the value. Must be at least 1. (default: "
+            f"{EvalConfig.batch_size} static, {DynamicOptions.batch_size} dynamic (exact, in text order))."
+        ),
+    ),
+    dynamic: Optional[str] = typer.Option(
+        None,
+        "--dynamic",
+        callback=dynamic_option,
+        help="Also evaluate dynamically, adapting the weights test-then-train: sgd (Delta-RNN paper) or rms (Krause "
+        "et al. 2018).",
+    ),
+    adapt_on: Optional[str] = typer.Option(
+        None,
+        "--adapt-on",
+        help="valid: adapt over the whole validation split first, then evaluate the test split from the adapted "
+        "weights (#2).",
+    ),
+    dyn_search: bool = typer.Option(
+        False, "--dyn-search", help="Grid-search η (and λ for rms) on a validation prefix, then evaluate with the best."
+    ),
+    search_prefix: Optional[int] = typer.Option(
+        None,
+        "--search-prefix",
+        max=INT64_MAX,
+        help=f"Characters of the validation split the search scores (default: {DEFAULT_SEARCH_PREFIX}).",
+    ),
+    save_adapted: Optional[Path] = typer.Option(
+        None, "--save-adapted", help="Write the adapted weights to this checkpoint file."
+    ),
     force: bool = typer.Option(False, "--force", help="Let --save-adapted replace a file that exists."),
     data_dir: Optional[Path] = DATA_DIR,
     device: str = DEVICE,
@@ -47,11 +73,19 @@ def evaluate(
     if batch_size is not None and batch_size < 1:  # the same words as every other bound
         raise CharlmError(f"--batch-size must be at least 1, not {batch_size}")
     split = static.get("split", EvalConfig.split)
-    given = {"--batch-size": batch_size, "--bptt": static.get("bptt"), "--adapt-on": adapt_on,
-             "--search-prefix": search_prefix, "--save-adapted": save_adapted, "--force": force,
-             **{flag_of(DynamicOptions, name): value for name, value in dyn.items()}}
+    given = {
+        "--batch-size": batch_size,
+        "--bptt": static.get("bptt"),
+        "--adapt-on": adapt_on,
+        "--search-prefix": search_prefix,
+        "--save-adapted": save_adapted,
+        "--force": force,
+        **{flag_of(DynamicOptions, name): value for name, value in dyn.items()},
+    }
     options = resolve_options(dynamic, given, search=dyn_search)
-    prefix = (DEFAULT_SEARCH_PREFIX if search_prefix is None else search_prefix) if dyn_search else None  # 0 is refused, not the default
+    prefix = (
+        (DEFAULT_SEARCH_PREFIX if search_prefix is None else search_prefix) if dyn_search else None
+    )  # 0 is refused, not the default
     if options is not None:
         check_protocol(split, adapt_on, prefix)
     model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
@@ -87,8 +121,14 @@ def _evaluate_dynamic(model, split, options, adapt_on, search_prefix, save_adapt
     if save_adapted is not None:
         check_adapted_path(save_adapted, model.checkpoint.path, force)
     corpus = model.corpus(data_dir)
-    report = model.evaluate(split, dynamic=options, data_dir=data_dir, adapt_on=adapt_on, search_prefix=search_prefix,
-                            progress=ProgressBars("bits/token" if corpus.unit in ("subword", "word") else "bpc"))
+    report = model.evaluate(
+        split,
+        dynamic=options,
+        data_dir=data_dir,
+        adapt_on=adapt_on,
+        search_prefix=search_prefix,
+        progress=ProgressBars("bits/token" if corpus.unit in ("subword", "word") else "bpc"),
+    )
     _print_dynamic(report, model.checkpoint.path, corpus)
     _print_fast_path(model)
     if save_adapted is not None:
@@ -106,10 +146,16 @@ def _print_dynamic(report, path, corpus):
     stdout.print(f"split           {corpus.name} {report.split} ({report.static.tokens:,} {corpus.unit} tokens scored)")
     stdout.print(f"dynamic         {settings}")
     if options.method == "rms":
-        stdout.print(f"statistics      {report.statistics_batches:,} training batches of {options.stat_batch_size}×{options.segment} "
-                     f"({report.statistics_seconds:.1f} s)")
+        stdout.print(
+            f"statistics      {report.statistics_batches:,} training batches of "
+            f"{options.stat_batch_size}×{options.segment} "
+            f"({report.statistics_seconds:.1f} s)"
+        )
     if report.adapt_on is not None:
-        stdout.print(f"adapted on      {report.adapt_on} first (#2; its dynamic bpc {report.adaptation.bpc:.4f}, {report.adaptation_seconds:.1f} s)")
+        stdout.print(
+            f"adapted on      {report.adapt_on} first (#2; its dynamic bpc {report.adaptation.bpc:.4f}, "
+            f"{report.adaptation_seconds:.1f} s)"
+        )
     if report.search is not None:
         search = report.search
         best = search.best
@@ -119,7 +165,11 @@ def _print_dynamic(report, path, corpus):
             cells = [f"{point.lr:g}"] + ([f"{point.decay:g}"] if options.method == "rms" else [])
             mark = " ←" if point is best else ""
             rows.append(cells + [("diverged" if math.isinf(point.bpc) else f"{point.bpc:.4f}") + mark])
-        print_table(f"search on the first {search.tokens - 1:,} valid predictions (static bpc {search.static_bpc:.4f})", columns, rows)
+        print_table(
+            f"search on the first {search.tokens - 1:,} valid predictions (static bpc {search.static_bpc:.4f})",
+            columns,
+            rows,
+        )
     rows = [
         [name, f"{score.bpc:.4f}", f"{score.perplexity:.4f}", f"{chars_per_second:,.0f}"]
         for name, score, chars_per_second in (

@@ -15,9 +15,12 @@ from charlm.cli.output import stdout
 from charlm.errors import CharlmError
 from charlm.inference.export_formats import FORMATS, check_available, description_path
 
-FORMAT_HELP = escape(f"One of: {', '.join(FORMATS)}. charlm: a slim checkpoint for charlm.load, eval, sample, score. torchscript or onnx (needs "
-                     "charlm[onnx]): the one-symbol step (tokens, state) -> (logits, new state) for use without "
-                     "charlm, checked against charlm's step, with OUTPUT.json describing it.")  # help is rich markup
+FORMAT_HELP = escape(
+    f"One of: {', '.join(FORMATS)}. charlm: a slim checkpoint for charlm.load, eval, sample, score. torchscript "
+    "or onnx (needs "
+    "charlm[onnx]): the one-symbol step (tokens, state) -> (logits, new state) for use without "
+    "charlm, checked against charlm's step, with OUTPUT.json describing it."
+)  # help is rich markup
 
 
 def export(
@@ -47,9 +50,13 @@ def export(
         return export_step(model, output, format)
     model.export(output)
     before, after = source.stat().st_size, output.stat().st_size
-    stdout.print(f"exported        {output} ({after:,} bytes; {source} is {before:,} bytes, {after / before:.0%} of it)")
-    stdout.print(f"model           {model.config.cell}, {model.config.layers}×{model.config.hidden_size}, "
-                 f"{model.parameters_count:,} parameters, vocabulary {len(model.vocabulary)}")
+    stdout.print(
+        f"exported        {output} ({after:,} bytes; {source} is {before:,} bytes, {after / before:.0%} of it)"
+    )
+    stdout.print(
+        f"model           {model.config.cell}, {model.config.layers}×{model.config.hidden_size}, "
+        f"{model.parameters_count:,} parameters, vocabulary {len(model.vocabulary)}"
+    )
 
 
 def export_step(model, output: Path, format: str) -> None:
@@ -60,10 +67,14 @@ def export_step(model, output: Path, format: str) -> None:
     differences = []
     atomic_write(output, lambda temporary: differences.append(write_step(model.network, temporary, format)))
     written = write_description(model, format, output)
-    stdout.print(f"exported        {output} ({format}, {output.stat().st_size:,} bytes): the step "
-                 f"(tokens, state) -> (logits, new state)")
-    stdout.print(f"checked         max difference from charlm's step {differences[0]:.2e} over {CHECK_STEPS} steps "
-                 f"carrying state (batch {CHECK_BATCH}; at most {TOLERANCE:g})")
+    stdout.print(
+        f"exported        {output} ({format}, {output.stat().st_size:,} bytes): the step "
+        f"(tokens, state) -> (logits, new state)"
+    )
+    stdout.print(
+        f"checked         max difference from charlm's step {differences[0]:.2e} over {CHECK_STEPS} steps "
+        f"carrying state (batch {CHECK_BATCH}; at most {TOLERANCE:g})"
+    )
     stdout.print(f"described in    {', '.join(str(path) for path in written)}")
 
 

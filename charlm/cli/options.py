@@ -40,12 +40,40 @@ def help_text(owner, name: str) -> str:
 PANELS = {
     "Model": ("cell", "hidden", "params", "layers", "embed_size", "dropout"),
     "Data": ("corpus", "text", "data_dir", "train_fraction", "batch_size", "bptt", "unknown"),
-    "Optimisation": ("optimizer", "lr", "weight_decay", "momentum", "nesterov", "accumulate", "clip", "seed", "precision"),
-    "Schedule and stopping": ("schedule", "lr_decay", "min_lr", "plateau_factor", "warmup_steps", "epochs", "patience",
-                              "max_minutes", "max_tokens"),
+    "Optimisation": (
+        "optimizer",
+        "lr",
+        "weight_decay",
+        "momentum",
+        "nesterov",
+        "accumulate",
+        "clip",
+        "seed",
+        "precision",
+    ),
+    "Schedule and stopping": (
+        "schedule",
+        "lr_decay",
+        "min_lr",
+        "plateau_factor",
+        "warmup_steps",
+        "epochs",
+        "patience",
+        "max_minutes",
+        "max_tokens",
+    ),
     "Evaluation": ("eval_batch_size", "eval_every", "eval_fraction", "test_every_epoch"),
-    "Saving and logging": ("run_dir", "init_from", "save_every", "keep_checkpoints", "log_every", "print_every", "tensorboard", "wandb",
-                           "wandb_project"),
+    "Saving and logging": (
+        "run_dir",
+        "init_from",
+        "save_every",
+        "keep_checkpoints",
+        "log_every",
+        "print_every",
+        "tensorboard",
+        "wandb",
+        "wandb_project",
+    ),
     "Hardware": ("device", "compile", "cuda_graph", "tf32", "dist_timeout"),
 }
 PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
@@ -58,8 +86,15 @@ def option_for(owner, name: str, *extra_flags: str, help: str | None = None):
         flags = [f"{flags[0]}/--no-{flags[0].removeprefix('--')}"]
     hint = _hints(owner)[name]
     metavar = f"<{typing.get_args(hint)[0].__name__}>" if typing.get_origin(hint) is list else None  # not <list[str]>
-    return typer.Option(None, *flags, help=help or help_text(owner, name), show_default=False,
-                        rich_help_panel=PANEL_OF.get(name), metavar=metavar, autocompletion=completion_for(owner, name))
+    return typer.Option(
+        None,
+        *flags,
+        help=help or help_text(owner, name),
+        show_default=False,
+        rich_help_panel=PANEL_OF.get(name),
+        metavar=metavar,
+        autocompletion=completion_for(owner, name),
+    )
 
 
 def option_type(owner, name: str):
@@ -80,8 +115,15 @@ def settings_options(owner, *, into: str = "given", exclude: tuple = ()):
         own = [p for p in inspect.signature(command).parameters.values() if p.name != into]
         own_hints = typing.get_type_hints(command)
         own = [p.replace(annotation=own_hints.get(p.name, p.annotation)) for p in own]
-        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option_for(owner, name),
-                                   annotation=option_type(owner, name)) for name in names]
+        added = [
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=option_for(owner, name),
+                annotation=option_type(owner, name),
+            )
+            for name in names
+        ]
 
         @functools.wraps(command)
         def wrapper(**values):

@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 # On a terminal rich takes its width; piped, COLUMNS if set, else 200 (wide enough for a full row).
-stdout = Console(highlight=False, markup=False, soft_wrap=True,
-                 width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200)
+stdout = Console(
+    highlight=False, markup=False, soft_wrap=True, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
+)
 
 
 def epochs_text(summary: dict) -> str:
@@ -19,8 +20,10 @@ def epochs_text(summary: dict) -> str:
     if not summary.get("partial_epoch"):
         if summary.get("stopped_by") == "patience":
             waited = summary["epochs"] - summary["best_epoch"]
-            return (f"{summary['epochs']}; stopped early: no better validation bpc for {waited} "
-                    f"epoch{'s' if waited != 1 else ''}")
+            return (
+                f"{summary['epochs']}; stopped early: no better validation bpc for {waited} "
+                f"epoch{'s' if waited != 1 else ''}"
+            )
         return str(summary["epochs"])
     return f"{summary['epochs']} complete; stopped inside epoch {summary['epochs'] + 1} when the time budget ran out"
 
@@ -55,8 +58,9 @@ def print_summary(summary: dict) -> None:
 ROOMY, NARROWEST = 24, 10
 
 
-def print_table(title: str | None, columns: list[str], rows: list[list[str]], *, drop_order: tuple = (),
-                wrap: tuple = ()) -> None:
+def print_table(
+    title: str | None, columns: list[str], rows: list[list[str]], *, drop_order: tuple = (), wrap: tuple = ()
+) -> None:
     """A table on stdout that fits the terminal's width (``stdout.width``: COLUMNS when piped) without
     breaking a figure. The rule, for every table charlm prints:
 

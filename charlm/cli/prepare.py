@@ -22,39 +22,80 @@ if TYPE_CHECKING:
 
 
 def prepare(
-    corpus: str = typer.Argument(..., help="Corpus to prepare: ptb, ptb-contiguous, ptb-word, ptb-subword, wp, shakespeare, "
-                                           "shakespeare-nanogpt, text8, enwik8, imdb-subword, pydoc, or `text` for "
-                                           "your own files (see `charlm corpora`).",
-                                 autocompletion=complete_recipes),
+    corpus: str = typer.Argument(
+        ...,
+        help="Corpus to prepare: ptb, ptb-contiguous, ptb-word, ptb-subword, wp, shakespeare, "
+        "shakespeare-nanogpt, text8, enwik8, imdb-subword, pydoc, or `text` for "
+        "your own files (see `charlm corpora`).",
+        autocompletion=complete_recipes,
+    ),
     paths: Optional[list[Path]] = typer.Argument(None, help="For `text`: UTF-8 files or directories, read in order."),
-    source: Optional[Path] = typer.Option(None, "--source", help="Prepare from a local copy instead of downloading: "
-                                          "the archive itself, or a directory or file holding its members."),
-    url: Optional[str] = typer.Option(None, "--url", help="Download from this address (a mirror) instead of the "
-                                      "canonical one."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", callback=directory_option, help="Data root for prepared corpora and the "
-                                            "download cache (default: $CHARLM_DATA, else ./data)."),
-    subword: Optional[str] = typer.Option(None, "--subword", help="Train a sentencepiece model on the training "
-                                          "split: bpe or unigram. A character corpus becomes <corpus>-<kind><N>."),
-    vocab_size: int = typer.Option(PrepareConfig.vocab_size, "--vocab-size", min=2, max=INT64_MAX, help=help_text(PrepareConfig, "vocab_size")),
+    source: Optional[Path] = typer.Option(
+        None,
+        "--source",
+        help="Prepare from a local copy instead of downloading: "
+        "the archive itself, or a directory or file holding its members.",
+    ),
+    url: Optional[str] = typer.Option(
+        None, "--url", help="Download from this address (a mirror) instead of the canonical one."
+    ),
+    data_dir: Optional[Path] = typer.Option(
+        None,
+        "--data-dir",
+        callback=directory_option,
+        help="Data root for prepared corpora and the download cache (default: $CHARLM_DATA, else ./data).",
+    ),
+    subword: Optional[str] = typer.Option(
+        None,
+        "--subword",
+        help="Train a sentencepiece model on the training "
+        "split: bpe or unigram. A character corpus becomes <corpus>-<kind><N>.",
+    ),
+    vocab_size: int = typer.Option(
+        PrepareConfig.vocab_size, "--vocab-size", min=2, max=INT64_MAX, help=help_text(PrepareConfig, "vocab_size")
+    ),
     name: Optional[str] = typer.Option(None, "--name", help="Name of the prepared corpus (required for `text`)."),
-    force: bool = typer.Option(False, "--force", help="Let --name be the name of a built-in corpus (see `charlm "
-                               "corpora`): what is prepared replaces it in the data root."),
-    split: Optional[str] = typer.Option(None, "--split", help="For `text`: train,valid,test fractions, contiguous "
-                                        "(default 0.9,0.05,0.05)."),
-    no_verify: bool = typer.Option(False, "--no-verify", help="Use files whose size or checksum differ from the "
-                                   "published ones (with a warning) instead of stopping."),
-    unknown: Optional[str] = typer.Option(None, "--unknown", help="Valid/test symbols absent from the training split (default: error; unk for pydoc): "
-                                "`error` stops, `unk` maps them to an <unk> entry."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars or progress messages (warnings "
-                               "and errors still go to stderr)."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Let --name be the name of a built-in corpus (see `charlm "
+        "corpora`): what is prepared replaces it in the data root.",
+    ),
+    split: Optional[str] = typer.Option(
+        None, "--split", help="For `text`: train,valid,test fractions, contiguous (default 0.9,0.05,0.05)."
+    ),
+    no_verify: bool = typer.Option(
+        False,
+        "--no-verify",
+        help="Use files whose size or checksum differ from the published ones (with a warning) instead of stopping.",
+    ),
+    unknown: Optional[str] = typer.Option(
+        None,
+        "--unknown",
+        help="Valid/test symbols absent from the training split (default: error; unk for pydoc): "
+        "`error` stops, `unk` maps them to an <unk> entry.",
+    ),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="No progress bars or progress messages (warnings and errors still go to stderr)."
+    ),
 ):
     """Download (or read from --source), verify, split and encode a corpus into the data root."""
     from charlm.corpora import prepare_corpus
 
     prepared = prepare_corpus(
-        corpus, data_dir=data_dir, source=source, url=url, verify=not no_verify, subword=subword,
-        vocab_size=vocab_size, paths=paths or None, output_name=name,
-        split=parse_fractions(split) if split is not None else None, unknown=unknown, progress=not quiet, force=force,
+        corpus,
+        data_dir=data_dir,
+        source=source,
+        url=url,
+        verify=not no_verify,
+        subword=subword,
+        vocab_size=vocab_size,
+        paths=paths or None,
+        output_name=name,
+        split=parse_fractions(split) if split is not None else None,
+        unknown=unknown,
+        progress=not quiet,
+        force=force,
     )
     typer.echo(summary(prepared))
 
@@ -70,8 +111,9 @@ def summary(corpus: PreparedCorpus) -> str:
 
 
 def corpora(
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", callback=directory_option, help="Data root to look in (default: "
-                                            "$CHARLM_DATA, else ./data)."),
+    data_dir: Optional[Path] = typer.Option(
+        None, "--data-dir", callback=directory_option, help="Data root to look in (default: $CHARLM_DATA, else ./data)."
+    ),
 ):
     """List the known corpora, and which are prepared with their split sizes and vocabulary.
 
@@ -88,8 +130,13 @@ def corpora(
             sizes = [f"{corpus.tokens(s):,}" for s in SPLITS]
             prepared = "yes" if corpus.verified else "yes, unverified"
             rows.append([entry.name, prepared, corpus.unit, f"{corpus.vocab_size:,}", *sizes, entry.description])
-    print_table(f"corpora in {data_root(data_dir)}/", ["corpus", "prepared", "unit", "vocab", *SPLITS, "description"], rows,
-                drop_order=("valid", "test", "vocab", "unit", "train"), wrap=("description",))
+    print_table(
+        f"corpora in {data_root(data_dir)}/",
+        ["corpus", "prepared", "unit", "vocab", *SPLITS, "description"],
+        rows,
+        drop_order=("valid", "test", "vocab", "unit", "train"),
+        wrap=("description",),
+    )
 
 
 def register(app):

@@ -11,12 +11,17 @@ from charlm.cli.output import print_table, stdout
 
 
 def report(
-    directories: List[Path] = typer.Argument(..., metavar="DIR", help="Run directories, or directories to search "
-                                             "for runs (recursively)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory to write the report to (default: DIR/report; "
-                                       "required with several directories)."),
-    reference: Optional[str] = typer.Option(None, "--reference", help="Cell whose full-data test loss the statistical-"
-                                            "efficiency table asks the others to match (default: gru)."),
+    directories: List[Path] = typer.Argument(
+        ..., metavar="DIR", help="Run directories, or directories to search for runs (recursively)."
+    ),
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="Directory to write the report to (default: DIR/report; required with several directories)."
+    ),
+    reference: Optional[str] = typer.Option(
+        None,
+        "--reference",
+        help="Cell whose full-data test loss the statistical-efficiency table asks the others to match (default: gru).",
+    ),
 ):
     """Write Markdown and CSV tables and PNG figures comparing runs: Table 1 (test loss at the best
     validation epoch per corpus and cell, per parameter budget), epochs to converge, learning curves,

@@ -21,22 +21,49 @@ from charlm.logs import get_logger
 DROP_ORDER = ("disk", "dynamic bpc", "best", "params", "tokens", "time", "fraction", "epochs", "size")
 
 COLUMNS = {  # sort key → field of Run.summary()
-    "run": "run", "corpus": "corpus", "cell": "cell", "params": "parameters", "epochs": "epochs",
-    "best-epoch": "best_epoch", "valid": "best_valid_bpc", "test": "test_bpc", "time": "train_seconds", "status": "status",
+    "run": "run",
+    "corpus": "corpus",
+    "cell": "cell",
+    "params": "parameters",
+    "epochs": "epochs",
+    "best-epoch": "best_epoch",
+    "valid": "best_valid_bpc",
+    "test": "test_bpc",
+    "time": "train_seconds",
+    "status": "status",
     "disk": "disk_bytes",
 }
 SortColumn = enum.Enum("SortColumn", [(name, name) for name in COLUMNS], type=str)
 
 
 def runs(
-    directories: Optional[List[Path]] = typer.Argument(None, metavar="DIR", help="Directories to search for run directories (recursively), or run directories. (default: runs)"),
+    directories: Optional[List[Path]] = typer.Argument(
+        None,
+        metavar="DIR",
+        help="Directories to search for run directories (recursively), or run directories. (default: runs)",
+    ),
     sort: SortColumn = typer.Option("run", "--sort", help="Column to sort by."),
     reverse: bool = typer.Option(False, "--reverse", help="Sort in descending order."),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON list (with each run's provenance) instead of a table."),
-    plain: bool = typer.Option(False, "--plain", help="Print tab-separated values with a header line (every column), for scripts."),
-    prune: bool = typer.Option(False, "--prune", help="Instead of listing: free what the runs need neither to resume nor to use their best model (previous.pt when last.pt loads, the optimizer state of a best.pt written by an older charlm, epoch checkpoints beyond --keep, leftovers of cut-short writes); last.pt and best.pt stay, a run being trained is skipped."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print a JSON list (with each run's provenance) instead of a table."
+    ),
+    plain: bool = typer.Option(
+        False, "--plain", help="Print tab-separated values with a header line (every column), for scripts."
+    ),
+    prune: bool = typer.Option(
+        False,
+        "--prune",
+        help="Instead of listing: free what the runs need neither to resume nor to use their best model (previous.pt "
+        "when last.pt loads, the optimizer state of a best.pt written by an older charlm, epoch checkpoints "
+        "beyond --keep, leftovers of cut-short writes); last.pt and best.pt stay, a run being trained is skipped.",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="With --prune: print what would be freed, remove nothing."),
-    keep: Optional[int] = typer.Option(None, "--keep", max=INT64_MAX, help="With --prune: epoch checkpoints to keep in each run. (default: the run's --keep-checkpoints)"),
+    keep: Optional[int] = typer.Option(
+        None,
+        "--keep",
+        max=INT64_MAX,
+        help="With --prune: epoch checkpoints to keep in each run. (default: the run's --keep-checkpoints)",
+    ),
 ):
     """List runs: corpus, cell, size, epochs, best validation and test bpc, dynamic figures, time, disk, status."""
     from charlm.runs.directory import find_runs
@@ -44,7 +71,9 @@ def runs(
     if not prune and (dry_run or keep is not None):
         raise CharlmError(f"{'--dry-run' if dry_run else '--keep'} goes with --prune")
     if prune and (as_json or plain):
-        raise CharlmError(f"{'--json' if as_json else '--plain'} lists runs; --prune prints what it frees: give one, not both")
+        raise CharlmError(
+            f"{'--json' if as_json else '--plain'} lists runs; --prune prints what it frees: give one, not both"
+        )
     if keep is not None and keep < 0:
         raise CharlmError(f"--keep must be zero or positive, not {keep}")
     directories = directories or [Path("runs")]
@@ -61,7 +90,9 @@ def runs(
     rows = [run.summary() for run in found]
     key = COLUMNS[sort.value]
     rows.sort(key=lambda row: _sort_key(row.get(key)), reverse=reverse)
-    rows = [row for row in rows if row.get(key) is not None] + [row for row in rows if row.get(key) is None]  # blanks last
+    rows = [row for row in rows if row.get(key) is not None] + [
+        row for row in rows if row.get(key) is None
+    ]  # blanks last
     for row in rows:  # listed (status damaged) with the others; why, on stderr (and in --json's "damage")
         if row.get("damage"):
             get_logger().warning(f"warning: {row['run']} is damaged, its figures are not shown: {row['damage']}")
@@ -78,18 +109,53 @@ def runs(
         if row.get("task_accuracy") is not None:  # a `charlm task` run
             dynamic = f"accuracy {row['task_accuracy']:.2%} after {row['task_samples']:,} samples"
         fraction = row.get("train_fraction")
-        table.append([row["run"], row["corpus"] or "-", row["cell"] or "-", size, _number(row["parameters"]),
-                      "-" if fraction is None else f"{fraction:g}", _number(row.get("tokens_seen")),
-                      str(row["epochs"]), _number(row["best_epoch"]), _bpc(row["best_valid_bpc"]), _bpc(row["test_bpc"]),
-                      dynamic or "-", _duration(row["train_seconds"]), human_bytes(row["disk_bytes"]), row["status"]])
-    columns = ["run", "corpus", "cell", "size", "params", "fraction", "tokens", "epochs", "best", "valid bpc", "test bpc",
-               "dynamic bpc", "time", "disk", "status"]
+        table.append(
+            [
+                row["run"],
+                row["corpus"] or "-",
+                row["cell"] or "-",
+                size,
+                _number(row["parameters"]),
+                "-" if fraction is None else f"{fraction:g}",
+                _number(row.get("tokens_seen")),
+                str(row["epochs"]),
+                _number(row["best_epoch"]),
+                _bpc(row["best_valid_bpc"]),
+                _bpc(row["test_bpc"]),
+                dynamic or "-",
+                _duration(row["train_seconds"]),
+                human_bytes(row["disk_bytes"]),
+                row["status"],
+            ]
+        )
+    columns = [
+        "run",
+        "corpus",
+        "cell",
+        "size",
+        "params",
+        "fraction",
+        "tokens",
+        "epochs",
+        "best",
+        "valid bpc",
+        "test bpc",
+        "dynamic bpc",
+        "time",
+        "disk",
+        "status",
+    ]
     if plain:
         print_plain(columns, table)
         return
     shown = {"best-epoch": "best", "valid": "valid bpc", "test": "test bpc"}.get(sort.value, sort.value)  # its column
-    print_table(f"{len(rows)} run(s) in {directory}", columns, table,
-                drop_order=tuple(name for name in DROP_ORDER if name != shown), wrap=("run", "dynamic bpc"))
+    print_table(
+        f"{len(rows)} run(s) in {directory}",
+        columns,
+        table,
+        drop_order=tuple(name for name in DROP_ORDER if name != shown),
+        wrap=("run", "dynamic bpc"),
+    )
 
 
 def _prune(found, keep: int | None, dry_run: bool) -> None:
@@ -105,16 +171,22 @@ def _prune(found, keep: int | None, dry_run: bool) -> None:
             continue
         for item in result.freed:
             if item.after:
-                stdout.print(f"{'would rewrite' if dry_run else 'rewrote'} {item.path} without {item.why}: "
-                             f"{human_bytes(item.before)} → {human_bytes(item.after)}")
+                stdout.print(
+                    f"{'would rewrite' if dry_run else 'rewrote'} {item.path} without {item.why}: "
+                    f"{human_bytes(item.before)} → {human_bytes(item.after)}"
+                )
             else:
-                stdout.print(f"{'would remove' if dry_run else 'removed'} {item.path} ({human_bytes(item.bytes)}; {item.why})")
+                stdout.print(
+                    f"{'would remove' if dry_run else 'removed'} {item.path} ({human_bytes(item.bytes)}; {item.why})"
+                )
         for note in result.kept:
             stdout.print(f"{result.run}: {note}")
         total += result.bytes
         touched += bool(result.freed)
-    stdout.print(f"{'would free' if dry_run else 'freed'} {human_bytes(total)} ({total:,} bytes) in {touched} of "
-                 f"{len(found)} run(s)" + (f"; {skipped} skipped: being trained" if skipped else ""))
+    stdout.print(
+        f"{'would free' if dry_run else 'freed'} {human_bytes(total)} ({total:,} bytes) in {touched} of "
+        f"{len(found)} run(s)" + (f"; {skipped} skipped: being trained" if skipped else "")
+    )
 
 
 def human_bytes(size: int) -> str:

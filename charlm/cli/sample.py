@@ -21,11 +21,16 @@ from charlm.logs import get_logger
 def sample(
     checkpoint: Path = CHECKPOINT,
     prime: Optional[str] = typer.Option(None, "--prime", help="Text to start from (default: a line break)."),
-    prime_file: Optional[Path] = typer.Option(None, "--prime-file", help="Read the prime text from this UTF-8 file "
-                                              "(-: from standard input)."),
-    logprob: bool = typer.Option(False, "--logprob", help="Print on stderr, per sample, the log probability of the "
-                                 "generated text given the prime (natural log and bits; under the model itself, "
-                                 "whatever the temperature or filters) and its bits per symbol."),
+    prime_file: Optional[Path] = typer.Option(
+        None, "--prime-file", help="Read the prime text from this UTF-8 file (-: from standard input)."
+    ),
+    logprob: bool = typer.Option(
+        False,
+        "--logprob",
+        help="Print on stderr, per sample, the log probability of the "
+        "generated text given the prime (natural log and bits; under the model itself, "
+        "whatever the temperature or filters) and its bits per symbol.",
+    ),
     device: str = DEVICE,
     cell: Optional[str] = CELL,
     trust_code: bool = TRUST_CODE,
@@ -43,8 +48,12 @@ def sample(
     validate(config)
     check_beam_settings(config)
     if config.seed is not None and config.seed + config.num_samples - 1 > INT64_MAX:  # sample i uses seed + i
-        raise ConfigError(SampleConfig, "seed", f"must be at most {INT64_MAX - config.num_samples + 1} for "
-                                                f"{config.num_samples} samples (sample i uses seed + i), not {config.seed}")
+        raise ConfigError(
+            SampleConfig,
+            "seed",
+            f"must be at most {INT64_MAX - config.num_samples + 1} for "
+            f"{config.num_samples} samples (sample i uses seed + i), not {config.seed}",
+        )
     model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
     base_seed = config.seed
     if base_seed is None and not config.beam:  # draw one, and say it, so that the text can be drawn again
@@ -55,8 +64,17 @@ def sample(
     for index in range(config.num_samples):
         seed = None if base_seed is None else base_seed + index
         # stream() checks the settings and the prime: nothing is written before they pass
-        pieces = model.stream(prime, config.length, config.temperature, config.top_k, config.top_p, seed,
-                              stop=config.stop, beam=config.beam, length_penalty=config.length_penalty)
+        pieces = model.stream(
+            prime,
+            config.length,
+            config.temperature,
+            config.top_k,
+            config.top_p,
+            seed,
+            stop=config.stop,
+            beam=config.beam,
+            length_penalty=config.length_penalty,
+        )
         if index:
             _write("\n")  # a blank line between samples
         _write(model.sample(prime, length=0) if prime is None else prime)
@@ -69,8 +87,10 @@ def sample(
 
 def _report_log_prob(generation, which: str) -> None:
     """One line on stderr, after the sample's last line."""
-    sys.stderr.write(f"{which}log probability {generation.log_prob:.4f} nats = {generation.log2_prob:.4f} bits "
-                     f"over {len(generation.ids)} symbols ({generation.bits_per_symbol:.4f} bits per symbol)\n")
+    sys.stderr.write(
+        f"{which}log probability {generation.log_prob:.4f} nats = {generation.log2_prob:.4f} bits "
+        f"over {len(generation.ids)} symbols ({generation.bits_per_symbol:.4f} bits per symbol)\n"
+    )
     sys.stderr.flush()
 
 

@@ -23,8 +23,16 @@ from charlm.errors import CharlmError
 def score(
     checkpoint: Path = CHECKPOINT,
     text_file: str = typer.Argument(..., metavar="FILE|-", help="UTF-8 text to score, or - for standard input."),
-    per_char: Optional[Path] = typer.Option(None, "--per-char", help="Write each predicted symbol's log-probability to this TSV file (- for stdout)."),
-    dynamic: Optional[str] = typer.Option(None, "--dynamic", callback=dynamic_option, help="Also score dynamically (sgd or rms, as in `charlm eval`); rms reads gradient statistics from the model's training split."),
+    per_char: Optional[Path] = typer.Option(
+        None, "--per-char", help="Write each predicted symbol's log-probability to this TSV file (- for stdout)."
+    ),
+    dynamic: Optional[str] = typer.Option(
+        None,
+        "--dynamic",
+        callback=dynamic_option,
+        help="Also score dynamically (sgd or rms, as in `charlm eval`); rms reads gradient statistics from the "
+        "model's training split.",
+    ),
     data_dir: Optional[Path] = DATA_DIR,
     device: str = DEVICE,
     cell: Optional[str] = CELL,
@@ -45,12 +53,24 @@ def score(
     text = _read(text_file)
     model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
     bars = ProgressBars("bits/token" if model.unit in ("subword", "word") else "bpc")
-    static = model.score(text, per_char=per_char is not None and dynamic is None, unknown=config.unknown,
-                         batch_size=config.batch_size, progress=bars)
+    static = model.score(
+        text,
+        per_char=per_char is not None and dynamic is None,
+        unknown=config.unknown,
+        batch_size=config.batch_size,
+        progress=bars,
+    )
     adapted = None
     if dynamic_options is not None:
-        adapted = model.score(text, per_char=per_char is not None, unknown=config.unknown, dynamic=dynamic_options,
-                              batch_size=config.batch_size, data_dir=data_dir, progress=bars)
+        adapted = model.score(
+            text,
+            per_char=per_char is not None,
+            unknown=config.unknown,
+            dynamic=dynamic_options,
+            batch_size=config.batch_size,
+            data_dir=data_dir,
+            progress=bars,
+        )
     unit = {"byte": "bits per byte"}.get(model.unit, "bits per character")
     source = "standard input" if text_file == "-" else text_file
     stdout.print(f"checkpoint      {model.checkpoint.path}")
@@ -62,9 +82,14 @@ def score(
     if model.last_fast_path is not None:
         stdout.print(f"fast path       {model.last_fast_path.summary()}")
     if adapted is not None:
-        print_table(None, ["mode", "bpc", f"perplexity (per {model.unit})"],
-                    [["static", f"{static.bpc:.4f}", f"{static.perplexity:.4f}"],
-                     [f"dynamic {dynamic} (η={dynamic_options.lr:g})", f"{adapted.bpc:.4f}", f"{adapted.perplexity:.4f}"]])
+        print_table(
+            None,
+            ["mode", "bpc", f"perplexity (per {model.unit})"],
+            [
+                ["static", f"{static.bpc:.4f}", f"{static.perplexity:.4f}"],
+                [f"dynamic {dynamic} (η={dynamic_options.lr:g})", f"{adapted.bpc:.4f}", f"{adapted.perplexity:.4f}"],
+            ],
+        )
     if per_char is not None:
         _write_per_char(per_char, adapted or static)
 

@@ -22,9 +22,13 @@ INSTALL = "charlm serve needs FastAPI and uvicorn: python3 -m pip install -e '.[
 
 @settings_options(ServeConfig)
 def serve(
-    checkpoints: List[Path] = typer.Argument(..., metavar="RUN_OR_CHECKPOINT", help="Run directories (their "
-                                             "best.pt), checkpoint files or exported models; requests pick one by "
-                                             "name (GET /v1/models lists them)."),
+    checkpoints: List[Path] = typer.Argument(
+        ...,
+        metavar="RUN_OR_CHECKPOINT",
+        help="Run directories (their "
+        "best.pt), checkpoint files or exported models; requests pick one by "
+        "name (GET /v1/models lists them).",
+    ),
     device: str = DEVICE,
     cell: Optional[str] = CELL,
     trust_code: bool = TRUST_CODE,
@@ -48,15 +52,19 @@ def serve(
     models = named(checkpoints, lambda reference: load_model(reference, device, cell, trust_code, no_cuda_graph))
     log = get_logger()
     if config.host not in LOOPBACK:
-        log.warning(f"warning: listening on {config.host}: anyone who can reach this machine can use the models"
-                    + ("" if api_key else " (--api-key or CHARLM_API_KEY asks for a token)"))
+        log.warning(
+            f"warning: listening on {config.host}: anyone who can reach this machine can use the models"
+            + ("" if api_key else " (--api-key or CHARLM_API_KEY asks for a token)")
+        )
     host, port = listening.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    log.info(f"serving {', '.join(models)} on http://{shown}:{port}/ (API under /v1, documented at /docs; "
-             "Ctrl-C stops)")
+    log.info(
+        f"serving {', '.join(models)} on http://{shown}:{port}/ (API under /v1, documented at /docs; Ctrl-C stops)"
+    )
     sys.stderr.flush()
-    server = uvicorn.Server(uvicorn.Config(create_app(models, config, api_key), log_level="warning", access_log=False,
-                                           lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(models, config, api_key), log_level="warning", access_log=False, lifespan="off")
+    )
     server.run(sockets=[listening])
 
 

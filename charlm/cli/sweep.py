@@ -15,34 +15,65 @@ from charlm.logs import get_logger
 
 
 def sweep(
-    plan: Optional[str] = typer.Argument(None, help="A plan: a .toml file, or the name of one shipped with charlm (see --list)."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="A profile of the plan, such as small (default: the plan as written: a shipped plan's paper settings, in sweeps/PLAN-paper; a plan of your own in sweeps/PLAN)."),
-    directory: Optional[Path] = typer.Option(None, "--dir", callback=directory_option, help="The sweep directory (default: sweeps/PLAN-PROFILE; sweeps/PLAN for a plan of your own run as written)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="List the runs (settings, hidden size, parameters, state) without training."),
-    only: Optional[List[str]] = typer.Option(None, "--only", help="Only the runs with KEY=VALUE (repeatable), e.g. --only cell=lru."),
-    shard: Optional[str] = typer.Option(None, "--shard", help="Run the I-th of N disjoint shares, written I/N with I from 0 (e.g. 0/4; in a Slurm array "
-                                                             "of 4 tasks: $SLURM_ARRAY_TASK_ID/4)."),
+    plan: Optional[str] = typer.Argument(
+        None, help="A plan: a .toml file, or the name of one shipped with charlm (see --list)."
+    ),
+    profile: Optional[str] = typer.Option(
+        None,
+        "--profile",
+        help="A profile of the plan, such as small (default: the plan as written: a shipped plan's paper settings, in "
+        "sweeps/PLAN-paper; a plan of your own in sweeps/PLAN).",
+    ),
+    directory: Optional[Path] = typer.Option(
+        None,
+        "--dir",
+        callback=directory_option,
+        help="The sweep directory (default: sweeps/PLAN-PROFILE; sweeps/PLAN for a plan of your own run as written).",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="List the runs (settings, hidden size, parameters, state) without training."
+    ),
+    only: Optional[List[str]] = typer.Option(
+        None, "--only", help="Only the runs with KEY=VALUE (repeatable), e.g. --only cell=lru."
+    ),
+    shard: Optional[str] = typer.Option(
+        None,
+        "--shard",
+        help="Run the I-th of N disjoint shares, written I/N with I from 0 (e.g. 0/4; in a Slurm array "
+        "of 4 tasks: $SLURM_ARRAY_TASK_ID/4).",
+    ),
     list_plans: bool = typer.Option(False, "--list", help="List the plans shipped with charlm and exit."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", callback=directory_option, help="Root of prepared corpora (default: $CHARLM_DATA, else ./data)."),
+    data_dir: Optional[Path] = typer.Option(
+        None,
+        "--data-dir",
+        callback=directory_option,
+        help="Root of prepared corpora (default: $CHARLM_DATA, else ./data).",
+    ),
     trust_code: bool = typer.Option(False, "--trust-code", help="Allow the plan's module:Class cells to be imported."),
 ):
     """Run every point of a plan as its own run directory; re-running skips finished runs and resumes interrupted ones.
 
     Exit code 0 when every point finished (or diverged, or another process is training it); 1 when a point could not run, its evaluation failed or its run directory is damaged (the last line names them; the reasons are in DIR/sweep.log); 2 for a bad plan or option, found before anything trains.
-    """
+    """  # noqa: E501  the help shows the docstring's line breaks
     from charlm.experiments.plan import load_plan, shipped_plans
     from charlm.experiments.selection import parse_shard, select
     from charlm.experiments.sweep import Sweep
 
     if list_plans:
-        print_table(None, ["plan", "description"], [[name, text] for name, text in shipped_plans().items()],
-                    wrap=("description",))
+        print_table(
+            None,
+            ["plan", "description"],
+            [[name, text] for name, text in shipped_plans().items()],
+            wrap=("description",),
+        )
         return
     if plan is None:
         raise CharlmError("give a plan (a .toml file or a shipped plan's name; charlm sweep --list shows them)")
     if "RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1":  # started by torchrun
-        raise CharlmError("charlm sweep runs its points in one process: train a point across processes with "
-                          "`torchrun ... -m charlm train` into the sweep's directory (see docs/multi-gpu.md)")
+        raise CharlmError(
+            "charlm sweep runs its points in one process: train a point across processes with "
+            "`torchrun ... -m charlm train` into the sweep's directory (see docs/multi-gpu.md)"
+        )
     loaded = load_plan(plan, profile)
     target = directory or Path("sweeps") / loaded.label
     runner = Sweep(loaded, target, data_dir=data_dir, trust_code=trust_code)
@@ -50,15 +81,32 @@ def sweep(
     if dry_run:
         runner.check(points)  # the values a prepared corpus judges, as the real run does before it writes
         rows = [runner.describe(point) for point in points]
-        paper = loaded.paper_parameters if loaded.profile == "paper" else {}  # the column only where a paper gives counts
+        paper = (
+            loaded.paper_parameters if loaded.profile == "paper" else {}
+        )  # the column only where a paper gives counts
         profile = "" if loaded.profile is None else f" ({loaded.profile})"
-        print_table(f"{len(rows)} run(s) of {loaded.name}{profile} in {target}",
-                    ["run", "corpus", "cell", "layers", "budget", "hidden", "parameters"] + (["paper's count"] if paper else [])
-                    + ["state"],
-                    [[row["run"], row["corpus"], row["cell"], str(row["layers"]), row["params"] or "-",
-                      _or_unknown(row["hidden"]), _or_unknown(row["parameters"], "{:,}")]
-                     + ([_paper_count(paper, row)] if paper else []) + [row["state"]] for row in rows],
-                    drop_order=("layers", "budget", "paper's count", "hidden"), wrap=("run",))  # the point's name is in run
+        print_table(
+            f"{len(rows)} run(s) of {loaded.name}{profile} in {target}",
+            ["run", "corpus", "cell", "layers", "budget", "hidden", "parameters"]
+            + (["paper's count"] if paper else [])
+            + ["state"],
+            [
+                [
+                    row["run"],
+                    row["corpus"],
+                    row["cell"],
+                    str(row["layers"]),
+                    row["params"] or "-",
+                    _or_unknown(row["hidden"]),
+                    _or_unknown(row["parameters"], "{:,}"),
+                ]
+                + ([_paper_count(paper, row)] if paper else [])
+                + [row["state"]]
+                for row in rows
+            ],
+            drop_order=("layers", "budget", "paper's count", "hidden"),
+            wrap=("run",),
+        )  # the point's name is in run
         if any(row["vocabulary_assumed"] for row in rows):
             stdout.print("(sizes of corpora not prepared yet use their documented vocabulary sizes)")
         for warning in runner.warnings(points):
@@ -68,8 +116,11 @@ def sweep(
     counts = {}
     for outcome in outcomes:
         counts[outcome.status] = counts.get(outcome.status, 0) + 1
-    stdout.print(f"sweep {target}: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
-                 + f"; report with `charlm report {target}`")
+    stdout.print(
+        f"sweep {target}: "
+        + ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
+        + f"; report with `charlm report {target}`"
+    )
     unfinished = [outcome for outcome in outcomes if outcome.status in ("failed", "damaged")]
     if unfinished:
         raise SweepIncomplete(unfinished, len(outcomes), runner)
@@ -85,8 +136,10 @@ class SweepIncomplete(CharlmError):
     def __init__(self, unfinished: list, total: int, runner):
         named = ", ".join(f"{outcome.point} ({outcome.detail})" for outcome in unfinished[: self.SHOWN])
         more = f" and {len(unfinished) - self.SHOWN} more" if len(unfinished) > self.SHOWN else ""
-        super().__init__(f"{len(unfinished)} of {total} runs did not finish: {named}{more}; why: {runner.log_file} "
-                         f"(and each run's train.log); fix them and run the same command again to go on")
+        super().__init__(
+            f"{len(unfinished)} of {total} runs did not finish: {named}{more}; why: {runner.log_file} "
+            f"(and each run's train.log); fix them and run the same command again to go on"
+        )
 
 
 def _paper_count(paper: dict, row: dict) -> str:

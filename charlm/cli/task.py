@@ -21,7 +21,9 @@ def _help(name: str) -> str:
 
 def task(
     name: Optional[str] = typer.Argument(None, help="memorization, addition or parity (not with --resume)."),
-    cell: str = typer.Option("grid-lstm", "--cell", help=_help("cell"), show_default=False, autocompletion=complete_cells),
+    cell: str = typer.Option(
+        "grid-lstm", "--cell", help=_help("cell"), show_default=False, autocompletion=complete_cells
+    ),
     layers: int = typer.Option(1, "--layers", help=_help("layers"), show_default=False),
     tied: Optional[bool] = typer.Option(None, "--tied/--untied", help=_help("tied")),
     cell_opt: Optional[List[str]] = typer.Option(None, "--cell-opt", help="Cell option key=value (repeatable)."),
@@ -40,7 +42,9 @@ def task(
     seed: int = typer.Option(1, "--seed", help=_help("seed"), show_default=False),
     device: str = typer.Option("auto", "--device", help=_help("device"), show_default=False),
     wavefront: bool = typer.Option(True, "--wavefront/--no-wavefront", help=_help("wavefront"), show_default=False),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help=escape("Where the run goes (default: runs/TASK-CELL-LAYERSx-TIME).")),
+    run_dir: Optional[Path] = typer.Option(
+        None, "--run-dir", help=escape("Where the run goes (default: runs/TASK-CELL-LAYERSx-TIME).")
+    ),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory."),
 ):
     """Train on memorization, addition or parity until 100% held-out accuracy or --max-samples; prints the
@@ -58,18 +62,43 @@ def task(
     else:
         if name is None:
             raise CharlmError("name a task: memorization, addition or parity (or --resume RUN)")
-        config = TaskConfig(task=name, cell=cell, layers=layers, tied=tied, cell_options=parse_key_values(cell_opt or []),
-                            length=length, symbols=symbols, digits=digits, bits=bits, hidden_size=hidden_size,
-                            batch_size=batch_size, optimizer=optimizer, lr=lr, clip=clip, max_samples=max_samples,
-                            eval_every=eval_every, eval_samples=eval_samples, seed=seed, device=device,
-                            wavefront=wavefront)
+        config = TaskConfig(
+            task=name,
+            cell=cell,
+            layers=layers,
+            tied=tied,
+            cell_options=parse_key_values(cell_opt or []),
+            length=length,
+            symbols=symbols,
+            digits=digits,
+            bits=bits,
+            hidden_size=hidden_size,
+            batch_size=batch_size,
+            optimizer=optimizer,
+            lr=lr,
+            clip=clip,
+            max_samples=max_samples,
+            eval_every=eval_every,
+            eval_samples=eval_samples,
+            seed=seed,
+            device=device,
+            wavefront=wavefront,
+        )
         target = run_dir or Path("runs") / f"{name}-{cell}-{layers}x-{time.strftime('%Y%m%d-%H%M%S')}"
         end = train_task(config, run_dir=target)
-    reached = ", ".join(f">{float(key):.0%} at {value:,}" if float(key) < 1 else f"100% at {value:,}"
-                        for key, value in end["reached"].items()) or "no threshold"
+    reached = (
+        ", ".join(
+            f">{float(key):.0%} at {value:,}" if float(key) < 1 else f"100% at {value:,}"
+            for key, value in end["reached"].items()
+        )
+        or "no threshold"
+    )
     why = STOPPED_BY.get(end["stopped_by"], f"stopped ({end['stopped_by']})")
-    stdout.print(f"{end['run_dir']}: {why} after {end['samples']:,} samples; held-out accuracy "
-                 f"{end['accuracy']:.2%} (sequences {end['sequence_accuracy']:.2%}); {reached}", highlight=False)
+    stdout.print(
+        f"{end['run_dir']}: {why} after {end['samples']:,} samples; held-out accuracy "
+        f"{end['accuracy']:.2%} (sequences {end['sequence_accuracy']:.2%}); {reached}",
+        highlight=False,
+    )
 
 
 STOPPED_BY = {"solved": "solved", "samples": "stopped at --max-samples"}  # why a run ended, in the last line

@@ -15,10 +15,22 @@ from charlm.errors import CharlmError
 
 @settings_options(TrainConfig)
 def train(
-    cell_opt: Optional[List[str]] = typer.Option(None, "--cell-opt", help="Cell option key=value (repeatable), e.g. --cell-opt peephole=diagonal."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory from its last checkpoint."),
-    config: Optional[Path] = typer.Option(None, "--config", help="JSON file of settings (keys as the options, e.g. \"cell_options\"); options given here win."),
-    trust_code: bool = typer.Option(False, "--trust-code", help="Allow a --config file or a resumed checkpoint to import the module of its module:Class cell."),
+    cell_opt: Optional[List[str]] = typer.Option(
+        None, "--cell-opt", help="Cell option key=value (repeatable), e.g. --cell-opt peephole=diagonal."
+    ),
+    resume: Optional[Path] = typer.Option(
+        None, "--resume", help="Continue the run in this directory from its last checkpoint."
+    ),
+    config: Optional[Path] = typer.Option(
+        None,
+        "--config",
+        help='JSON file of settings (keys as the options, e.g. "cell_options"); options given here win.',
+    ),
+    trust_code: bool = typer.Option(
+        False,
+        "--trust-code",
+        help="Allow a --config file or a resumed checkpoint to import the module of its module:Class cell.",
+    ),
     given: dict = None,
 ):
     """Train a recurrent language model with truncated BPTT; keeps best.pt and last.pt."""
@@ -35,17 +47,24 @@ def train(
         fixed = fixed_settings(given)
         if fixed or cell_opt or config:
             flag = "--" + fixed[0].replace("_", "-") if fixed else ("--cell-opt" if cell_opt else "--config")
-            raise CharlmError(f"{flag} cannot change a run being resumed (only {', '.join('--' + n.replace('_', '-') for n in RESUMABLE_SETTINGS)} can)")
+            raise CharlmError(
+                f"{flag} cannot change a run being resumed (only "
+                f"{', '.join('--' + n.replace('_', '-') for n in RESUMABLE_SETTINGS)} can)"
+            )
         trainer = Trainer.resume(resume, cells=[named_cell] if named_cell else [], trust_code=trust_code, **given)
     else:
         settings = read_config_file(config) if config else {}
         cell_from_file = settings.get("cell")
         if isinstance(cell_from_file, str) and ":" in cell_from_file and "cell" not in given and not trust_code:
-            raise CharlmError(f"config file {config} asks to import module {cell_from_file.partition(':')[0]!r} for its cell "
-                              f"{cell_from_file!r}; charlm never runs code named in a file: pass --cell {cell_from_file} "
-                              "or --trust-code")
+            raise CharlmError(
+                f"config file {config} asks to import module {cell_from_file.partition(':')[0]!r} for its cell "
+                f"{cell_from_file!r}; charlm never runs code named in a file: pass --cell {cell_from_file} "
+                "or --trust-code"
+            )
         settings.update({key: str(value) if isinstance(value, Path) else value for key, value in given.items()})
-        checked = TrainConfig.from_dict(settings)  # every value of its type before any is used (init_from, run_dir, cell_options)
+        checked = TrainConfig.from_dict(
+            settings
+        )  # every value of its type before any is used (init_from, run_dir, cell_options)
         settings = {name: getattr(checked, name) for name in settings}
         if cell_opt:
             settings["cell_options"] = {**settings.get("cell_options", {}), **parse_key_values(cell_opt)}

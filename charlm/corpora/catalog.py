@@ -44,8 +44,10 @@ def _how_to_prepare(name: str) -> str:
     subword = re.fullmatch(r"(.+)-(bpe|unigram)(\d+)", name)
     if subword and subword[1] in RECIPES and subword[1] != "text":
         return f"run `charlm prepare {subword[1]} --subword {subword[2]} --vocab-size {subword[3]}`"
-    return (f"it is not a built-in corpus either (those are {', '.join(n for n in RECIPES if n != 'text')}); "
-            f"prepare your own text with `charlm prepare text PATH... --name {name}`")
+    return (
+        f"it is not a built-in corpus either (those are {', '.join(n for n in RECIPES if n != 'text')}); "
+        f"prepare your own text with `charlm prepare text PATH... --name {name}`"
+    )
 
 
 @dataclass
@@ -74,6 +76,7 @@ def list_corpora(data_dir: str | Path | None = None) -> list[CorpusEntry]:
             entries.append(CorpusEntry(name, corpus.meta.get("description", ""), corpus.unit, corpus))
         else:
             entries.append(CorpusEntry(name, recipe.description, recipe.unit, corpus))
-    entries += [CorpusEntry(name, corpus.meta.get("description", ""), corpus.unit, corpus)
-                for name, corpus in prepared.items()]
+    entries += [
+        CorpusEntry(name, corpus.meta.get("description", ""), corpus.unit, corpus) for name, corpus in prepared.items()
+    ]
     return entries

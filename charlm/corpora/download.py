@@ -50,11 +50,14 @@ class DownloadPolicy:
     @classmethod
     def from_environment(cls, environ=os.environ) -> "DownloadPolicy":
         """Defaults, overridden by CHARLM_DOWNLOAD_ATTEMPTS (1 to 100), CHARLM_DOWNLOAD_BACKOFF (seconds, 0 to
-        an hour) and CHARLM_DOWNLOAD_TIMEOUT (seconds, above 0 up to a day); anything else is one line naming the variable."""
+        an hour) and CHARLM_DOWNLOAD_TIMEOUT (seconds, above 0 up to a day); anything else is one line naming the
+        variable."""
         default = cls()
-        return cls(attempts=int(_bounded(environ, "CHARLM_DOWNLOAD_ATTEMPTS", default.attempts, int, 1, MAX_ATTEMPTS)),
-                   backoff=_bounded(environ, "CHARLM_DOWNLOAD_BACKOFF", default.backoff, float, 0, MAX_WAIT),
-                   timeout=_bounded(environ, "CHARLM_DOWNLOAD_TIMEOUT", default.timeout, float, 0, MAX_TIMEOUT, low_open=True))
+        return cls(
+            attempts=int(_bounded(environ, "CHARLM_DOWNLOAD_ATTEMPTS", default.attempts, int, 1, MAX_ATTEMPTS)),
+            backoff=_bounded(environ, "CHARLM_DOWNLOAD_BACKOFF", default.backoff, float, 0, MAX_WAIT),
+            timeout=_bounded(environ, "CHARLM_DOWNLOAD_TIMEOUT", default.timeout, float, 0, MAX_TIMEOUT, low_open=True),
+        )
 
 
 MAX_ATTEMPTS = 100
@@ -63,7 +66,8 @@ MAX_TIMEOUT = 86400.0  # seconds: socket timeouts beyond a day overflow on some 
 
 
 def _bounded(environ, name: str, default, kind: type, low, high, low_open: bool = False):
-    """The environment variable ``name`` as a ``kind`` (int: a whole number) from ``low`` to ``high``, or ``default``."""
+    """The environment variable ``name`` as a ``kind`` (int: a whole number) from ``low`` to ``high``, or
+    ``default``."""
     text = environ.get(name)
     if text is None:
         return default
@@ -129,13 +133,23 @@ def check_download_url(url: str) -> str:
     except ValueError:
         parts = None
     if parts is None or parts.scheme.lower() not in DOWNLOAD_SCHEMES or not parts.hostname:
-        raise CharlmError(f"cannot download from {url!r}: only http:// and https:// addresses are accepted; "
-                          "for a file on this machine use --source PATH")
+        raise CharlmError(
+            f"cannot download from {url!r}: only http:// and https:// addresses are accepted; "
+            "for a file on this machine use --source PATH"
+        )
     return url
 
 
-def fetch(remote: RemoteFile, cache_dir: Path, *, url: str | None = None, verify: bool = True,
-          policy: DownloadPolicy | None = None, progress: bool = True, log=None) -> Path:
+def fetch(
+    remote: RemoteFile,
+    cache_dir: Path,
+    *,
+    url: str | None = None,
+    verify: bool = True,
+    policy: DownloadPolicy | None = None,
+    progress: bool = True,
+    log=None,
+) -> Path:
     """The verified local copy of ``remote`` in ``cache_dir``, downloading (from ``url`` if given) when absent."""
     log = log or log_info
     policy = policy or DownloadPolicy.from_environment()
@@ -212,10 +226,20 @@ def _transfer(url: str, part: Path, timeout: float, progress: bool) -> None:
         target = part.with_name(part.name.removesuffix(".part"))  # the file meant, in a failed write's line
         with writing(target, partial=part):
             file = open(part, "ab" if resumed else "wb")
-        with file, tqdm(
-            total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
-            desc=part.name.removesuffix(".part"), disable=not progress, file=sys.stderr, leave=False,
-        ) as bar:
+        with (
+            file,
+            tqdm(
+                total=total,
+                initial=offset,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc=part.name.removesuffix(".part"),
+                disable=not progress,
+                file=sys.stderr,
+                leave=False,
+            ) as bar,
+        ):
             while block := response.read(BLOCK):
                 with writing(target, partial=part):  # the disk, not the network: no retry
                     file.write(block)

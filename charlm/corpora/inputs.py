@@ -75,8 +75,10 @@ class RemoteInputs:
         if not problems:
             return
         if request.verify:
-            raise CharlmError(f"--source {source} differs from the published corpus: {'; '.join(problems)}. "
-                              "Pass --no-verify to use a modified local copy")
+            raise CharlmError(
+                f"--source {source} differs from the published corpus: {'; '.join(problems)}. "
+                "Pass --no-verify to use a modified local copy"
+            )
         request.log(f"warning: using a modified local copy {source}: {'; '.join(problems)}")
 
     def _gather_download(self, request: GatherRequest) -> Gathered:
@@ -84,10 +86,20 @@ class RemoteInputs:
             request.log(f"note: {self.file.filename}: {self.file.note}")
         downloads = request.data_root / "downloads"
         url = request.url or self.file.url
-        what = (f"the cached {self.file.filename}" if (downloads / self.file.filename).exists()
-                else f"{self.file.filename} downloaded from {url}")
-        archive = fetch(self.file, downloads, url=request.url, verify=request.verify,
-                        policy=request.policy, progress=request.progress, log=request.log)
+        what = (
+            f"the cached {self.file.filename}"
+            if (downloads / self.file.filename).exists()
+            else f"{self.file.filename} downloaded from {url}"
+        )
+        archive = fetch(
+            self.file,
+            downloads,
+            url=request.url,
+            verify=request.verify,
+            policy=request.policy,
+            progress=request.progress,
+            log=request.log,
+        )
         try:
             files = read_members(archive, self.members, self.limits)
             problems = self._member_mismatches(files)
@@ -147,8 +159,11 @@ def _visible_files(path: Path) -> list[Path]:
     regular_or_directory(path, "input")  # a FIFO or a device would be waited on for ever
     if path.is_file():
         return [path]
-    return [file for file in sorted(path.rglob("*"))
-            if file.is_file() and not any(part.startswith(".") for part in file.relative_to(path).parts)]
+    return [
+        file
+        for file in sorted(path.rglob("*"))
+        if file.is_file() and not any(part.startswith(".") for part in file.relative_to(path).parts)
+    ]
 
 
 @dataclass(frozen=True)

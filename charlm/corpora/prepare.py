@@ -21,8 +21,14 @@ from charlm.corpora.inputs import GatherRequest
 from charlm.corpora.recipes import RECIPES, Recipe
 from charlm.corpora.root import data_root
 from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS, check_fractions
-from charlm.corpora.store import (FORMAT_VERSION, PreparedCorpus, open_prepared, read_meta, remove_abandoned_staging,
-                                  write_prepared)
+from charlm.corpora.store import (
+    FORMAT_VERSION,
+    PreparedCorpus,
+    open_prepared,
+    read_meta,
+    remove_abandoned_staging,
+    write_prepared,
+)
 from charlm.corpora.store_reader import DamagedCorpus
 from charlm.corpora.subword import SUBWORD_KINDS, train_subword_tokenizer
 from charlm.corpora.tokenizer import UNK, ByteTokenizer, CharTokenizer, Tokenizer
@@ -47,14 +53,20 @@ class PrepareOptions:
     unknown: str
 
     @classmethod
-    def resolve(cls, recipe: Recipe, *, subword, vocab_size, split, unknown, output_name,
-                force: bool = False) -> "PrepareOptions":
+    def resolve(
+        cls, recipe: Recipe, *, subword, vocab_size, split, unknown, output_name, force: bool = False
+    ) -> "PrepareOptions":
         if unknown not in UNKNOWN_POLICIES:
             raise CharlmError(f"--unknown must be one of {', '.join(UNKNOWN_POLICIES)}, not {unknown!r}")
-        if split is not None and not recipe.user_split and tuple(map(float, split)) not in (recipe.fractions,
-                                                                                            DEFAULT_FRACTIONS):
-            raise CharlmError(f"{recipe.name} has a fixed split ({recipe.split_rule()}): --split applies to "
-                              "`charlm prepare text` only")
+        if (
+            split is not None
+            and not recipe.user_split
+            and tuple(map(float, split)) not in (recipe.fractions, DEFAULT_FRACTIONS)
+        ):
+            raise CharlmError(
+                f"{recipe.name} has a fixed split ({recipe.split_rule()}): --split applies to "
+                "`charlm prepare text` only"
+            )
         if recipe.user_split and not output_name:
             raise CharlmError(f"`charlm prepare {recipe.name}` needs --name NAME for the prepared corpus")
         if subword is not None and subword not in SUBWORD_KINDS:
@@ -68,8 +80,10 @@ class PrepareOptions:
         if not CORPUS_NAME.fullmatch(name):
             raise CharlmError(f"corpus name {name!r} must be letters, digits, '.', '_' or '-' (not starting with one)")
         if name != recipe.name and name in RECIPES and not force:  # it would replace the built-in corpus of that name
-            raise CharlmError(f"{name!r} is a built-in corpus ({RECIPES[name].description}): choose another --name, "
-                              f"or pass --force to prepare {recipe.name} under that name instead")
+            raise CharlmError(
+                f"{name!r} is a built-in corpus ({RECIPES[name].description}): choose another --name, "
+                f"or pass --force to prepare {recipe.name} under that name instead"
+            )
         fractions = check_fractions(split) if split is not None else recipe.fractions
         if kind == "vowel-linked":
             vocab_size = recipe.vowel_symbols  # the size its paper gives, or None: the cutoff 15
@@ -80,25 +94,47 @@ class PrepareOptions:
         return json.loads(json.dumps({"format_version": FORMAT_VERSION, **asdict(self)}))
 
 
-def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, verify: bool = True,
-                   subword: str | None = None, vocab_size: int = PrepareConfig.vocab_size, paths=None, output_name: str | None = None,
-                   split=None, unknown: str | None = None, progress: bool = True, force: bool = False,
-                   download_policy: DownloadPolicy | None = None, log=None) -> PreparedCorpus:
+def prepare_corpus(
+    name: str | Recipe,
+    *,
+    data_dir=None,
+    source=None,
+    url=None,
+    verify: bool = True,
+    subword: str | None = None,
+    vocab_size: int = PrepareConfig.vocab_size,
+    paths=None,
+    output_name: str | None = None,
+    split=None,
+    unknown: str | None = None,
+    progress: bool = True,
+    force: bool = False,
+    download_policy: DownloadPolicy | None = None,
+    log=None,
+) -> PreparedCorpus:
     """Prepare corpus ``name`` (a recipe name, or a ``Recipe``) in the data root, and return it.
 
     ``source``: a local copy (archive, directory or file) instead of downloading; ``url``: a mirror;
     ``verify=False`` uses files whose checksums differ, with a warning. ``subword``/``vocab_size``:
     a sentencepiece model ("bpe" or "unigram"); a character corpus becomes ``<name>-<kind><N>``.
     ``paths``, ``output_name`` and ``split`` (train, valid, test fractions; default 0.9, 0.05, 0.05)
-    are for ``text``; ``force`` lets ``output_name`` be a built-in corpus's name. ``unknown="unk"`` maps valid/test symbols absent from training to an unknown
-    entry instead of failing; None takes the recipe's default ("error" except for ``pydoc``). Messages go to ``log`` (default: stderr); ``progress=False`` keeps only
+    are for ``text``; ``force`` lets ``output_name`` be a built-in corpus's name. ``unknown="unk"`` maps
+    valid/test symbols absent from training to an unknown entry instead of failing; None takes the recipe's
+    default ("error" except for ``pydoc``). Messages go to ``log`` (default: stderr); ``progress=False`` keeps only
     warnings and the "nothing to do" notice, and no progress bars.
     """
     log = log or log_info
     say = log if progress else _silent  # progress messages; warnings and "nothing to do" always go to log
     recipe = name if isinstance(name, Recipe) else get_recipe(name)
-    options = PrepareOptions.resolve(recipe, subword=subword, vocab_size=vocab_size, split=split,
-                                     unknown=unknown or recipe.unknown, output_name=output_name, force=force)
+    options = PrepareOptions.resolve(
+        recipe,
+        subword=subword,
+        vocab_size=vocab_size,
+        split=split,
+        unknown=unknown or recipe.unknown,
+        output_name=output_name,
+        force=force,
+    )
     root = data_root(data_dir)
     for done in remove_abandoned_staging(root):
         say(f"{done}, left in {root} by a preparation that was killed")
@@ -109,13 +145,27 @@ def prepare_corpus(name: str | Recipe, *, data_dir=None, source=None, url=None, 
         log(f"{damage.file}: {damage.problem}: preparing {options.name} again")
         existing = None
 
-    if (existing and recipe.inputs.downloads and source is None and url is None
-            and existing.get("request") == request and (existing.get("verified") or not verify)):
+    if (
+        existing
+        and recipe.inputs.downloads
+        and source is None
+        and url is None
+        and existing.get("request") == request
+        and (existing.get("verified") or not verify)
+    ):
         return _nothing_to_do(target, log)
-    gathered = recipe.inputs.gather(GatherRequest(
-        data_root=root, source=None if source is None else Path(source), url=url, paths=tuple(paths or ()),
-        verify=verify, policy=download_policy, progress=progress, log=log,
-    ))
+    gathered = recipe.inputs.gather(
+        GatherRequest(
+            data_root=root,
+            source=None if source is None else Path(source),
+            url=url,
+            paths=tuple(paths or ()),
+            verify=verify,
+            policy=download_policy,
+            progress=progress,
+            log=log,
+        )
+    )
     sources = {member: hashlib.sha256(data).hexdigest() for member, data in sorted(gathered.files.items())}
     fingerprint = sha256_of_json({"request": request, "sources": sources})
     if existing and existing.get("fingerprint") == fingerprint:
@@ -184,8 +234,9 @@ def build_tokenizer(recipe: Recipe, options: PrepareOptions, train) -> Tokenizer
         "char": lambda: CharTokenizer.build(as_text(train), unk=unk, space_symbol=recipe.space_symbol),
         "byte": lambda: ByteTokenizer.build(train, unk=unk),
         "word": lambda: WordTokenizer.build(as_text(train), unk=unk),
-        "subword": lambda: train_subword_tokenizer(train, options.subword_kind, options.vocab_size,
-                                                   allow_unknown=unk is not None),
+        "subword": lambda: train_subword_tokenizer(
+            train, options.subword_kind, options.vocab_size, allow_unknown=unk is not None
+        ),
     }
     return builders[options.unit]()
 
@@ -198,8 +249,10 @@ def encode_splits(tokenizer: Tokenizer, splits: dict) -> dict[str, np.ndarray]:
             arrays[which] = tokenizer.encode_array(splits[which])
         except OutOfVocabulary as error:
             shown = ", ".join(map(repr, error.symbols[:10])) + (" …" if len(error.symbols) > 10 else "")
-            raise CharlmError(f"the {which} split has symbols that the training split lacks: {shown}; "
-                              "pass --unknown unk to map them to an unknown-symbol entry") from None
+            raise CharlmError(
+                f"the {which} split has symbols that the training split lacks: {shown}; "
+                "pass --unknown unk to map them to an unknown-symbol entry"
+            ) from None
     return arrays
 
 

@@ -51,13 +51,15 @@ class Recipe:
 
 # --- reading text ------------------------------------------------------------------------------
 
+
 def decode_utf8(data: bytes, name: str) -> str:
     """``data`` as text; a clear error naming the file and the first bad byte when it is not UTF-8."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise CharlmError(f"{name} is not UTF-8 text: byte 0x{data[error.start]:02x} at offset "
-                          f"{error.start:,} ({error.reason})") from None
+        raise CharlmError(
+            f"{name} is not UTF-8 text: byte 0x{data[error.start]:02x} at offset {error.start:,} ({error.reason})"
+        ) from None
 
 
 def normalize_newlines(text: str) -> str:
@@ -92,9 +94,12 @@ def sentences(text: str) -> str:
 
 # --- parsers, one per corpus --------------------------------------------------------------------
 
+
 def parse_ptb_chars(files, fractions):
-    return {s: ptb_symbols(decode_utf8(files.pop(f"ptb.char.{s}.txt"), f"ptb.char.{s}.txt"), f"ptb.char.{s}.txt")
-            for s in SPLITS}
+    return {
+        s: ptb_symbols(decode_utf8(files.pop(f"ptb.char.{s}.txt"), f"ptb.char.{s}.txt"), f"ptb.char.{s}.txt")
+        for s in SPLITS
+    }
 
 
 def parse_ptb_chars_contiguous(files, fractions):
@@ -135,6 +140,7 @@ def parse_enwik8(files, fractions):
 
 def parse_imdb(files, fractions):
     """Training reviews one per line (``<br />`` as a space); test reviews by path, halved into valid/test."""
+
     def review(path):
         text = decode_utf8(files.pop(path), path).replace("<br />", " ")
         return " ".join(text.splitlines()) + "\n"
@@ -173,7 +179,7 @@ PTB_ARCHIVE = RemoteFile(
     url="http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",
     filename="simple-examples.tgz",
     note="no trusted checksum for the archive (a mirror's MD5 30177ea32e27c525793142b6bf2c8e2d is "
-         "unverified); its members are checked instead",
+    "unverified); its members are checked instead",
 )
 
 PTB_SHA256 = {
@@ -263,7 +269,7 @@ SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2d
 SHAKESPEARE = Recipe(
     name="shakespeare",
     description="Tiny Shakespeare (char-rnn's and nanoGPT's input.txt): nanoGPT's 90% train, its last 10% "
-                "halved into valid and test",
+    "halved into valid and test",
     unit="char",
     inputs=_single_member(
         RemoteFile(
@@ -284,7 +290,9 @@ SHAKESPEARE = Recipe(
 SHAKESPEARE_NANOGPT = replace(
     SHAKESPEARE,
     name="shakespeare-nanogpt",
-    description="Tiny Shakespeare, nanoGPT's exact split (its train.bin, val.bin): 90% train, 10% valid; test repeats valid",
+    description=(
+        "Tiny Shakespeare, nanoGPT's exact split (its train.bin, val.bin): 90% train, 10% valid; test repeats valid"
+    ),
     parse=parse_shakespeare_nanogpt,
     fractions=None,
     split_text="nanoGPT's: the first int(0.9 n) characters train, the rest valid; test is valid again",
@@ -346,9 +354,16 @@ IMDB_SUBWORD = Recipe(
             md5="7c2ac02c03563afcf9b574c7e56c153a",
             note="size and sha256 as published in the Hugging Face imdb metadata, md5 as in torchtext",
         ),
-        members=tuple(f"*{part}/{label}/*.txt"
-                      for part, label in (("train", "pos"), ("train", "neg"), ("train", "unsup"),
-                                          ("test", "pos"), ("test", "neg"))),
+        members=tuple(
+            f"*{part}/{label}/*.txt"
+            for part, label in (
+                ("train", "pos"),
+                ("train", "neg"),
+                ("train", "unsup"),
+                ("test", "pos"),
+                ("test", "neg"),
+            )
+        ),
         # a review is at most a few tens of kilobytes; the 100,000 read hold about 133 MB
         limits=SizeLimits(member=1_000_000, total=300_000_000),
     ),
@@ -377,5 +392,21 @@ PYDOC = Recipe(
 )
 
 RECIPES: Mapping[str, Recipe] = MappingProxyType(
-    {recipe.name: recipe for recipe in (PTB, PTB_CONTIGUOUS, PTB_WORD, PTB_SUBWORD, WP, SHAKESPEARE, SHAKESPEARE_NANOGPT, TEXT8, ENWIK8, IMDB_SUBWORD, TEXT, PYDOC)}
+    {
+        recipe.name: recipe
+        for recipe in (
+            PTB,
+            PTB_CONTIGUOUS,
+            PTB_WORD,
+            PTB_SUBWORD,
+            WP,
+            SHAKESPEARE,
+            SHAKESPEARE_NANOGPT,
+            TEXT8,
+            ENWIK8,
+            IMDB_SUBWORD,
+            TEXT,
+            PYDOC,
+        )
+    }
 )

@@ -31,15 +31,37 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
 BLOCK = 1 << 20
 WINDOWS_DRIVE = re.compile(r"[A-Za-z]:")
-ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2",
-               zipfile.ZIP_LZMA: "LZMA"}  # the compression methods Python reads
+ZIP_METHODS = {
+    zipfile.ZIP_STORED: "stored",
+    zipfile.ZIP_DEFLATED: "deflate",
+    zipfile.ZIP_BZIP2: "bzip2",
+    zipfile.ZIP_LZMA: "LZMA",
+}  # the compression methods Python reads
 TAR_COMPRESSIONS = {b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz"}  # first bytes → tarfile's method
 # What Python's readers raise on a damaged archive (struct.error and IndexError from a mangled zip
 # header, NotImplementedError from an unknown method or zip version, RuntimeError from encryption).
-ARCHIVE_ERRORS = (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError, OSError, ValueError,
-                  IndexError, KeyError, struct.error, NotImplementedError, RuntimeError)
-ZIP_FILE_TYPES = {stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device",
-                  stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+ARCHIVE_ERRORS = (
+    tarfile.TarError,
+    zipfile.BadZipFile,
+    EOFError,
+    zlib.error,
+    lzma.LZMAError,
+    OSError,
+    ValueError,
+    IndexError,
+    KeyError,
+    struct.error,
+    NotImplementedError,
+    RuntimeError,
+)
+ZIP_FILE_TYPES = {
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
 
 
 @dataclass(frozen=True)
@@ -85,8 +107,10 @@ def read_members(source: Path, members: tuple[str, ...], limits: SizeLimits) -> 
     if source.is_file() and archive_kind(source) is None:
         if len(members) == 1 and names:
             return {members[0]: reader.read_file(source, source.name)}
-        raise CharlmError(f"--source {source} is a single file, but this corpus needs {', '.join(members)}: "
-                          "pass the archive or a directory holding them")
+        raise CharlmError(
+            f"--source {source} is a single file, but this corpus needs {', '.join(members)}: "
+            "pass the archive or a directory holding them"
+        )
 
     def wanted(path: str) -> bool:
         return PurePosixPath(path).name in names or any(fnmatch.fnmatch(path, p) for p in patterns)
@@ -98,8 +122,9 @@ def read_members(source: Path, members: tuple[str, ...], limits: SizeLimits) -> 
         if not paths:
             raise CharlmError(f"{source} has no file named {name}")
         if len(paths) > 1:
-            raise CharlmError(f"{source} has several files named {name} ({', '.join(paths)}): "
-                              "point --source at the one to use")
+            raise CharlmError(
+                f"{source} has several files named {name} ({', '.join(paths)}): point --source at the one to use"
+            )
         files[name] = next(data for path, data in found if path == paths[0])
     for pattern in patterns:
         matched = {path: data for path, data in found if fnmatch.fnmatch(path, pattern)}
@@ -125,24 +150,30 @@ class BoundedReader:
         self.check_declared(what, declared)
         data = bytearray(declared)
         view, filled = memoryview(data), 0
-        while filled < declared and (count := stream.readinto(view[filled:filled + BLOCK])):
+        while filled < declared and (count := stream.readinto(view[filled : filled + BLOCK])):
             filled += count
         if filled < declared:
             raise CharlmError(f"{self.source}: {what} ends after {filled:,} of the {declared:,} bytes it declares")
         if stream.read(1):
-            raise CharlmError(f"{self.source}: {what} holds more than the {declared:,} bytes it declares; "
-                              "refused as damaged or malicious")
+            raise CharlmError(
+                f"{self.source}: {what} holds more than the {declared:,} bytes it declares; "
+                "refused as damaged or malicious"
+            )
         self.total += declared
         return data
 
     def check_declared(self, what: str, declared: int) -> None:
         """Refuse, before reading anything, a member that would pass a limit."""
         if declared > self.limits.member:
-            raise CharlmError(f"{self.source}: {what} is {declared:,} bytes long, more than the "
-                              f"{self.limits.member:,} this corpus allows; refused without reading it")
+            raise CharlmError(
+                f"{self.source}: {what} is {declared:,} bytes long, more than the "
+                f"{self.limits.member:,} this corpus allows; refused without reading it"
+            )
         if self.total + declared > self.limits.total:
-            raise CharlmError(f"{self.source}: the files this corpus reads hold more than the "
-                              f"{self.limits.total:,} bytes it allows in all (at {what}); refused")
+            raise CharlmError(
+                f"{self.source}: the files this corpus reads hold more than the "
+                f"{self.limits.total:,} bytes it allows in all (at {what}); refused"
+            )
 
 
 def _matching_files(source: Path, wanted, reader: BoundedReader):
@@ -191,11 +222,13 @@ def is_unsafe_path(name: str) -> bool:
 def _refuse_unsafe(source: Path, name: str, not_regular: str | None) -> None:
     """Refuse a wanted member with an unsafe path, or that is not a regular file (``not_regular`` says what)."""
     if is_unsafe_path(name):
-        raise CharlmError(f"{source}: member {name!r} has an absolute path or one with '..'; "
-                          "refused as damaged or malicious")
+        raise CharlmError(
+            f"{source}: member {name!r} has an absolute path or one with '..'; refused as damaged or malicious"
+        )
     if not_regular:
-        raise CharlmError(f"{source}: member {name!r} is {not_regular}, not a regular file; "
-                          "refused as damaged or malicious")
+        raise CharlmError(
+            f"{source}: member {name!r} is {not_regular}, not a regular file; refused as damaged or malicious"
+        )
 
 
 def _zip_members(source: Path, wanted, reader: BoundedReader):
@@ -214,12 +247,16 @@ def _zip_members(source: Path, wanted, reader: BoundedReader):
 def _refuse_unreadable(source: Path, info: zipfile.ZipInfo) -> None:
     """Refuse a wanted zip member that is encrypted, or compressed by a method Python cannot read."""
     if info.flag_bits & 0x1:
-        raise CharlmError(f"{source}: member {info.filename!r} is encrypted; charlm reads only unencrypted "
-                          "archives: extract it with the password and pass the files with --source")
+        raise CharlmError(
+            f"{source}: member {info.filename!r} is encrypted; charlm reads only unencrypted "
+            "archives: extract it with the password and pass the files with --source"
+        )
     if info.compress_type not in ZIP_METHODS:
-        raise CharlmError(f"{source}: member {info.filename!r} is compressed with method {info.compress_type}, which "
-                          f"charlm cannot read (it reads {', '.join(ZIP_METHODS.values())}): extract it with "
-                          "another tool and pass the files with --source")
+        raise CharlmError(
+            f"{source}: member {info.filename!r} is compressed with method {info.compress_type}, which "
+            f"charlm cannot read (it reads {', '.join(ZIP_METHODS.values())}): extract it with "
+            "another tool and pass the files with --source"
+        )
 
 
 def _zip_member_kind(info: zipfile.ZipInfo) -> str | None:
@@ -247,8 +284,9 @@ def _read_to_the_end(source: Path, stream) -> None:
     """Read what follows a tar's last member (its end blocks and padding, a few kilobytes), so that
     a compressed stream's checksum is checked; more than a block of it is refused."""
     if stream.read(BLOCK) and stream.read(1):
-        raise CharlmError(f"{source}: more than {BLOCK:,} bytes follow the archive's end; refused as damaged or "
-                          "malicious")
+        raise CharlmError(
+            f"{source}: more than {BLOCK:,} bytes follow the archive's end; refused as damaged or malicious"
+        )
 
 
 def _tar_member_kind(member: tarfile.TarInfo) -> str | None:

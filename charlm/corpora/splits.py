@@ -42,7 +42,7 @@ def split_contiguous(sequence, fractions) -> dict:
     """``sequence`` (str, bytes or memoryview) cut into contiguous train, valid and test parts."""
     train, valid, _ = split_sizes(len(sequence), fractions)
     bounds = (0, train, train + valid, len(sequence))
-    return {name: sequence[bounds[i]:bounds[i + 1]] for i, name in enumerate(SPLITS)}
+    return {name: sequence[bounds[i] : bounds[i + 1]] for i, name in enumerate(SPLITS)}
 
 
 def describe_fractions(fractions) -> str:

@@ -22,8 +22,15 @@ from pathlib import Path
 import numpy as np
 
 from charlm.corpora.splits import SPLITS
-from charlm.corpora.store_reader import (META, SUBWORD_MODEL, array_layout, build_tokenizer, check_ids,
-                                         file_record, read_checked_meta)
+from charlm.corpora.store_reader import (
+    META,
+    SUBWORD_MODEL,
+    array_layout,
+    build_tokenizer,
+    check_ids,
+    file_record,
+    read_checked_meta,
+)
 from charlm.corpora.tokenizer import Tokenizer
 from charlm.errors import CharlmError
 from charlm.files import flush_directory, read_bytes, writing

@@ -35,8 +35,15 @@ CHUNK = 1 << 24  # bytes per pass when a split's ids are checked and hashed: bou
 HEADER_LIMIT = 1 << 16  # the most bytes of a .npy header read (numpy itself refuses longer ones)
 UNITS = {"char": ("char",), "byte": ("byte",), "word": ("word",), "subword": ("subword", "vowel-linked")}
 REQUIRED = {"name": str, "unit": str, "vocab_size": int, "vocab": list, "splits": dict, "tokenizer": dict}
-OPTIONAL = {"description": str, "recipe": str, "dtype": str, "verified": bool, "request": dict, "fingerprint": str,
-            "files": dict}
+OPTIONAL = {
+    "description": str,
+    "recipe": str,
+    "dtype": str,
+    "verified": bool,
+    "request": dict,
+    "fingerprint": str,
+    "files": dict,
+}
 TYPE_NAMES = {str: "a string", int: "an integer", list: "a list", dict: "an object", bool: "true or false"}
 
 
@@ -71,17 +78,23 @@ def prepare_command(directory: Path, meta=None) -> str:
     recipe, kind, size = request.get("recipe"), request.get("subword_kind"), request.get("vocab_size")
     if not isinstance(recipe, str) or recipe not in RECIPES:  # no usable record: judged by the name
         subword = re.fullmatch(r"(.+)-(bpe|unigram)(\d+)", name)
-        recipe, kind, size = ((subword[1], subword[2], subword[3]) if subword and subword[1] in RECIPES
-                              else (name if name in RECIPES else "text", None, None))
+        recipe, kind, size = (
+            (subword[1], subword[2], subword[3])
+            if subword and subword[1] in RECIPES
+            else (name if name in RECIPES else "text", None, None)
+        )
     words = ["charlm prepare", recipe]
     if recipe == "text":
         words += ["PATH...", "--name", re.sub(r"-(bpe|unigram)\d+$|-vowel-linked$", "", name) if kind else name]
     if kind and (RECIPES[recipe].unit != "subword" or kind != RECIPES[recipe].subword_kind):
-        words += ["--subword", str(kind)] + ([] if kind == "vowel-linked" or size is None else ["--vocab-size", str(size)])
+        words += ["--subword", str(kind)] + (
+            [] if kind == "vowel-linked" or size is None else ["--vocab-size", str(size)]
+        )
     return " ".join(words)
 
 
 # --- meta.json -----------------------------------------------------------------------------------
+
 
 def read_checked_meta(directory: Path, format_version: int) -> dict:
     """``directory``'s ``meta.json``, every key the corpus needs present and checked."""
@@ -94,14 +107,21 @@ def read_checked_meta(directory: Path, format_version: int) -> dict:
     if not isinstance(meta, dict):
         _fail(path, directory, None, f"holds {_json_kind(meta)}, not an object")
     if meta.get("format_version") != format_version:
-        _fail(path, directory, meta, "has no 'format_version'" if "format_version" not in meta else
-              f"was written in format {_shown(meta['format_version'])}, this charlm reads format {format_version}")
+        _fail(
+            path,
+            directory,
+            meta,
+            "has no 'format_version'"
+            if "format_version" not in meta
+            else f"was written in format {_shown(meta['format_version'])}, this charlm reads format {format_version}",
+        )
     check_meta(meta, path, directory)
     return meta
 
 
 def check_meta(meta: dict, path: Path, directory: Path) -> None:
     """Refuse metadata whose keys, types or values are wrong or disagree with each other."""
+
     def fail(problem):
         _fail(path, directory, meta, problem)
 
@@ -122,8 +142,13 @@ def check_meta(meta: dict, path: Path, directory: Path) -> None:
     _check_tokenizer(meta, fail)
     if "files" in meta:
         for name, record in meta["files"].items():
-            if not (isinstance(record, dict) and _is(record.get("bytes"), int) and record["bytes"] >= 0
-                    and isinstance(record.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", record["sha256"])):
+            if not (
+                isinstance(record, dict)
+                and _is(record.get("bytes"), int)
+                and record["bytes"] >= 0
+                and isinstance(record.get("sha256"), str)
+                and re.fullmatch(r"[0-9a-f]{64}", record["sha256"])
+            ):
                 fail(f"has a damaged checksum record for {name!r}")
 
 
@@ -161,14 +186,20 @@ def build_tokenizer(meta: dict, directory: Path) -> Tokenizer:
     if subword:
         state["model"] = _read_file(path, directory, meta)
         record = meta.get("files", {}).get(SUBWORD_MODEL)
-        if record and (len(state["model"]) != record["bytes"]
-                       or hashlib.sha256(state["model"]).hexdigest() != record["sha256"]):
+        if record and (
+            len(state["model"]) != record["bytes"] or hashlib.sha256(state["model"]).hexdigest() != record["sha256"]
+        ):
             _fail(path, directory, meta, "differs from the checksum meta.json records for it")
     try:
         tokenizer = tokenizer_from_state(state)
     except (RuntimeError, OSError, ValueError, TypeError, KeyError, IndexError) as error:
         what = "is not a sentencepiece model" if subword else "does not describe a tokenizer"
-        _fail(path, directory, meta, f"{what} ({str(error).splitlines()[0][:120] if str(error) else type(error).__name__})")
+        _fail(
+            path,
+            directory,
+            meta,
+            f"{what} ({str(error).splitlines()[0][:120] if str(error) else type(error).__name__})",
+        )
     if tokenizer.vocab != meta["vocab"]:
         _fail(path, directory, meta, "holds another vocabulary than meta.json")
     return tokenizer
@@ -176,8 +207,11 @@ def build_tokenizer(meta: dict, directory: Path) -> Tokenizer:
 
 # --- the split arrays ----------------------------------------------------------------------------
 
+
 def array_layout(path: Path, which: str, meta: dict, directory: Path) -> ArrayLayout:
-    """Check the header and size of split ``which``'s array at ``path`` against ``meta`` (nothing of its ids is read)."""
+    """Check the header and size of split ``which``'s array at ``path`` against ``meta`` (nothing of its ids is
+    read)."""
+
     def fail(problem):
         _fail(path, directory, meta, problem)
 
@@ -199,8 +233,10 @@ def array_layout(path: Path, which: str, meta: dict, directory: Path) -> ArrayLa
     length, tokens = shape[0], meta["splits"][which]["tokens"]
     expected = offset + length * dtype.itemsize
     if status.st_size < expected:
-        fail(f"is truncated: its header promises {length:,} token ids in {expected:,} bytes, the file has "
-             f"{status.st_size:,}")
+        fail(
+            f"is truncated: its header promises {length:,} token ids in {expected:,} bytes, the file has "
+            f"{status.st_size:,}"
+        )
     if status.st_size > expected:
         fail(f"has {status.st_size - expected:,} bytes more than its header's {length:,} token ids")
     if length != tokens:
@@ -223,7 +259,7 @@ def check_ids(path: Path, array: np.ndarray, layout: ArrayLayout, meta: dict, di
     needs_range = dtype.kind == "i" or np.iinfo(dtype).max >= size
     step = max(1, CHUNK // dtype.itemsize)
     for start in range(0, layout.length, step):
-        chunk = np.ascontiguousarray(array[start:start + step])
+        chunk = np.ascontiguousarray(array[start : start + step])
         if digest is not None:
             digest.update(chunk.view(np.uint8))
         if not needs_range:
@@ -232,8 +268,12 @@ def check_ids(path: Path, array: np.ndarray, layout: ArrayLayout, meta: dict, di
         if high >= size or low < 0:
             bad = high if high >= size else low
             where = start + int(np.flatnonzero(chunk == bad)[0])
-            _fail(path, directory, meta, f"holds the token id {bad:,} at position {where:,}, outside the "
-                                         f"vocabulary of {size:,}")
+            _fail(
+                path,
+                directory,
+                meta,
+                f"holds the token id {bad:,} at position {where:,}, outside the vocabulary of {size:,}",
+            )
     if digest is not None and digest.hexdigest() != record["sha256"]:
         _fail(path, directory, meta, "differs from the checksum meta.json records for it (its contents are damaged)")
 
@@ -244,8 +284,12 @@ def _open_regular(path: Path, directory: Path, meta):
     try:
         descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
-        _fail(path, directory, meta, f"is a link to {os.readlink(path)}, which does not exist" if os.path.islink(path)
-              else "is missing")
+        _fail(
+            path,
+            directory,
+            meta,
+            f"is a link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else "is missing",
+        )
     except OSError as error:  # a directory (EISDIR), no permission, a loop of links
         _fail(path, directory, meta, f"cannot be read ({error.strerror or error})")
     mode = os.fstat(descriptor).st_mode

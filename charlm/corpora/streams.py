@@ -19,8 +19,12 @@ def check_streams_fit(batch_size: int, tokens, owner: type, field: str, where: s
     command line); ``where`` says whose tokens they are (``the test split of 'ptb'``)."""
     predictions = len(tokens) - 1
     if batch_size > predictions:
-        raise ConfigError(owner, field, f"is {batch_size:,}, more streams than the {predictions:,} predictions of "
-                                        f"{where}: give at most {max(predictions, 1):,}")
+        raise ConfigError(
+            owner,
+            field,
+            f"is {batch_size:,}, more streams than the {predictions:,} predictions of "
+            f"{where}: give at most {max(predictions, 1):,}",
+        )
 
 
 @dataclass
@@ -48,13 +52,17 @@ class TokenStreams:
     counts every stream.
     """
 
-    def __init__(self, tokens: np.ndarray, batch_size: int, bptt: int, cover_all: bool = False, rows: slice = slice(None)):
+    def __init__(
+        self, tokens: np.ndarray, batch_size: int, bptt: int, cover_all: bool = False, rows: slice = slice(None)
+    ):
         if batch_size < 1 or bptt < 1:
             raise CharlmError(f"batch size and bptt must be at least 1 (got {batch_size} and {bptt})")
         predictions = len(tokens) - 1
         if predictions < batch_size:
-            raise CharlmError(f"{len(tokens):,} tokens are too few for {batch_size:,} streams: each stream needs at least "
-                              "one prediction (give a smaller batch size)")
+            raise CharlmError(
+                f"{len(tokens):,} tokens are too few for {batch_size:,} streams: each stream needs at least "
+                "one prediction (give a smaller batch size)"
+            )
         self.batch_size, self.bptt = batch_size, bptt
         if cover_all:
             length = math.ceil(predictions / batch_size)
@@ -86,7 +94,10 @@ class TokenStreams:
             inputs = torch.from_numpy(self._inputs[:, columns].astype(np.int64))
             targets = torch.from_numpy(self._targets[:, columns].astype(np.int64))
             if to_gpu:
-                yield Window(index, inputs.pin_memory().to(device, non_blocking=True),
-                             targets.pin_memory().to(device, non_blocking=True))
+                yield Window(
+                    index,
+                    inputs.pin_memory().to(device, non_blocking=True),
+                    targets.pin_memory().to(device, non_blocking=True),
+                )
             else:
                 yield Window(index, inputs.to(device), targets.to(device))

@@ -15,7 +15,7 @@ import numpy as np
 from charlm.errors import OutOfVocabulary
 
 UNK = "<unk>"
-CHUNK = 1 << 20          # characters per numpy pass: bounds the working memory of encoding
+CHUNK = 1 << 20  # characters per numpy pass: bounds the working memory of encoding
 MAX_CODEPOINT = 0x10FFFF
 
 
@@ -38,7 +38,7 @@ def distinct_characters(text: str) -> list[str]:
     """The sorted distinct characters of ``text``."""
     present = np.zeros(MAX_CODEPOINT + 1, dtype=bool)
     for start in range(0, len(text), CHUNK):
-        present[codepoints(text[start:start + CHUNK])] = True
+        present[codepoints(text[start : start + CHUNK])] = True
     return [chr(code) for code in np.flatnonzero(present)]
 
 
@@ -47,7 +47,7 @@ def distinct_bytes(data) -> list[int]:
     array = np.frombuffer(data, dtype=np.uint8)
     present = np.zeros(256, dtype=bool)
     for start in range(0, len(array), CHUNK):
-        present[array[start:start + CHUNK]] = True
+        present[array[start : start + CHUNK]] = True
     return np.flatnonzero(present).tolist()
 
 
@@ -131,7 +131,7 @@ class _TableTokenizer(Tokenizer):
                 if unk_id is None:
                     unknown.update(np.unique(codes[missing]).tolist())
                 ids[missing] = unk_id if unk_id is not None else 0
-            out[position:position + len(ids)] = ids
+            out[position : position + len(ids)] = ids
             position += len(ids)
         if unknown:
             raise OutOfVocabulary([self.symbol_name(code) for code in unknown])
@@ -159,7 +159,7 @@ class CharTokenizer(_TableTokenizer):
     def encode_array(self, text: str) -> np.ndarray:
         if self.space_symbol:
             text = text.replace(" ", self.space_symbol)
-        chunks = (codepoints(text[start:start + CHUNK]) for start in range(0, len(text), CHUNK))
+        chunks = (codepoints(text[start : start + CHUNK]) for start in range(0, len(text), CHUNK))
         return self.encode_codes(chunks, len(text))
 
     def decode(self, ids) -> str:
@@ -190,7 +190,7 @@ class ByteTokenizer(_TableTokenizer):
 
     def encode_array(self, text) -> np.ndarray:
         data = np.frombuffer(text.encode("utf-8") if isinstance(text, str) else text, dtype=np.uint8)
-        chunks = (data[start:start + CHUNK] for start in range(0, len(data), CHUNK))
+        chunks = (data[start : start + CHUNK] for start in range(0, len(data), CHUNK))
         return self.encode_codes(chunks, len(data))
 
     def decode(self, ids) -> str:

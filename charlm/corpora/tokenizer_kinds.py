@@ -3,8 +3,9 @@
 from charlm.corpora.tokenizer import ByteTokenizer, CharTokenizer, Tokenizer
 from charlm.corpora.word_tokenizers import SubwordTokenizer, VowelSubwordTokenizer, WordTokenizer
 
-TOKENIZER_KINDS = {kind.kind: kind for kind in (CharTokenizer, ByteTokenizer, WordTokenizer, SubwordTokenizer,
-                                                VowelSubwordTokenizer)}
+TOKENIZER_KINDS = {
+    kind.kind: kind for kind in (CharTokenizer, ByteTokenizer, WordTokenizer, SubwordTokenizer, VowelSubwordTokenizer)
+}
 
 
 def tokenizer_from_state(state: dict) -> Tokenizer:

@@ -69,7 +69,12 @@ def _is_model_bytes(model) -> bool:
     """Bytes, as a checkpoint keeps a sentencepiece model: a one-dimensional tensor of bytes (uint8),
     ``bytes``, or a list of numbers from 0 to 255."""
     if torch.is_tensor(model):
-        return model.dtype == torch.uint8 and model.dim() == 1 and model.layout == torch.strided and model.device.type != "meta"
+        return (
+            model.dtype == torch.uint8
+            and model.dim() == 1
+            and model.layout == torch.strided
+            and model.device.type != "meta"
+        )
     if isinstance(model, (bytes, bytearray)):
         return True
     return isinstance(model, list) and all(type(byte) is int and 0 <= byte <= 255 for byte in model)
@@ -79,5 +84,13 @@ def value_kind(value) -> str:
     """A value's kind in words (``a number``, ``a list``, ``a tensor``), for messages about files."""
     if torch.is_tensor(value):
         return "a tensor"
-    return {list: "a list", tuple: "a list", str: "text", bool: "true or false", type(None): "missing", dict: "a mapping",
-            int: "a number", float: "a number"}.get(type(value), f"a {type(value).__name__}")
+    return {
+        list: "a list",
+        tuple: "a list",
+        str: "text",
+        bool: "true or false",
+        type(None): "missing",
+        dict: "a mapping",
+        int: "a number",
+        float: "a number",
+    }.get(type(value), f"a {type(value).__name__}")

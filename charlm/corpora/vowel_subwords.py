@@ -12,7 +12,8 @@ For each word of lowercase letters:
 
 then keep the pieces seen at least ``min_count`` times in the training split, and add the 26 single
 letters, the end-of-word token ``</w>`` and the whole-word tokens that cannot be spelled (``<eos>``,
-``<unk>``, and IMDB's ``<emoticon>``, ``<num>``, ``<sym>``) whatever their count. A kept piece is one symbol (``charlm.corpora.word_tokenizers.VowelSubwordTokenizer``); a piece that was not kept is
+``<unk>``, and IMDB's ``<emoticon>``, ``<num>``, ``<sym>``) whatever their count. A kept piece is one symbol
+(``charlm.corpora.word_tokenizers.VowelSubwordTokenizer``); a piece that was not kept is
 spelled letter by letter; every word ends with ``</w>``.
 
 The rules leave some things open; charlm decides them so:
@@ -65,7 +66,7 @@ def vowel_pieces(word: str) -> list[str]:
             pieces.append(consonants)
             consonants = ""
         linked = i + 1 < len(word) and word[i + 1] not in VOWELS
-        pieces.append(word[i:i + 2] if linked else character)  # the vowel and the consonant after it
+        pieces.append(word[i : i + 2] if linked else character)  # the vowel and the consonant after it
         i += 2 if linked else 1
     if consonants:
         pieces.append(consonants)
@@ -76,9 +77,9 @@ def vowel_pieces(word: str) -> list[str]:
         left = pieces[single - 1] if single > 0 else None
         right = pieces[single + 1] if single + 1 < len(pieces) else None
         if right is None or (left is not None and len(left) < len(right)):
-            pieces[single - 1:single + 1] = [left + pieces[single]]
+            pieces[single - 1 : single + 1] = [left + pieces[single]]
         else:
-            pieces[single:single + 2] = [pieces[single] + right]
+            pieces[single : single + 2] = [pieces[single] + right]
     return pieces
 
 
@@ -98,8 +99,11 @@ def sentence_words(text: str):
 def kept_pieces(counts: collections.Counter, min_count: int) -> list[str]:
     """The pieces a cutoff of ``min_count`` keeps besides the letters, sorted: those seen ``min_count``
     times, and the whole-word tokens of ``ALWAYS_KEPT`` that occur."""
-    return sorted(piece for piece, count in counts.items()
-                  if (count >= min_count or piece in ALWAYS_KEPT) and piece not in LETTERS)
+    return sorted(
+        piece
+        for piece, count in counts.items()
+        if (count >= min_count or piece in ALWAYS_KEPT) and piece not in LETTERS
+    )
 
 
 def vocabulary_size(counts: collections.Counter, min_count: int) -> int:
@@ -129,14 +133,17 @@ def cutoff_for(counts: collections.Counter, symbols: int) -> int:
 # number (digits, with . or , between them) is <num>; English contractions split off as in PTB's
 # tokenisation (do n't, it 's); any other run of characters that are not letters, digits or spaces is
 # one <sym>.
-_REVIEW_TOKEN = re.compile(r"""
+_REVIEW_TOKEN = re.compile(
+    r"""
     (?P<emoticon>(?<!\S)(?:[:;=][-o^']?[()\[\]dp/\\|*3]|[()\[\]][-']?[:;=]|<3)(?![a-z0-9]))
   | (?P<contraction>n't\b|'(?:s|re|ve|ll|d|m)\b)
   | (?P<word>[a-z]+?(?=n't\b)|[a-z]+)
   | (?P<number>[0-9]+(?:[.,][0-9]+)*)
   | (?P<space>\s+)
   | (?P<symbol>[^a-z0-9\s]+)
-""", re.VERBOSE)
+""",
+    re.VERBOSE,
+)
 _SPECIAL = {"emoticon": EMOTICON, "number": NUMBER, "symbol": SYMBOL}
 
 
@@ -144,7 +151,10 @@ def review_words(text: str) -> str:
     """``text`` (one review per line) as lowercase words and special tokens, one space between them."""
     lines = []
     for line in text.lower().split("\n"):
-        words = (_SPECIAL.get(match.lastgroup, match.group()) for match in _REVIEW_TOKEN.finditer(line)
-                 if match.lastgroup != "space")
+        words = (
+            _SPECIAL.get(match.lastgroup, match.group())
+            for match in _REVIEW_TOKEN.finditer(line)
+            if match.lastgroup != "space"
+        )
         lines.append(" ".join(words))
     return "\n".join(lines)

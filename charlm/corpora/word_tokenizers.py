@@ -7,11 +7,20 @@ import numpy as np
 import sentencepiece
 
 from charlm.corpora.tokenizer import UNK, Tokenizer, as_id_list, distinct_characters, id_dtype
-from charlm.corpora.vowel_subwords import (DEFAULT_MIN_COUNT, END_OF_SENTENCE, END_OF_WORD, LETTERS, cutoff_for,
-                                           kept_pieces, piece_counts, sentence_words, vowel_pieces)
+from charlm.corpora.vowel_subwords import (
+    DEFAULT_MIN_COUNT,
+    END_OF_SENTENCE,
+    END_OF_WORD,
+    LETTERS,
+    cutoff_for,
+    kept_pieces,
+    piece_counts,
+    sentence_words,
+    vowel_pieces,
+)
 from charlm.errors import OutOfVocabulary
 
-SUBWORD_SEGMENT = 1000   # longest piece of a line handed to sentencepiece at once, in characters
+SUBWORD_SEGMENT = 1000  # longest piece of a line handed to sentencepiece at once, in characters
 
 
 def line_segments(line: str, limit: int = SUBWORD_SEGMENT):
@@ -62,8 +71,10 @@ class SubwordTokenizer(Tokenizer):
 
     def unknown_characters(self, text: str) -> list[str]:
         """The characters of ``text`` that the model has no piece for."""
+
         def known(character):
             return self.processor.piece_to_id(character.replace(" ", "\u2581")) != self.unk_id
+
         return [c for c in distinct_characters(text) if c != "\n" and not known(c)]
 
     def decode(self, ids) -> str:
@@ -198,9 +209,13 @@ class VowelSubwordTokenizer(Tokenizer):
     def unknown_words(self, text: str) -> list[str]:
         """The words of ``text`` that map to ``<unk>`` or cannot be written at all."""
         unk_id = self.index.get(self.unk) if self.unk is not None else None
-        return sorted({word for word in sentence_words(text)
-                       if (ids := self.word_ids(word)) is None or (unk_id is not None and unk_id in ids
-                                                                   and word != self.unk)})
+        return sorted(
+            {
+                word
+                for word in sentence_words(text)
+                if (ids := self.word_ids(word)) is None or (unk_id is not None and unk_id in ids and word != self.unk)
+            }
+        )
 
     def encode_array(self, text: str) -> np.ndarray:
         ids, unknown = [], set()

@@ -171,21 +171,34 @@ def _expanded(raw: dict, source: str, profile: str | None) -> Plan:
             origins[("eval", "")] = key_path("profiles", profile, "eval")
     name = plain_name(raw.get("name", Path(source).stem), f"plan {source}: its name")  # sweeps/NAME-PROFILE
     as_written = "paper" if "paper" in raw else None  # a plan that names its paper runs that paper's settings
-    plan = Plan(name=name, description=raw.get("description", ""), profile=profile or as_written, base=base, axes=axes,
-                evals=tuple(EvalStep(**step) for step in raw.get("eval", [])),
-                paper_parameters=dict(raw.get("paper_parameters", {})), source=source, task=raw.get("task"),
-                budget=raw.get("budget"), origins=origins)
+    plan = Plan(
+        name=name,
+        description=raw.get("description", ""),
+        profile=profile or as_written,
+        base=base,
+        axes=axes,
+        evals=tuple(EvalStep(**step) for step in raw.get("eval", [])),
+        paper_parameters=dict(raw.get("paper_parameters", {})),
+        source=source,
+        task=raw.get("task"),
+        budget=raw.get("budget"),
+        origins=origins,
+    )
     runs = math.prod(len(values) for values in plan.axes.values())
     if runs > MAX_POINTS:  # before the grid is made: 29 values on each of 9 axes would never be enumerated
-        raise CharlmError(f"plan {source}: its axes make {runs:,} runs ({' x '.join(str(len(v)) for v in plan.axes.values())}), "
-                          f"more than the {MAX_POINTS:,} a sweep runs: split it into several plans")
+        raise CharlmError(
+            f"plan {source}: its axes make {runs:,} runs ({' x '.join(str(len(v)) for v in plan.axes.values())}), "
+            f"more than the {MAX_POINTS:,} a sweep runs: split it into several plans"
+        )
     if plan.task is not None:
         check_task_points(plan, task_config)
     else:
         check_train_points(plan)
     if not plan.axes:  # an empty file, or one cut short before its axes: it would train one run of every default
-        raise CharlmError(f"plan {source} has no axes: a plan names its runs with [axes] NAME = [values, ...] "
-                          "(one value for a single run)")
+        raise CharlmError(
+            f"plan {source} has no axes: a plan names its runs with [axes] NAME = [values, ...] "
+            "(one value for a single run)"
+        )
     return plan
 
 
@@ -195,8 +208,12 @@ def _plan_text(reference: str) -> tuple[str, str]:
         return read_text(path, "plan file"), str(path)
     shipped = shipped_plans()
     if reference not in shipped:
-        raise CharlmError(f"no plan {reference!r}: give a .toml file or one of {', '.join(shipped)} (charlm sweep --list)")
-    return resources.files("charlm.experiments.plans").joinpath(f"{reference}.toml").read_text(encoding="utf-8"), reference
+        raise CharlmError(
+            f"no plan {reference!r}: give a .toml file or one of {', '.join(shipped)} (charlm sweep --list)"
+        )
+    return resources.files("charlm.experiments.plans").joinpath(f"{reference}.toml").read_text(
+        encoding="utf-8"
+    ), reference
 
 
 def task_config(plan: Plan, point: Point):
@@ -213,10 +230,10 @@ def settings_for(base: dict, values: dict) -> dict:
     if not isinstance(given, dict):
         raise CharlmError(f"cell_options must be a table of option names and values, not {given!r}")
     options = dict(given)
-    options.update({key[len(CELL_OPTION):]: value for key, value in base.items() if key.startswith(CELL_OPTION)})
+    options.update({key[len(CELL_OPTION) :]: value for key, value in base.items() if key.startswith(CELL_OPTION)})
     for key, value in values.items():
         if key.startswith(CELL_OPTION):
-            options[key[len(CELL_OPTION):]] = value
+            options[key[len(CELL_OPTION) :]] = value
         elif key == "cell_options":
             if not isinstance(value, dict):
                 raise CharlmError(f"cell_options values must be tables, not {value!r}")
@@ -243,7 +260,7 @@ def point_name(values: dict) -> str:
     name = re.sub(r"[^A-Za-z0-9._=+-]+", "-", "_".join(parts)) or "run"
     if len(name) > MAX_POINT_NAME:  # a file name has at most 255 bytes
         digest = hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        name = f"{name[:MAX_POINT_NAME - 17]}-{digest}"
+        name = f"{name[: MAX_POINT_NAME - 17]}-{digest}"
     return name
 
 

@@ -50,8 +50,10 @@ def shown(value) -> str:
 def _unknown(source: str, path: str, key: str, known) -> CharlmError:
     close = difflib.get_close_matches(str(key), sorted(known), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    return CharlmError(f"plan {source}: unknown key {key_path(path, key)!r} "
-                       f"({hint}{'a plan' if not path else path} has {', '.join(sorted(known))})")
+    return CharlmError(
+        f"plan {source}: unknown key {key_path(path, key)!r} "
+        f"({hint}{'a plan' if not path else path} has {', '.join(sorted(known))})"
+    )
 
 
 # --- the shape of the document ---------------------------------------------------------------------
@@ -67,18 +69,26 @@ def check_document(raw: dict, source: str) -> None:
     _check_tables(raw, source, "")
     counts = raw.get("paper_parameters", {})
     if not isinstance(counts, dict):
-        raise CharlmError(f"plan {source}: paper_parameters must be a table of cell names and counts, not {shown(counts)}")
+        raise CharlmError(
+            f"plan {source}: paper_parameters must be a table of cell names and counts, not {shown(counts)}"
+        )
     for cell, count in counts.items():
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise CharlmError(f"plan {source}: {key_path('paper_parameters', cell)} must be a positive whole number, "
-                              f"not {shown(count)}")
+            raise CharlmError(
+                f"plan {source}: {key_path('paper_parameters', cell)} must be a positive whole number, "
+                f"not {shown(count)}"
+            )
     profiles = raw.get("profiles", {})
     if not isinstance(profiles, dict):
-        raise CharlmError(f"plan {source}: profiles must be a table of profiles ([profiles.NAME]), not {shown(profiles)}")
+        raise CharlmError(
+            f"plan {source}: profiles must be a table of profiles ([profiles.NAME]), not {shown(profiles)}"
+        )
     for name, profile in profiles.items():
         if not is_plain_name(name):  # part of the sweep directory's name
-            raise CharlmError(f"plan {source}: profile name {shown(name)} is not a plain name (letters, digits, '.', "
-                              "'_' and '-', starting with a letter or a digit)")
+            raise CharlmError(
+                f"plan {source}: profile name {shown(name)} is not a plain name (letters, digits, '.', "
+                "'_' and '-', starting with a letter or a digit)"
+            )
         path = key_path("profiles", name)
         if not isinstance(profile, dict):
             raise CharlmError(f"plan {source}: {path} must be a table (base, axes, eval, budget), not {shown(profile)}")
@@ -98,29 +108,36 @@ def _check_numbers(document: dict, source: str, path: str) -> None:
     while waiting:
         where, value = waiting.pop()
         if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_BITS:
-            raise CharlmError(f"plan {source}: {where} is a number of {value.bit_length():,} bits, more than any "
-                              "setting takes")
+            raise CharlmError(
+                f"plan {source}: {where} is a number of {value.bit_length():,} bits, more than any setting takes"
+            )
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
         waiting.extend((key_path(where, key), item) for key, item in items)
 
 
 def _check_tables(table: dict, source: str, prefix: str) -> None:
     """``base``, ``axes``, ``eval`` and ``budget`` of the plan (prefix "") or of a profile."""
+
     def where(*parts):
         return key_path(prefix, *parts)
 
     if "budget" in table and not (isinstance(table["budget"], str) and table["budget"].strip()):
-        raise CharlmError(f"plan {source}: {where('budget')} must be a label such as \"0.9M per layer\", "
-                          f"not {shown(table['budget'])}")
+        raise CharlmError(
+            f'plan {source}: {where("budget")} must be a label such as "0.9M per layer", not {shown(table["budget"])}'
+        )
     base = table.get("base", {})
     if not isinstance(base, dict):
         raise CharlmError(f"plan {source}: {where('base')} must be a table of settings, not {shown(base)}")
     if not isinstance(base.get("cell_options", {}), dict):
-        raise CharlmError(f"plan {source}: {where('base', 'cell_options')} must be a table of cell options, "
-                          f"not {shown(base['cell_options'])}")
+        raise CharlmError(
+            f"plan {source}: {where('base', 'cell_options')} must be a table of cell options, "
+            f"not {shown(base['cell_options'])}"
+        )
     axes = table.get("axes", {})
     if not isinstance(axes, dict):
-        raise CharlmError(f"plan {source}: {where('axes')} must be a table of axes (NAME = [values]), not {shown(axes)}")
+        raise CharlmError(
+            f"plan {source}: {where('axes')} must be a table of axes (NAME = [values]), not {shown(axes)}"
+        )
     for name, values in axes.items():
         _check_axis(values, source, where("axes", name), name)
     steps = table.get("eval", [])
@@ -138,13 +155,17 @@ def _check_axis(values, source: str, path: str, name: str) -> None:
         if name == "cell_options" and not isinstance(value, dict):
             raise CharlmError(f"plan {source}: {path}[{index}] must be a table of cell options, not {shown(value)}")
         if paired and not isinstance(value, dict):
-            raise CharlmError(f"plan {source}: {path}[{index}] must be a table of settings like the axis's other "
-                              f"values, not {shown(value)}")
+            raise CharlmError(
+                f"plan {source}: {path}[{index}] must be a table of settings like the axis's other "
+                f"values, not {shown(value)}"
+            )
         if paired and not value:
             raise CharlmError(f"plan {source}: {path}[{index}] must name at least one setting")
         if paired and name != "cell_options" and not isinstance(value.get("cell_options", {}), dict):
-            raise CharlmError(f"plan {source}: {path}[{index}].cell_options must be a table of cell options, "
-                              f"not {shown(value['cell_options'])}")
+            raise CharlmError(
+                f"plan {source}: {path}[{index}].cell_options must be a table of cell options, "
+                f"not {shown(value['cell_options'])}"
+            )
 
 
 def _check_eval_step(step, source: str, path: str) -> None:
@@ -152,7 +173,9 @@ def _check_eval_step(step, source: str, path: str) -> None:
     from charlm.settings import validate
 
     if not isinstance(step, dict):
-        raise CharlmError(f"plan {source}: {path} must be a table (split, dynamic, adapt_on, batch_size), not {shown(step)}")
+        raise CharlmError(
+            f"plan {source}: {path} must be a table (split, dynamic, adapt_on, batch_size), not {shown(step)}"
+        )
     for key in step:
         if key not in EVAL_KEYS:
             raise _unknown(source, path, key, EVAL_KEYS)
@@ -164,13 +187,19 @@ def _check_eval_step(step, source: str, path: str) -> None:
     if "adapt_on" in step and step["adapt_on"] != "valid":
         raise CharlmError(f"plan {source}: {path}.adapt_on must be valid, not {shown(step['adapt_on'])}")
     if "adapt_on" in step and dynamic is None:
-        raise CharlmError(f"plan {source}: {path}.adapt_on needs dynamic = \"sgd\" or \"rms\" (a static score adapts nothing)")
+        raise CharlmError(
+            f'plan {source}: {path}.adapt_on needs dynamic = "sgd" or "rms" (a static score adapts nothing)'
+        )
     if "batch_size" in step:
         size = step["batch_size"]
         if isinstance(size, bool) or not isinstance(size, int):
             raise CharlmError(f"plan {source}: {path}.batch_size must be a whole number, not {shown(size)}")
         try:
-            validate(EvalConfig(split=split, batch_size=size) if dynamic is None else DynamicOptions(method=dynamic, batch_size=size))
+            validate(
+                EvalConfig(split=split, batch_size=size)
+                if dynamic is None
+                else DynamicOptions(method=dynamic, batch_size=size)
+            )
         except ConfigError as error:
             raise CharlmError(f"plan {source}: {path}.batch_size {error.reason}") from None
 
@@ -187,8 +216,10 @@ def check_setting_names(plan, fields: set, owned: set, command: str, why: str) -
         if name not in fields:
             close = difflib.get_close_matches(key, allowed, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise CharlmError(f"plan {plan.source}: {key_path(*table, key)}: unknown setting {key!r} ({hint}any "
-                              f"`{command}` setting but {', '.join(sorted(owned))}, or cell_options.NAME)")
+            raise CharlmError(
+                f"plan {plan.source}: {key_path(*table, key)}: unknown setting {key!r} ({hint}any "
+                f"`{command}` setting but {', '.join(sorted(owned))}, or cell_options.NAME)"
+            )
 
 
 def _named_settings(plan) -> list[tuple[tuple, str]]:
@@ -247,8 +278,13 @@ def check_train_points(plan) -> None:
     from charlm.corpora import RECIPES
     from charlm.settings import from_dict
 
-    check_setting_names(plan, {field.name for field in dataclasses.fields(TrainConfig)}, SWEEP_OWNED, "charlm train",
-                        "a sweep chooses its run directories and init_from; the data, with --data-dir")
+    check_setting_names(
+        plan,
+        {field.name for field in dataclasses.fields(TrainConfig)},
+        SWEEP_OWNED,
+        "charlm train",
+        "a sweep chooses its run directories and init_from; the data, with --data-dir",
+    )
     budgets = {}
     for point in _distinct_points(plan):
         try:
@@ -259,8 +295,12 @@ def check_train_points(plan) -> None:
         except CharlmError as error:
             raise point_error(plan, point, error, None) from None
         if config.corpus not in RECIPES and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", config.corpus):
-            raise point_error(plan, point, CharlmError(f"{config.corpus!r} is not a corpus name (a built-in corpus or "
-                                                       "a plain name)"), "corpus")
+            raise point_error(
+                plan,
+                point,
+                CharlmError(f"{config.corpus!r} is not a corpus name (a built-in corpus or a plain name)"),
+                "corpus",
+            )
         if ":" in config.cell:  # a user cell is imported only when the sweep runs, and only if trusted
             continue
         try:
@@ -287,8 +327,12 @@ def _check_budget(config) -> bool:
     corpus's vocabulary, and is chosen when the point trains."""
     from charlm.model import ModelConfig, budget_of
 
-    budget_of(config.params, ModelConfig(cell=config.cell, vocab_size=256, hidden_size=1, layers=config.layers,
-                                         embed_size=config.embed_size))
+    budget_of(
+        config.params,
+        ModelConfig(
+            cell=config.cell, vocab_size=256, hidden_size=1, layers=config.layers, embed_size=config.embed_size
+        ),
+    )
     return True
 
 
@@ -301,14 +345,20 @@ def check_task_points(plan, task_config) -> None:
 
     if plan.evals:
         raise CharlmError(f"plan {plan.source}: a task plan has no [[eval]] steps (every run is scored as it trains)")
-    check_setting_names(plan, {field.name for field in dataclasses.fields(TaskConfig)}, TASK_OWNED, "charlm task",
-                        "the plan's `task` names the task; the device is the machine's")
+    check_setting_names(
+        plan,
+        {field.name for field in dataclasses.fields(TaskConfig)},
+        TASK_OWNED,
+        "charlm task",
+        "the plan's `task` names the task; the device is the machine's",
+    )
     for point in _distinct_points(plan):
         try:
             config = task_config(plan, point).resolved()
             with torch.device("meta"):
-                build_task_model(config.make_task(), config.cell, config.hidden_size, config.layers, config.tied,
-                                 config.cell_options)
+                build_task_model(
+                    config.make_task(), config.cell, config.hidden_size, config.layers, config.tied, config.cell_options
+                )
         except ConfigError as error:
             raise point_error(plan, point, error, error.field) from None
         except CharlmError as error:
@@ -321,7 +371,9 @@ def _distinct_points(plan) -> list:
     points, seen = plan.points(), {}
     for point in points:
         if point.name in seen:
-            raise CharlmError(f"plan {plan.source}: two runs would share the directory {point.name} "
-                              f"({shown(seen[point.name])} and {shown(point.values)}): give each axis distinct values")
+            raise CharlmError(
+                f"plan {plan.source}: two runs would share the directory {point.name} "
+                f"({shown(seen[point.name])} and {shown(point.values)}): give each axis distinct values"
+            )
         seen[point.name] = point.values
     return points

@@ -43,11 +43,15 @@ class Sweep:
     def __init__(self, plan: Plan, directory: str | Path, *, data_dir=None, trust_code: bool = False):
         self.plan, self.directory, self.data_dir, self.trust_code = plan, Path(directory), data_dir, trust_code
         self.model_sizes = {}  # (model settings) → (hidden size, parameters) for dry runs: points often share a model
-        user_cells = sorted({p.settings.get("cell", "") for p in plan.points() if ":" in str(p.settings.get("cell", ""))})
+        user_cells = sorted(
+            {p.settings.get("cell", "") for p in plan.points() if ":" in str(p.settings.get("cell", ""))}
+        )
         if user_cells and not trust_code:
             module = user_cells[0].partition(":")[0]
-            raise CharlmError(f"plan {plan.source} asks to import module {module!r} for its cell {user_cells[0]!r}; "
-                              "charlm never runs code named in a file: pass --trust-code")
+            raise CharlmError(
+                f"plan {plan.source} asks to import module {module!r} for its cell {user_cells[0]!r}; "
+                "charlm never runs code named in a file: pass --trust-code"
+            )
 
     @property
     def record_file(self) -> Path:
@@ -66,16 +70,27 @@ class Sweep:
         """Claim the directory for this plan, or refuse one that holds another plan's runs."""
         existing = self._read_record()
         if existing is not None and existing.get("fingerprint") != self.plan.fingerprint():
-            raise CharlmError(f"sweep directory {self.directory} holds runs of another plan ({_plan_of(existing)}): "
-                              "choose another --dir")
+            raise CharlmError(
+                f"sweep directory {self.directory} holds runs of another plan ({_plan_of(existing)}): "
+                "choose another --dir"
+            )
         if existing is not None and existing.get("budget") != self.plan.budget:  # a label only: not in the fingerprint
-            atomic_write_text(self.record_file, json.dumps({**existing, "budget": self.plan.budget}, indent=2, sort_keys=True) + "\n")
+            atomic_write_text(
+                self.record_file, json.dumps({**existing, "budget": self.plan.budget}, indent=2, sort_keys=True) + "\n"
+            )
         if existing is None:
             make_directory(self.directory, action="create sweep directory")
-            record = {"plan": self.plan.name, "profile": self.plan.profile, "source": self.plan.source,
-                      "fingerprint": self.plan.fingerprint(), "base": self.plan.base, "axes": self.plan.axes,
-                      "eval": [dataclasses.asdict(step) for step in self.plan.evals],
-                      "points": [point.name for point in self.plan.points()], "budget": self.plan.budget}
+            record = {
+                "plan": self.plan.name,
+                "profile": self.plan.profile,
+                "source": self.plan.source,
+                "fingerprint": self.plan.fingerprint(),
+                "base": self.plan.base,
+                "axes": self.plan.axes,
+                "eval": [dataclasses.asdict(step) for step in self.plan.evals],
+                "points": [point.name for point in self.plan.points()],
+                "budget": self.plan.budget,
+            }
             atomic_write_text(self.record_file, json.dumps(record, indent=2, sort_keys=True) + "\n")
 
     def _read_record(self) -> dict | None:
@@ -122,8 +137,10 @@ class Sweep:
         found = []
         existing = self._read_record()
         if existing is not None and existing.get("fingerprint") != self.plan.fingerprint():
-            found.append(f"sweep directory {self.directory} holds runs of another plan ({_plan_of(existing)}): "
-                         "the sweep would refuse it; choose another --dir")
+            found.append(
+                f"sweep directory {self.directory} holds runs of another plan ({_plan_of(existing)}): "
+                "the sweep would refuse it; choose another --dir"
+            )
         if self.plan.task is None:
             from charlm.corpora import load_corpus
 
@@ -144,8 +161,12 @@ class Sweep:
         if state == "new":
             end = train_task(task_config(self.plan, point), run_dir=run_dir, progress_every=60.0)
         elif state == "interrupted":
-            end = train_task(run_dir=run_dir, resume=True, max_samples=task_config(self.plan, point).resolved().max_samples,
-                             progress_every=60.0)
+            end = train_task(
+                run_dir=run_dir,
+                resume=True,
+                max_samples=task_config(self.plan, point).resolved().max_samples,
+                progress_every=60.0,
+            )
         else:
             return {}
         return {"held-out accuracy": end["accuracy"], "samples": end["samples"]}
@@ -168,8 +189,10 @@ class Sweep:
             state = self.state(point)
             clock = time.monotonic()
             if state == "damaged":
-                log(f"{prefix}: damaged, skipped: {self.damage_of(point)}; move {self.directory / point.name} away "
-                    "and run the same command again to train it afresh")
+                log(
+                    f"{prefix}: damaged, skipped: {self.damage_of(point)}; move {self.directory / point.name} away "
+                    "and run the same command again to train it afresh"
+                )
                 outcomes.append(Outcome(point.name, "damaged", detail="damaged"))
                 continue
             if state == "running":
@@ -182,15 +205,19 @@ class Sweep:
                 continue
             try:
                 if self.plan.task is not None:
-                    log(f"{prefix}: {'training' if state == 'new' else 'resuming' if state == 'interrupted' else 'done'}")
+                    log(
+                        f"{prefix}: "
+                        f"{'training' if state == 'new' else 'resuming' if state == 'interrupted' else 'done'}"
+                    )
                     summary = self._train_task(point, state)
                 elif state == "new":
                     log(f"{prefix}: training")
                     summary = Trainer(self.config(point)).fit()
                 elif state == "interrupted":
                     log(f"{prefix}: resuming")
-                    summary = Trainer.resume(self.directory / point.name, trust_code=self.trust_code,
-                                             **self._resumable(point)).fit()
+                    summary = Trainer.resume(
+                        self.directory / point.name, trust_code=self.trust_code, **self._resumable(point)
+                    ).fit()
                 else:
                     summary = {}
             except TrainingDiverged as error:
@@ -198,22 +225,28 @@ class Sweep:
                 outcomes.append(Outcome(point.name, "diverged", time.monotonic() - clock))
                 continue
             except TrainingInterrupted as error:
-                raise TrainingInterrupted(f"{error}; or run the same `charlm sweep` command again to go on with "
-                                          f"the whole sweep ({number - 1} of {len(points)} runs done)") from None
+                raise TrainingInterrupted(
+                    f"{error}; or run the same `charlm sweep` command again to go on with "
+                    f"the whole sweep ({number - 1} of {len(points)} runs done)"
+                ) from None
             except (WriteError, StorageError):  # a full disk or a file-size limit stops every point: stop here
                 raise
             except CharlmError as error:  # this point cannot run (in use, too large, corpus missing): go on
                 log(f"{prefix}: not run: {error}")
                 in_use = "in use by another training" in str(error)
-                outcomes.append(Outcome(point.name, "in use" if in_use else "failed", detail="" if in_use else "not run"))
+                outcomes.append(
+                    Outcome(point.name, "in use" if in_use else "failed", detail="" if in_use else "not run")
+                )
                 continue
             try:
                 self._evaluate(point, log, prefix)
             except WriteError:
                 raise
             except CharlmError as error:  # the trained run is kept; the next command evaluates it again
-                log(f"{prefix}: trained, but its evaluation failed: {error}; the run is kept: run the same command "
-                    "again to evaluate it")
+                log(
+                    f"{prefix}: trained, but its evaluation failed: {error}; the run is kept: run the same command "
+                    "again to evaluate it"
+                )
                 outcomes.append(Outcome(point.name, "failed", time.monotonic() - clock, summary, "evaluation failed"))
                 continue
             seconds = time.monotonic() - clock
@@ -223,15 +256,22 @@ class Sweep:
                 trained_seconds, trained = trained_seconds + seconds, trained + 1
                 remaining = sum(1 for p in points[number:] if self.state(p) in ("new", "interrupted"))
                 estimate = f", about {_minutes(trained_seconds / trained * remaining)} left" if remaining else ""
-                score = (f"held-out accuracy {summary.get('held-out accuracy') or 0:.2%} after {summary.get('samples', 0):,} samples"
-                         if self.plan.task else f"best valid {summary.get('best_valid_bpc', float('nan')):.4f} bpc")
-                log(f"{prefix}: done in {_minutes(seconds)} ({score}); "
-                    f"sweep {number}/{len(points)}, {_minutes(time.monotonic() - started)} elapsed{estimate}")
+                score = (
+                    f"held-out accuracy {summary.get('held-out accuracy') or 0:.2%} after "
+                    f"{summary.get('samples', 0):,} samples"
+                    if self.plan.task
+                    else f"best valid {summary.get('best_valid_bpc', float('nan')):.4f} bpc"
+                )
+                log(
+                    f"{prefix}: done in {_minutes(seconds)} ({score}); "
+                    f"sweep {number}/{len(points)}, {_minutes(time.monotonic() - started)} elapsed{estimate}"
+                )
             outcomes.append(Outcome(point.name, "finished", seconds, summary))
         return outcomes
 
     def _logging_to_file(self, log):
         """``log``, also appending each line to ``sweep.log`` (what a batch job's user reads later)."""
+
         def both(line: str) -> None:
             log(line)
             append_text(self.log_file, line + "\n")
@@ -242,7 +282,9 @@ class Sweep:
         """The embedded corpus needs no download: prepare it when a point trains on it."""
         from charlm.corpora import load_corpus, prepare_corpus
 
-        if self.plan.task is None and any(point.settings.get("corpus", TrainConfig.corpus) == "pydoc" for point in points):
+        if self.plan.task is None and any(
+            point.settings.get("corpus", TrainConfig.corpus) == "pydoc" for point in points
+        ):
             try:
                 load_corpus("pydoc", self.data_dir)
             except CharlmError:
@@ -272,8 +314,13 @@ class Sweep:
         model = load(run.path, trust_code=self.trust_code)
         for step in missing:
             log(f"{prefix}: evaluating ({step.label})")
-            model.evaluate(step.split, dynamic=step.dynamic, adapt_on=step.adapt_on, batch_size=step.batch_size,
-                           data_dir=self.data_dir)
+            model.evaluate(
+                step.split,
+                dynamic=step.dynamic,
+                adapt_on=step.adapt_on,
+                batch_size=step.batch_size,
+                data_dir=self.data_dir,
+            )
             model.restore()
 
 
@@ -282,8 +329,11 @@ def _eval_label(record) -> str:
     mode = record.mode
     if mode == "dynamic":
         mode = (record.hyperparameters or {}).get("method", "dynamic")
-    return EvalStep(split="test" if record.split is None else record.split, dynamic=None if mode == "static" else mode,
-                    adapt_on=record.adapt_on).label
+    return EvalStep(
+        split="test" if record.split is None else record.split,
+        dynamic=None if mode == "static" else mode,
+        adapt_on=record.adapt_on,
+    ).label
 
 
 def _minutes(seconds: float) -> str:

@@ -53,7 +53,14 @@ def check_on_corpora(sweep, points) -> None:
                 where = plan.origins.get(("eval", ""), "eval")
                 given = "" if step.batch_size else f" (its default for a {step.dynamic or 'static'} evaluation)"
                 raise CharlmError(f"plan {plan.source}: {where}[{index}].batch_size{given} {error.reason}") from None
-        key = (corpus.vocab_size, config.cell, config.params, config.layers, config.embed_size, repr(config.cell_options))
+        key = (
+            corpus.vocab_size,
+            config.cell,
+            config.params,
+            config.layers,
+            config.embed_size,
+            repr(config.cell_options),
+        )
         if config.params is None or ":" in config.cell or key in sized:
             continue
         try:

@@ -45,7 +45,7 @@ def normalised_score(log_prob: float, length: int, length_penalty: float) -> flo
     if not length:
         return 0.0
     try:
-        return log_prob / length ** length_penalty
+        return log_prob / length**length_penalty
     except OverflowError:  # length ** alpha beyond a float (alpha 1e308): the score is log_prob / inf
         return log_prob / math.inf
 
@@ -73,8 +73,15 @@ def select_rows(state, index: torch.Tensor):
 
 
 @torch.inference_mode()
-def beam_search(model: LanguageModel, prime_ids: Sequence[int], length: int, width: int, length_penalty: float = 1.0,
-                banned_ids: Sequence[int] = (), finished: Callable[[list[int]], bool] | None = None) -> Beam:
+def beam_search(
+    model: LanguageModel,
+    prime_ids: Sequence[int],
+    length: int,
+    width: int,
+    length_penalty: float = 1.0,
+    banned_ids: Sequence[int] = (),
+    finished: Callable[[list[int]], bool] | None = None,
+) -> Beam:
     """The best-scoring continuation of ``prime_ids`` that a beam of ``width`` finds.
 
     At each step every live beam is extended by every symbol (except ``banned_ids``: the unknown
@@ -127,8 +134,9 @@ def extend(live: list[Beam], totals: torch.Tensor, log_probs: torch.Tensor, widt
         ran_out = keep == candidates.numel()  # every candidate looked at, or the rest impossible (banned)
         for flat, total, token_log_prob in zip(chosen.tolist(), values.tolist(), log_probs.flatten()[chosen].tolist()):
             if math.isnan(total):
-                raise CharlmError("the model's next-symbol probabilities are not numbers (NaN): "
-                                  "its weights or its state overflowed")
+                raise CharlmError(
+                    "the model's next-symbol probabilities are not numbers (NaN): its weights or its state overflowed"
+                )
             if total == float("-inf"):
                 ran_out = True
                 break

@@ -81,7 +81,9 @@ class RMSUpdate:
 
     @torch.no_grad()
     def __call__(self) -> None:
-        for parameter, trained, inverse_scale, pull in zip(self.parameters, self.trained, self.inverse_scale, self.pull):
+        for parameter, trained, inverse_scale, pull in zip(
+            self.parameters, self.trained, self.inverse_scale, self.pull
+        ):
             step = pull * (trained - parameter)
             if parameter.grad is not None:
                 step.addcmul_(parameter.grad, inverse_scale, value=-self.lr)
@@ -98,7 +100,14 @@ def decay_rates(rms: list[Tensor], decay: float) -> list[Tensor]:
 
 
 def collect_gradient_statistics(
-    model, tokens: np.ndarray, *, segment: int, batch_size: int, max_batches: int | None = None, device=None, progress=None
+    model,
+    tokens: np.ndarray,
+    *,
+    segment: int,
+    batch_size: int,
+    max_batches: int | None = None,
+    device=None,
+    progress=None,
 ) -> tuple[list[Tensor], int]:
     """√MS for every trainable parameter, and K: MS = (1/K) Σ_k (∇θ L_k)².
 
@@ -120,7 +129,9 @@ def collect_gradient_statistics(
             state = detach_state(state)
             loss = window_nats(logits, window.targets) / window.targets.numel()
             if not torch.isfinite(loss):
-                raise DynamicDiverged(f"the training loss is not finite at batch {batches} while collecting gradient statistics")
+                raise DynamicDiverged(
+                    f"the training loss is not finite at batch {batches} while collecting gradient statistics"
+                )
             loss.backward()
             with torch.no_grad():
                 for square, parameter in zip(squares, parameters):
@@ -178,7 +189,9 @@ def dynamic_score(
                 columns.append(each.detach().double().cpu())
             segment_nats = nats.item()  # the score, fixed before any update on this segment
             if not math.isfinite(segment_nats):
-                raise DynamicDiverged(f"dynamic evaluation diverged at segment {window.index} (non-finite loss): lower --dyn-lr")
+                raise DynamicDiverged(
+                    f"dynamic evaluation diverged at segment {window.index} (non-finite loss): lower --dyn-lr"
+                )
             total += segment_nats
             real = int((window.targets != IGNORE).sum())
             (nats / real).backward()

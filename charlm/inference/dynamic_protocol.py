@@ -71,8 +71,10 @@ class SearchResult:
             if value == bounds[name].get("min" if smallest else "max"):
                 continue  # nothing lies beyond
             edge, way = ("smallest", "smaller") if smallest else ("largest", "larger")
-            notes.append(f"the best {symbol}, {value:g}, is the {edge} the search tried ({tried[0]:g} to {tried[-1]:g}): "
-                         f"a {way} one may do better; try {flag_of(DynamicOptions, name)} {way} than {value:g}")
+            notes.append(
+                f"the best {symbol}, {value:g}, is the {edge} the search tried ({tried[0]:g} to {tried[-1]:g}): "
+                f"a {way} one may do better; try {flag_of(DynamicOptions, name)} {way} than {value:g}"
+            )
         return notes
 
 
@@ -139,17 +141,35 @@ class NoProgress:
         yield lambda tokens, nats: None
 
 
-def grid_search(model, tokens: np.ndarray, options: DynamicOptions, rms=None, *, lrs, decays, device=None,
-                chars_per_token: float = 1.0, progress=None, cuda_graph: bool = True) -> SearchResult:
+def grid_search(
+    model,
+    tokens: np.ndarray,
+    options: DynamicOptions,
+    rms=None,
+    *,
+    lrs,
+    decays,
+    device=None,
+    chars_per_token: float = 1.0,
+    progress=None,
+    cuda_graph: bool = True,
+) -> SearchResult:
     """Dynamic bpc of ``tokens`` for every (η, λ) in lrs × decays, each from the current weights,
     which are restored afterwards. A point is abandoned as diverged as soon as its running loss
     exceeds twice the larger of the static loss and the uniform distribution's (log V nats)."""
     progress = progress or NoProgress()
     trained = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     with progress.stage("search: static", len(tokens)) as callback:
-        static = score_tokens(model, tokens, batch_size=options.batch_size, bptt=options.segment, device=device,
-                              chars_per_token=chars_per_token, progress=lambda count: callback(count, 0.0),
-                              cuda_graph=cuda_graph)
+        static = score_tokens(
+            model,
+            tokens,
+            batch_size=options.batch_size,
+            bptt=options.segment,
+            device=device,
+            chars_per_token=chars_per_token,
+            progress=lambda count: callback(count, 0.0),
+            cuda_graph=cuda_graph,
+        )
     hopeless_nats = 2 * max(static.loss, math.log(model.config.vocab_size))
     points = []
     for lr, decay in itertools.product(lrs, decays):
@@ -157,9 +177,16 @@ def grid_search(model, tokens: np.ndarray, options: DynamicOptions, rms=None, *,
         label = f"search: η={lr:g}" + (f" λ={decay:g}" if options.method == "rms" else "")
         try:
             with progress.stage(label, len(tokens)) as callback:
-                score = dynamic_score(model, tokens, make_update(model, point, rms), segment=point.segment,
-                                      batch_size=point.batch_size, device=device, chars_per_token=chars_per_token,
-                                      progress=_abandoning_beyond(hopeless_nats, callback))
+                score = dynamic_score(
+                    model,
+                    tokens,
+                    make_update(model, point, rms),
+                    segment=point.segment,
+                    batch_size=point.batch_size,
+                    device=device,
+                    chars_per_token=chars_per_token,
+                    progress=_abandoning_beyond(hopeless_nats, callback),
+                )
             bpc = score.bpc
         except DynamicDiverged:
             bpc = math.inf
@@ -173,25 +200,44 @@ def check_protocol(split: str, adapt_on: str | None, search_prefix: int | None) 
         raise CharlmError(f"--adapt-on must be valid, not {adapt_on!r}")
     if adapt_on == split:
         raise CharlmError(f"--adapt-on {adapt_on} adapts before scoring another split: use it with --split test")
-    if search_prefix is not None and (isinstance(search_prefix, bool) or not isinstance(search_prefix, int)
-                                      or not 2 <= search_prefix <= INT64_MAX):  # Model.evaluate passes it unchecked
-        raise CharlmError(f"--search-prefix must be a whole number of characters from 2 to {INT64_MAX}, not {search_prefix!r}")
+    if search_prefix is not None and (
+        isinstance(search_prefix, bool) or not isinstance(search_prefix, int) or not 2 <= search_prefix <= INT64_MAX
+    ):  # Model.evaluate passes it unchecked
+        raise CharlmError(
+            f"--search-prefix must be a whole number of characters from 2 to {INT64_MAX}, not {search_prefix!r}"
+        )
 
 
-def check_protocol_fits(model, corpus, options: DynamicOptions, splits, prefix, *, device=None,
-                        cuda_graph: bool = True) -> None:
+def check_protocol_fits(
+    model, corpus, options: DynamicOptions, splits, prefix, *, device=None, cuda_graph: bool = True
+) -> None:
     """Refuse, before anything is scored, a protocol whose longest text (the ``splits``, None entries
     skipped, and the search ``prefix``) ``device`` cannot score statically or adapt on in
     ``options``' windows beside ``model`` (``charlm.runtime.memory.check_evaluation_fits``)."""
     lengths = [len(corpus.split(name)) for name in splits if name is not None]
     predictions = max(lengths + ([len(prefix)] if prefix is not None else [])) - 1
     train_predictions = max(len(corpus.split("train")) - 1, 0) if options.method == "rms" else 0
-    check_evaluation_fits(model, device, predictions=predictions, batch_size=options.batch_size, bptt=options.segment,
-                          cuda_graph=cuda_graph, advice=DYNAMIC_ADVICE["sgd"])  # the static figures, same windows
-    check_evaluation_fits(model, device, predictions=predictions, batch_size=options.batch_size, bptt=options.segment,
-                          method=options.method, stat_batch_size=options.stat_batch_size,
-                          train_predictions=train_predictions, restore_copy=prefix is not None,
-                          advice=DYNAMIC_ADVICE[options.method])
+    check_evaluation_fits(
+        model,
+        device,
+        predictions=predictions,
+        batch_size=options.batch_size,
+        bptt=options.segment,
+        cuda_graph=cuda_graph,
+        advice=DYNAMIC_ADVICE["sgd"],
+    )  # the static figures, same windows
+    check_evaluation_fits(
+        model,
+        device,
+        predictions=predictions,
+        batch_size=options.batch_size,
+        bptt=options.segment,
+        method=options.method,
+        stat_batch_size=options.stat_batch_size,
+        train_predictions=train_predictions,
+        restore_copy=prefix is not None,
+        advice=DYNAMIC_ADVICE[options.method],
+    )
 
 
 def _abandoning_beyond(nats_per_token: float, callback):
@@ -209,9 +255,18 @@ def _abandoning_beyond(nats_per_token: float, callback):
     return check
 
 
-def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adapt_on: str | None = None,
-                     search_prefix: int | None = None, device=None, progress=None,
-                     cuda_graph: bool = True) -> DynamicReport:
+def evaluate_dynamic(
+    model,
+    corpus,
+    split: str,
+    options: DynamicOptions,
+    *,
+    adapt_on: str | None = None,
+    search_prefix: int | None = None,
+    device=None,
+    progress=None,
+    cuda_graph: bool = True,
+) -> DynamicReport:
     """Static and dynamic scores of ``split`` (see the module docstring); leaves θ adapted.
 
     ``search_prefix`` (characters of the validation split) turns the grid search on;
@@ -224,8 +279,13 @@ def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adap
     if search_prefix is not None:
         valid_chars_per_token = characters_per_token(corpus, "valid")
         prefix = corpus.split("valid")[: max(2, int(search_prefix / valid_chars_per_token) + 1)]
-        check_streams_fit(options.batch_size, prefix, DynamicOptions, "batch_size",
-                          f"the search prefix ({search_prefix:,} characters of the valid split)")
+        check_streams_fit(
+            options.batch_size,
+            prefix,
+            DynamicOptions,
+            "batch_size",
+            f"the search prefix ({search_prefix:,} characters of the valid split)",
+        )
     check_protocol_fits(model, corpus, options, (split, adapt_on), prefix, device=device, cuda_graph=cuda_graph)
     progress = progress or NoProgress()
     tokens = corpus.split(split)
@@ -233,9 +293,16 @@ def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adap
 
     started = time.perf_counter()
     with progress.stage(f"static {split}", len(tokens)) as callback:
-        static = score_tokens(model, tokens, batch_size=options.batch_size, bptt=options.segment, device=device,
-                              chars_per_token=chars_per_token, progress=lambda count: callback(count, 0.0),
-                              cuda_graph=cuda_graph)
+        static = score_tokens(
+            model,
+            tokens,
+            batch_size=options.batch_size,
+            bptt=options.segment,
+            device=device,
+            chars_per_token=chars_per_token,
+            progress=lambda count: callback(count, 0.0),
+            cuda_graph=cuda_graph,
+        )
     static_seconds = time.perf_counter() - started
 
     rms, statistics_seconds, statistics_batches = None, 0.0, 0
@@ -244,15 +311,30 @@ def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adap
         started = time.perf_counter()
         with progress.stage("gradient statistics (train)", statistics_tokens(train, options)) as callback:
             rms, statistics_batches = collect_gradient_statistics(
-                model, train, segment=options.segment, batch_size=options.stat_batch_size,
-                max_batches=options.stat_batches, device=device, progress=callback)
+                model,
+                train,
+                segment=options.segment,
+                batch_size=options.stat_batch_size,
+                max_batches=options.stat_batches,
+                device=device,
+                progress=callback,
+            )
         statistics_seconds = time.perf_counter() - started
 
     search = None
     if prefix is not None:
-        search = grid_search(model, prefix, options, rms, lrs=SEARCH_LRS[options.method],
-                             decays=SEARCH_DECAYS[options.method], device=device,
-                             chars_per_token=valid_chars_per_token, progress=progress, cuda_graph=cuda_graph)
+        search = grid_search(
+            model,
+            prefix,
+            options,
+            rms,
+            lrs=SEARCH_LRS[options.method],
+            decays=SEARCH_DECAYS[options.method],
+            device=device,
+            chars_per_token=valid_chars_per_token,
+            progress=progress,
+            cuda_graph=cuda_graph,
+        )
         options = dataclasses.replace(options, lr=search.best.lr, decay=search.best.decay)
         for note in search.edge_notes():
             get_logger().warning(f"warning: --dyn-search: {note}")
@@ -263,24 +345,57 @@ def evaluate_dynamic(model, corpus, split: str, options: DynamicOptions, *, adap
         started = time.perf_counter()
         adaptation_tokens = corpus.split(adapt_on)
         with progress.stage(f"adapt on {adapt_on}", len(adaptation_tokens)) as callback:
-            adaptation = dynamic_score(model, adaptation_tokens, update, segment=options.segment,
-                                       batch_size=options.batch_size, device=device,
-                                       chars_per_token=characters_per_token(corpus, adapt_on), progress=callback)
+            adaptation = dynamic_score(
+                model,
+                adaptation_tokens,
+                update,
+                segment=options.segment,
+                batch_size=options.batch_size,
+                device=device,
+                chars_per_token=characters_per_token(corpus, adapt_on),
+                progress=callback,
+            )
         adaptation_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
     with progress.stage(f"dynamic {split}", len(tokens)) as callback:
-        dynamic = dynamic_score(model, tokens, update, segment=options.segment, batch_size=options.batch_size,
-                                device=device, chars_per_token=chars_per_token, progress=callback)
+        dynamic = dynamic_score(
+            model,
+            tokens,
+            update,
+            segment=options.segment,
+            batch_size=options.batch_size,
+            device=device,
+            chars_per_token=chars_per_token,
+            progress=callback,
+        )
     dynamic_seconds = time.perf_counter() - started
-    return DynamicReport(options, split, static, dynamic, static_seconds, dynamic_seconds, statistics_seconds,
-                         statistics_batches, adapt_on, adaptation, adaptation_seconds, search)
+    return DynamicReport(
+        options,
+        split,
+        static,
+        dynamic,
+        static_seconds,
+        dynamic_seconds,
+        statistics_seconds,
+        statistics_batches,
+        adapt_on,
+        adaptation,
+        adaptation_seconds,
+        search,
+    )
 
 
 # Command-line flags → DynamicOptions fields; the flags that only rms uses.
-FIELDS_BY_FLAG = {"--dyn-lr": "lr", "--dyn-decay": "decay", "--dyn-eps": "eps", "--segment": "segment",
-                  "--batch-size": "batch_size", "--dyn-stat-batches": "stat_batches",
-                  "--dyn-stat-batch-size": "stat_batch_size"}
+FIELDS_BY_FLAG = {
+    "--dyn-lr": "lr",
+    "--dyn-decay": "decay",
+    "--dyn-eps": "eps",
+    "--segment": "segment",
+    "--batch-size": "batch_size",
+    "--dyn-stat-batches": "stat_batches",
+    "--dyn-stat-batch-size": "stat_batch_size",
+}
 RMS_ONLY_FLAGS = ("--dyn-decay", "--dyn-eps", "--dyn-stat-batches", "--dyn-stat-batch-size")
 STATIC_TOO_FLAGS = ("--batch-size", "--bptt")
 
@@ -294,7 +409,9 @@ def resolve_options(method: str | None, given: dict, *, search: bool = False) ->
     if method is None:
         return None
     if given.get("--bptt") is not None:
-        raise CharlmError("--bptt sets the windows of static evaluation; dynamic evaluation uses --segment for both figures")
+        raise CharlmError(
+            "--bptt sets the windows of static evaluation; dynamic evaluation uses --segment for both figures"
+        )
     for flag in named:
         if flag in RMS_ONLY_FLAGS and method != "rms":
             raise CharlmError(f"{flag} applies to --dynamic rms only")
@@ -316,7 +433,9 @@ def check_method(method: str | None, dynamic_only: list[str], *, purpose: str = 
     if method is None and dynamic_only:
         raise CharlmError(f"{dynamic_only[0]} applies to dynamic {purpose}: add --dynamic sgd or --dynamic rms")
     if method is not None and method not in METHODS:
-        taken = f": it takes a method first, as in --dynamic sgd {method}" if method.startswith("-") else ""  # an option
+        taken = (
+            f": it takes a method first, as in --dynamic sgd {method}" if method.startswith("-") else ""
+        )  # an option
         raise CharlmError(f"--dynamic must be {' or '.join(METHODS)}, not {method!r}{taken}")
 
 
@@ -338,6 +457,10 @@ def adapted_checkpoint(model, report: DynamicReport):
     """The evaluated checkpoint with the adapted weights (a ``charlm.api.Model`` after
     ``evaluate(dynamic=...)``), loadable wherever the original is."""
     source = model.checkpoint.path
-    dynamic = {"source": None if source is None else str(source), "split": report.split, "adapt_on": report.adapt_on,
-               **report.options.hyperparameters()}
+    dynamic = {
+        "source": None if source is None else str(source),
+        "split": report.split,
+        "adapt_on": report.adapt_on,
+        **report.options.hyperparameters(),
+    }
     return model.current_checkpoint(kind="adapted", training=None, dynamic=dynamic)

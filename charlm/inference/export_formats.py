@@ -9,7 +9,9 @@ from pathlib import Path
 from charlm.errors import CharlmError
 
 FORMATS = ("charlm", "torchscript", "onnx")
-ONNX_HINT = "install the extra from charlm's clone: python3 -m pip install -e '.[onnx]' (or: pip install onnx onnxruntime)"
+ONNX_HINT = (
+    "install the extra from charlm's clone: python3 -m pip install -e '.[onnx]' (or: pip install onnx onnxruntime)"
+)
 
 
 def check_available(format: str) -> None:

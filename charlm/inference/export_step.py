@@ -56,8 +56,10 @@ class StateLayout:
             counts.append(len(layer_state))
             for index, tensor in enumerate(layer_state):
                 if tensor.dim() != 2:
-                    raise CharlmError(f"cannot export cell {model.config.cell!r}: its state tensor {index} of layer "
-                                      f"{layer_index} is not [batch, width] but has shape {list(tensor.shape)}")
+                    raise CharlmError(
+                        f"cannot export cell {model.config.cell!r}: its state tensor {index} of layer "
+                        f"{layer_index} is not [batch, width] but has shape {list(tensor.shape)}"
+                    )
                 names.append(f"layer{layer_index}_state{index}")
                 widths.append(tensor.shape[1])
         return cls(tuple(counts), tuple(names), tuple(widths))
@@ -72,7 +74,7 @@ class StateLayout:
     def nest(self, flat) -> list[tuple[Tensor, ...]]:
         state, start = [], 0
         for count in self.counts:
-            state.append(tuple(flat[start:start + count]))
+            state.append(tuple(flat[start : start + count]))
             start += count
         return state
 
@@ -117,8 +119,10 @@ def write_step(model: LanguageModel, path: Path, format: str) -> float:
             raise CharlmError(f"cannot export cell {model.config.cell!r} to {format}: {first}") from None
     difference = max_difference(model, layout, runner(format, path, layout))
     if not difference <= TOLERANCE:
-        raise CharlmError(f"the exported {format} step differs from charlm's by {difference:.2e} (more than "
-                          f"{TOLERANCE:g}): not written")
+        raise CharlmError(
+            f"the exported {format} step differs from charlm's by {difference:.2e} (more than "
+            f"{TOLERANCE:g}): not written"
+        )
     return difference
 
 
@@ -127,8 +131,16 @@ def write_onnx(step: FlatStep, example: tuple, layout: StateLayout, path: Path) 
     exporter also needs onnxscript; the batch dimension of every input and output is dynamic."""
     inputs, outputs = ["tokens", *layout.names], ["logits", *layout.output_names]
     with output_silenced():  # its C++ log prints the whole graph to stdout when an operation cannot be exported
-        torch.onnx.export(step, example, str(path), dynamo=False, opset_version=ONNX_OPSET, input_names=inputs,
-                          output_names=outputs, dynamic_axes={name: {0: "batch"} for name in inputs + outputs})
+        torch.onnx.export(
+            step,
+            example,
+            str(path),
+            dynamo=False,
+            opset_version=ONNX_OPSET,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes={name: {0: "batch"} for name in inputs + outputs},
+        )
 
 
 @contextlib.contextmanager
@@ -180,8 +192,9 @@ def example_inputs(model: LanguageModel, layout: StateLayout, batch: int, seed: 
 
 
 @torch.no_grad()
-def max_difference(model: LanguageModel, layout: StateLayout, run: Runner, steps: int = CHECK_STEPS,
-                   batch: int = CHECK_BATCH) -> float:
+def max_difference(
+    model: LanguageModel, layout: StateLayout, run: Runner, steps: int = CHECK_STEPS, batch: int = CHECK_BATCH
+) -> float:
     """The largest absolute difference between ``run`` and ``model.step`` over ``steps`` steps, each
     fed its own state from the step before, in the logits and in every state tensor."""
     tokens, *start = example_inputs(model, layout, batch, seed=2)
@@ -193,8 +206,10 @@ def max_difference(model: LanguageModel, layout: StateLayout, run: Runner, steps
         pairs = [(expected_logits, logits), *zip(layout.flatten(ours), theirs)]
         for expected, got in pairs:
             if expected.shape != got.shape:
-                raise CharlmError(f"the exported step gives shape {list(got.shape)} where charlm's gives "
-                                  f"{list(expected.shape)}: not written")
+                raise CharlmError(
+                    f"the exported step gives shape {list(got.shape)} where charlm's gives "
+                    f"{list(expected.shape)}: not written"
+                )
             largest = max(largest, (expected.double() - got.double()).abs().max().item())
         tokens = torch.randint(model.config.vocab_size, (batch,), generator=generator)
     return largest
@@ -217,10 +232,15 @@ def description(model, format: str, file_name: str) -> dict:
         "inputs": ["tokens", *layout.names],
         "outputs": ["logits", *layout.output_names],
         "tokens": {"dtype": "int64", "shape": ["batch"], "meaning": "index into vocabulary"},
-        "logits": {"dtype": "float32", "shape": ["batch", network.config.vocab_size],
-                   "meaning": "unnormalised log-probabilities of the next token (softmax gives probabilities)"},
-        "state": [{"name": name, "output": out, "dtype": "float32", "shape": ["batch", width], "initial": "zeros"}
-                  for name, out, width in zip(layout.names, layout.output_names, layout.widths)],
+        "logits": {
+            "dtype": "float32",
+            "shape": ["batch", network.config.vocab_size],
+            "meaning": "unnormalised log-probabilities of the next token (softmax gives probabilities)",
+        },
+        "state": [
+            {"name": name, "output": out, "dtype": "float32", "shape": ["batch", width], "initial": "zeros"}
+            for name, out, width in zip(layout.names, layout.output_names, layout.widths)
+        ],
         "unit": unit,
         "tokenizer": tokenizer,
         "vocabulary": list(model.vocabulary),
@@ -254,4 +274,3 @@ def write_description(model, format: str, path: Path) -> list[Path]:
     sidecar = description_path(path)
     atomic_write_text(sidecar, json.dumps(info, indent=2, ensure_ascii=False) + "\n")
     return [sidecar, *written]
-

@@ -61,8 +61,8 @@ def continuation_log_probs(model, prime_ids: Sequence[int], ids: Sequence[int]) 
     device = next(model.parameters()).device
     tokens = torch.tensor([list(prime_ids) + list(ids)], device=device)
     logits, _ = model(tokens[:, :-1], model.initial_state(1, device=device))
-    predicted = torch.log_softmax(logits[0, len(prime_ids) - 1:].float(), dim=-1)
-    return predicted.gather(1, tokens[0, len(prime_ids):, None]).squeeze(1).tolist()
+    predicted = torch.log_softmax(logits[0, len(prime_ids) - 1 :].float(), dim=-1)
+    return predicted.gather(1, tokens[0, len(prime_ids) :, None]).squeeze(1).tolist()
 
 
 class Generation:
@@ -71,8 +71,14 @@ class Generation:
     natural-log probability under the model given the prime (temperature 1, nothing filtered;
     with a stop string, up to the symbol that completed it)."""
 
-    def __init__(self, pieces: Iterator[str], ids: list[int], model=None, prime_ids: Sequence[int] = (),
-                 log_probs: list[float] | None = None):
+    def __init__(
+        self,
+        pieces: Iterator[str],
+        ids: list[int],
+        model=None,
+        prime_ids: Sequence[int] = (),
+        log_probs: list[float] | None = None,
+    ):
         self._pieces = pieces
         self.ids = ids  # filled as the pieces are read
         self._model, self._prime_ids, self._log_probs = model, list(prime_ids), log_probs
@@ -109,7 +115,9 @@ class Generation:
         return -self.log2_prob / len(self.ids) if self.ids else 0.0
 
 
-def beam_generation(model, tokenizer, prime_ids: Sequence[int], config: SampleConfig, stops: Sequence[str]) -> Generation:
+def beam_generation(
+    model, tokenizer, prime_ids: Sequence[int], config: SampleConfig, stops: Sequence[str]
+) -> Generation:
     """The continuation a beam search of width ``config.beam`` finds, as one piece (cut after the
     first stop string), searched when that piece is first asked for; whether it fits is checked now."""
     check_beam_fits(model, config.beam, config.length)
@@ -118,12 +126,13 @@ def beam_generation(model, tokenizer, prime_ids: Sequence[int], config: SampleCo
 
     def pieces() -> Iterator[str]:
         ended = (lambda ids: stop_end(tokenizer.decode(ids), stops) is not None) if stops else None
-        best = beam_search(model, prime_ids, config.length, config.beam, config.length_penalty,
-                           unknown_ids(tokenizer), ended)
+        best = beam_search(
+            model, prime_ids, config.length, config.beam, config.length_penalty, unknown_ids(tokenizer), ended
+        )
         found.extend(best.ids)
         log_probs.extend(best.log_probs)
         text = tokenizer.decode(best.ids)
-        yield text[:stop_end(text, stops) or len(text)] if stops else text
+        yield text[: stop_end(text, stops) or len(text)] if stops else text
 
     return Generation(pieces(), found, model, prime_ids, log_probs)
 

@@ -93,8 +93,9 @@ def sampling_step(model: LanguageModel, state: list, cuda_graph: bool = True):
 
 
 @torch.inference_mode()
-def generate(model: LanguageModel, prime_ids: list[int], config: SampleConfig, banned_ids=(),
-             cuda_graph: bool = True) -> Iterator[int]:
+def generate(
+    model: LanguageModel, prime_ids: list[int], config: SampleConfig, banned_ids=(), cuda_graph: bool = True
+) -> Iterator[int]:
     """Yield ``config.length`` token ids, each drawn given the prime and everything drawn before.
 
     ``banned_ids`` are never drawn (the unknown-symbol entry: it stands for no character).
@@ -122,8 +123,9 @@ def generate(model: LanguageModel, prime_ids: list[int], config: SampleConfig, b
             last = last / temperature
         probabilities = torch.softmax(filter_logits(last, config.top_k, config.top_p), dim=-1)
         if torch.isnan(probabilities).any():
-            raise CharlmError("the model's next-symbol probabilities are not numbers (NaN): "
-                              "its weights or its state overflowed")
+            raise CharlmError(
+                "the model's next-symbol probabilities are not numbers (NaN): its weights or its state overflowed"
+            )
         token = draw(probabilities, generator)
         yield int(token)
         if drawn + 1 == config.length:
@@ -142,8 +144,8 @@ def decoded_pieces(tokenizer: Tokenizer, ids: Iterator[int]) -> Iterator[str]:
         drawn.append(token)
         text = tokenizer.decode(drawn)
         if text.startswith(written) and len(text) > len(written):
-            yield text[len(written):]
+            yield text[len(written) :]
             written = text
     final = tokenizer.decode(drawn)
     if final != written and final.startswith(written):
-        yield final[len(written):]
+        yield final[len(written) :]

@@ -74,8 +74,19 @@ def token_nats(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def score_tokens(model, tokens: np.ndarray, *, batch_size: int, bptt: int, device, chars_per_token: float = 1.0,
-                 progress=None, per_token: bool = False, rows: slice = slice(None), cuda_graph: bool = True) -> Score:
+def score_tokens(
+    model,
+    tokens: np.ndarray,
+    *,
+    batch_size: int,
+    bptt: int,
+    device,
+    chars_per_token: float = 1.0,
+    progress=None,
+    per_token: bool = False,
+    rows: slice = slice(None),
+    cuda_graph: bool = True,
+) -> Score:
     """Score every symbol of ``tokens`` after the first, carrying state across windows.
 
     ``per_token=True`` also returns each prediction's NLL in text order (``Score.token_nats``).
@@ -115,8 +126,18 @@ def check_splits_fit(corpus, splits, batch_size: int, owner: type, field: str = 
         check_streams_fit(batch_size, corpus.split(split), owner, field, f"the {split} split of {corpus.name!r}")
 
 
-def score_split(model, corpus, split: str, *, batch_size: int, bptt: int, device, progress=None,
-                rows: slice = slice(None), cuda_graph: bool = True) -> Score:
+def score_split(
+    model,
+    corpus,
+    split: str,
+    *,
+    batch_size: int,
+    bptt: int,
+    device,
+    progress=None,
+    rows: slice = slice(None),
+    cuda_graph: bool = True,
+) -> Score:
     return score_tokens(
         model,
         corpus.split(split),

@@ -34,13 +34,17 @@ def best_of_run(run_dir: Path, chosen, read):
             candidate = None
         progress = (candidate.training.progress if candidate is not None and candidate.training else None) or {}
         if candidate is not None and candidate.scores.get("epoch") == recorded.epoch == progress.get("best_epoch"):
-            get_logger().warning(f"warning: {chosen.path} holds {_whose(chosen)}, but the run's best is epoch "
-                                 f"{recorded.epoch} (a kill cut the save of best.pt short; `charlm train --resume "
-                                 f"{run_dir}` rewrites it): using {last}, which holds the best epoch's weights")
+            get_logger().warning(
+                f"warning: {chosen.path} holds {_whose(chosen)}, but the run's best is epoch "
+                f"{recorded.epoch} (a kill cut the save of best.pt short; `charlm train --resume "
+                f"{run_dir}` rewrites it): using {last}, which holds the best epoch's weights"
+            )
             return candidate.without_optimizer()
-    get_logger().warning(f"warning: using {_whose(chosen)} ({chosen.path}): the run's records call epoch "
-                         f"{recorded.epoch} best, but no checkpoint holds its weights (the run was killed before they "
-                         "were saved)")
+    get_logger().warning(
+        f"warning: using {_whose(chosen)} ({chosen.path}): the run's records call epoch "
+        f"{recorded.epoch} best, but no checkpoint holds its weights (the run was killed before they "
+        "were saved)"
+    )
     return chosen
 
 

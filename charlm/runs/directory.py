@@ -7,7 +7,8 @@ object per line, typed and versioned by ``charlm.runs.records``) and to any extr
 One training at a time owns a run directory: it holds an advisory lock on ``lock`` (``flock``,
 released by the kernel when the process dies, so a killed run never blocks its resumption).
 Saving ``last.pt`` first keeps the one it replaces as ``previous.pt``, the fallback when a
-``last.pt`` cannot be read (or a kill fell between the two renames of ``save_last``). Epoch checkpoints and `charlm runs --prune`: ``charlm.runs.retention``.
+``last.pt`` cannot be read (or a kill fell between the two renames of ``save_last``). Epoch checkpoints and
+`charlm runs --prune`: ``charlm.runs.retention``.
 """
 
 from __future__ import annotations
@@ -27,20 +28,58 @@ except ImportError:  # Windows: no advisory locks, one training per directory is
     fcntl = None
 
 from charlm.errors import CharlmError
-from charlm.files import (WriteError, append_text, atomic_write_text, file_kind, flush_directory, make_directory, path_value,
-                          read_bytes, writing)
+from charlm.files import (
+    WriteError,
+    append_text,
+    atomic_write_text,
+    file_kind,
+    flush_directory,
+    make_directory,
+    path_value,
+    read_bytes,
+    writing,
+)
 from charlm.logs import get_logger
 from charlm.runs.records import KIND_WORDS, RunHistory, encode, is_of_kind, new_record
 from charlm.runs.retention import disk_usage
 
 STATUSES = ("finished", "interrupted", "diverged", "running", "created")
-SUMMARY_KEYS = ("run", "corpus", "task_accuracy", "task_samples", "cell", "layers", "hidden", "parameters", "epochs",
-                "train_fraction", "tokens_seen", "best_epoch", "best_valid_bpc", "test_bpc", "dynamic", "train_seconds",
-                "status", "disk_bytes", "provenance", "damage")  # of Run.summary()
+SUMMARY_KEYS = (
+    "run",
+    "corpus",
+    "task_accuracy",
+    "task_samples",
+    "cell",
+    "layers",
+    "hidden",
+    "parameters",
+    "epochs",
+    "train_fraction",
+    "tokens_seen",
+    "best_epoch",
+    "best_valid_bpc",
+    "test_bpc",
+    "dynamic",
+    "train_seconds",
+    "status",
+    "disk_bytes",
+    "provenance",
+    "damage",
+)  # of Run.summary()
 # The settings of config.json that listings and reports read, and the type each must have.
-CONFIG_FIELDS = {"train": {"corpus": str, "cell": str, "params": str, "layers": int, "hidden": int,
-                           "train_fraction": float, "seed": int, "keep_checkpoints": int},
-                 "model": {"cell": str, "layers": int, "hidden_size": int}}
+CONFIG_FIELDS = {
+    "train": {
+        "corpus": str,
+        "cell": str,
+        "params": str,
+        "layers": int,
+        "hidden": int,
+        "train_fraction": float,
+        "seed": int,
+        "keep_checkpoints": int,
+    },
+    "model": {"cell": str, "layers": int, "hidden_size": int},
+}
 
 
 class Run:
@@ -78,8 +117,10 @@ class Run:
             holder = self.holder()
             if holder:
                 raise _in_use(self.path, holder)
-            raise CharlmError(f"run directory {self.path} already holds a run: resume it with --resume {self.path}, "
-                              "or choose another --run-dir")
+            raise CharlmError(
+                f"run directory {self.path} already holds a run: resume it with --resume {self.path}, "
+                "or choose another --run-dir"
+            )
 
     @classmethod
     def resume(cls, path: str | Path) -> "Run":
@@ -99,18 +140,31 @@ class Run:
         """Refuse a run whose files a training writes are not regular files (a directory, a FIFO, a
         link to nowhere or a loop of links where train.log or best.pt belongs): said before anything
         is written or trained, not when the first write fails or waits on a FIFO for ever."""
-        for path in (self.config_file, self.provenance_file, self.metrics, self.log_file, self.last, self.previous,
-                     self.best, self.running_file, self.lock_file):
+        for path in (
+            self.config_file,
+            self.provenance_file,
+            self.metrics,
+            self.log_file,
+            self.last,
+            self.previous,
+            self.best,
+            self.running_file,
+            self.lock_file,
+        ):
             if not os.path.lexists(path):
                 continue
             try:
                 mode = os.stat(path).st_mode
             except OSError as error:  # a link to nowhere, a loop of links
-                raise CharlmError(f"run directory {self.path} cannot be resumed: {path} cannot be used "
-                                  f"({error.strerror or error}); remove it") from None
+                raise CharlmError(
+                    f"run directory {self.path} cannot be resumed: {path} cannot be used "
+                    f"({error.strerror or error}); remove it"
+                ) from None
             if not stat.S_ISREG(mode):
-                raise CharlmError(f"run directory {self.path} cannot be resumed: {path} is {file_kind(mode)}, where the "
-                                  "run keeps a file; remove it")
+                raise CharlmError(
+                    f"run directory {self.path} cannot be resumed: {path} is {file_kind(mode)}, where the "
+                    "run keeps a file; remove it"
+                )
 
     # --- owning the directory --------------------------------------------------------------------
     def acquire(self, claim: bool = True) -> None:
@@ -210,9 +264,13 @@ class Run:
                 raise CharlmError(f"{self.config_file}: {section} must be an object, not {_json_kind(values)}")
             for name, kind in fields.items():
                 value = values.get(name)
-                if value is not None and (not is_of_kind(value, kind) or (isinstance(value, float) and not math.isfinite(value))):
-                    raise CharlmError(f"{self.config_file}: {section}.{name} must be {KIND_WORDS[kind]}"
-                                      f"{' (finite)' if kind is float else ''}, not {json.dumps(value)[:60]}")
+                if value is not None and (
+                    not is_of_kind(value, kind) or (isinstance(value, float) and not math.isfinite(value))
+                ):
+                    raise CharlmError(
+                        f"{self.config_file}: {section}.{name} must be {KIND_WORDS[kind]}"
+                        f"{' (finite)' if kind is float else ''}, not {json.dumps(value)[:60]}"
+                    )
         return config
 
     # --- what happens during a run ---------------------------------------------------------------
@@ -231,7 +289,9 @@ class Run:
         append_text(self.log_file, message + "\n")
 
     def mark_running(self) -> None:
-        atomic_write_text(self.running_file, json.dumps({"pid": os.getpid(), "host": platform.node(), "since": time.time()}))
+        atomic_write_text(
+            self.running_file, json.dumps({"pid": os.getpid(), "host": platform.node(), "since": time.time()})
+        )
 
     def mark_stopped(self) -> None:
         """The training has ended: no running mark, sinks closed, the lock released."""
@@ -263,8 +323,15 @@ class Run:
         try:
             return self._summary()
         except CharlmError as error:
-            return {**{key: None for key in SUMMARY_KEYS}, "run": str(self.path), "dynamic": {}, "status": "damaged",
-                    "damage": str(error), "disk_bytes": disk_usage(self.path), "provenance": self.read_json(self.provenance_file)}
+            return {
+                **{key: None for key in SUMMARY_KEYS},
+                "run": str(self.path),
+                "dynamic": {},
+                "status": "damaged",
+                "damage": str(error),
+                "disk_bytes": disk_usage(self.path),
+                "provenance": self.read_json(self.provenance_file),
+            }
 
     def _summary(self) -> dict:
         config = self.read_config()
@@ -288,8 +355,14 @@ class Run:
             "parameters": history.parameters,
             "epochs": len(history.full_epochs),
             "train_fraction": train.get("train_fraction"),
-            "tokens_seen": next((record.tokens_seen for record in reversed(history.of("epoch", "end"))
-                                 if record.tokens_seen is not None), None),
+            "tokens_seen": next(
+                (
+                    record.tokens_seen
+                    for record in reversed(history.of("epoch", "end"))
+                    if record.tokens_seen is not None
+                ),
+                None,
+            ),
             "best_epoch": best.epoch if best else None,
             "best_valid_bpc": best.valid_bpc if best else None,
             "test_bpc": history.test_bpc_at_best,
@@ -303,8 +376,10 @@ class Run:
 
 
 def _in_use(path: Path, holder: str) -> CharlmError:
-    return CharlmError(f"run directory {path} is in use by another training ({holder}): wait for it to end, "
-                       "or choose another --run-dir")
+    return CharlmError(
+        f"run directory {path} is in use by another training ({holder}): wait for it to end, "
+        "or choose another --run-dir"
+    )
 
 
 def find_runs(root: str | Path) -> list[Run]:
@@ -312,8 +387,11 @@ def find_runs(root: str | Path) -> list[Run]:
     root = Path(root)
     if not root.is_dir():
         raise CharlmError(f"no such directory: {root}")
-    return [Run(path.parent) for path in sorted(root.rglob("config.json")) if (path.parent / "metrics.jsonl").exists()
-            or (path.parent / "last.pt").exists()]
+    return [
+        Run(path.parent)
+        for path in sorted(root.rglob("config.json"))
+        if (path.parent / "metrics.jsonl").exists() or (path.parent / "last.pt").exists()
+    ]
 
 
 class FollowerRun(Run):
@@ -384,4 +462,3 @@ def _ends_without_newline(path: Path) -> bool:
             return handle.read(1) != b"\n"
     except OSError:
         return False
-

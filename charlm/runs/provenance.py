@@ -19,11 +19,17 @@ def git_commit() -> str | None:
     """The commit of the charlm checkout this package is installed from (``+dirty`` if modified)."""
     package = Path(__file__).resolve().parent
     try:
-        commit = subprocess.run(["git", "-C", str(package), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        commit = subprocess.run(
+            ["git", "-C", str(package), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
         if commit.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(package), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "-C", str(package), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

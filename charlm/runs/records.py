@@ -58,87 +58,228 @@ def _differs(value, default) -> bool:
 
 def _score_fields(prefix: str) -> list[tuple[str, type]]:
     """The fields of a scored split (``Score.as_dict(prefix)``)."""
-    return [(f"{prefix}loss", float), (f"{prefix}bits_per_token", float), (f"{prefix}bpc", float),
-            (f"{prefix}perplexity", float), (f"{prefix}tokens", int)]
+    return [
+        (f"{prefix}loss", float),
+        (f"{prefix}bits_per_token", float),
+        (f"{prefix}bpc", float),
+        (f"{prefix}perplexity", float),
+        (f"{prefix}tokens", int),
+    ]
 
 
 def _record_class(name: str, event: str, fields: list[tuple[str, type]], required: tuple[str, ...], doc: str):
     """A frozen dataclass ``name`` for ``event`` with these fields (all optional when read back)."""
-    cls = dataclasses.make_dataclass(name, [(field, kind | None, dataclasses.field(default=None)) for field, kind in fields],
-                                     bases=(Record,), frozen=True, namespace={"event": event, "required": required,
-                                                                             "__doc__": doc})
+    cls = dataclasses.make_dataclass(
+        name,
+        [(field, kind | None, dataclasses.field(default=None)) for field, kind in fields],
+        bases=(Record,),
+        frozen=True,
+        namespace={"event": event, "required": required, "__doc__": doc},
+    )
     cls.__module__ = __name__
     return cls
 
 
 _SCORE_KEYS = tuple(field for field, _ in _score_fields(""))
 
-StartRecord = _record_class("StartRecord", "start", [
-    ("parameters", int), ("hidden_size", int), ("device", str), ("resumed_at", dict)],
-    ("parameters",), "A training session began (``resumed_at``: the epoch, window and step it began at).")
-StepRecord = _record_class("StepRecord", "step", [
-    ("epoch", int), ("step", int), ("loss", float), ("bpc", float), ("lr", float), ("grad_norm", dict)],
-    ("epoch", "step", "loss"), "Every ``log_every`` steps: the step's loss (nats per token), bpc, lr, "
-    "per-layer gradient norms before clipping.")
-ValidRecord = _record_class("ValidRecord", "valid", [("epoch", int), ("step", int), *_score_fields("valid_"),
-                                                     ("valid_fraction", float)],
-                            ("epoch", "step", "valid_bpc"), "Every ``eval_every`` steps: the validation score.")
-EpochRecord = _record_class("EpochRecord", "epoch", [
-    ("epoch", int), ("partial", bool), ("lr", float), ("train_loss", float), ("train_bits", float),
-    ("train_bpc", float), *_score_fields("valid_"), *_score_fields("test_"), ("grad_norm", dict),
-    ("chars_per_second", float), ("train_seconds", float), ("step", int), ("best", bool), ("tokens_seen", int),
-    ("valid_fraction", float)],
-    ("epoch", "valid_bpc"), "The end of an epoch (``partial``: cut short by the time budget): its training and "
-    "validation scores (and test, with ``test_every_epoch``), whether it is the best so far.")
-CheckpointRecord = _record_class("CheckpointRecord", "checkpoint", [("epoch", int), ("window", int), ("step", int)],
-                                 ("epoch", "window", "step"), "last.pt was saved inside an epoch (``save_every``).")
-InterruptedRecord = _record_class("InterruptedRecord", "interrupted", [("epoch", int), ("window", int), ("step", int)],
-                                  ("epoch", "window", "step"), "Ctrl-C or SIGTERM stopped the training; last.pt saved.")
-DivergedRecord = _record_class("DivergedRecord", "diverged", [("epoch", int), ("step", int), ("loss", float)],
-                               ("epoch", "step", "loss"), "The loss stopped being finite; training stopped.")
-TestRecord = _record_class("TestRecord", "test", [("epoch", int), *_score_fields("test_")], ("epoch", "test_bpc"),
-                           "The test score of the best-validation weights (those of ``epoch``).")
-EndRecord = _record_class("EndRecord", "end", [
-    ("run_dir", str), ("epochs", int), ("partial_epoch", bool), ("best_epoch", int), ("best_valid_bpc", float),
-    ("test_bpc_at_best", float), ("parameters", int), ("hidden_size", int), ("wall_seconds", dict),
-    ("tokens_seen", int), ("stopped_by", str)],
-    ("epochs", "best_epoch"), "The training ended (its epochs, early stopping or time budget): the run's summary.")
+StartRecord = _record_class(
+    "StartRecord",
+    "start",
+    [("parameters", int), ("hidden_size", int), ("device", str), ("resumed_at", dict)],
+    ("parameters",),
+    "A training session began (``resumed_at``: the epoch, window and step it began at).",
+)
+StepRecord = _record_class(
+    "StepRecord",
+    "step",
+    [("epoch", int), ("step", int), ("loss", float), ("bpc", float), ("lr", float), ("grad_norm", dict)],
+    ("epoch", "step", "loss"),
+    "Every ``log_every`` steps: the step's loss (nats per token), bpc, lr, per-layer gradient norms before clipping.",
+)
+ValidRecord = _record_class(
+    "ValidRecord",
+    "valid",
+    [("epoch", int), ("step", int), *_score_fields("valid_"), ("valid_fraction", float)],
+    ("epoch", "step", "valid_bpc"),
+    "Every ``eval_every`` steps: the validation score.",
+)
+EpochRecord = _record_class(
+    "EpochRecord",
+    "epoch",
+    [
+        ("epoch", int),
+        ("partial", bool),
+        ("lr", float),
+        ("train_loss", float),
+        ("train_bits", float),
+        ("train_bpc", float),
+        *_score_fields("valid_"),
+        *_score_fields("test_"),
+        ("grad_norm", dict),
+        ("chars_per_second", float),
+        ("train_seconds", float),
+        ("step", int),
+        ("best", bool),
+        ("tokens_seen", int),
+        ("valid_fraction", float),
+    ],
+    ("epoch", "valid_bpc"),
+    "The end of an epoch (``partial``: cut short by the time budget): its training and "
+    "validation scores (and test, with ``test_every_epoch``), whether it is the best so far.",
+)
+CheckpointRecord = _record_class(
+    "CheckpointRecord",
+    "checkpoint",
+    [("epoch", int), ("window", int), ("step", int)],
+    ("epoch", "window", "step"),
+    "last.pt was saved inside an epoch (``save_every``).",
+)
+InterruptedRecord = _record_class(
+    "InterruptedRecord",
+    "interrupted",
+    [("epoch", int), ("window", int), ("step", int)],
+    ("epoch", "window", "step"),
+    "Ctrl-C or SIGTERM stopped the training; last.pt saved.",
+)
+DivergedRecord = _record_class(
+    "DivergedRecord",
+    "diverged",
+    [("epoch", int), ("step", int), ("loss", float)],
+    ("epoch", "step", "loss"),
+    "The loss stopped being finite; training stopped.",
+)
+TestRecord = _record_class(
+    "TestRecord",
+    "test",
+    [("epoch", int), *_score_fields("test_")],
+    ("epoch", "test_bpc"),
+    "The test score of the best-validation weights (those of ``epoch``).",
+)
+EndRecord = _record_class(
+    "EndRecord",
+    "end",
+    [
+        ("run_dir", str),
+        ("epochs", int),
+        ("partial_epoch", bool),
+        ("best_epoch", int),
+        ("best_valid_bpc", float),
+        ("test_bpc_at_best", float),
+        ("parameters", int),
+        ("hidden_size", int),
+        ("wall_seconds", dict),
+        ("tokens_seen", int),
+        ("stopped_by", str),
+    ],
+    ("epochs", "best_epoch"),
+    "The training ended (its epochs, early stopping or time budget): the run's summary.",
+)
 _CHECK_FIELDS = [("checked", bool), ("max_difference", float), ("tolerance", float), ("check_seconds", float)]
-CompileRecord = _record_class("CompileRecord", "compile", [
-    ("active", bool), ("seconds", float), ("backend", str), ("failure", str), *_CHECK_FIELDS], ("active",),
+CompileRecord = _record_class(
+    "CompileRecord",
+    "compile",
+    [("active", bool), ("seconds", float), ("backend", str), ("failure", str), *_CHECK_FIELDS],
+    ("active",),
     "``--compile``: whether the compiled forward is used, how long compiling took, why not, and its first-use "
-    "check against the eager forward (``checked``, ``max_difference`` within ``tolerance``).")
-CudaGraphRecord = _record_class("CudaGraphRecord", "cuda_graph", [
-    ("active", bool), ("seconds", float), ("failure", str), *_CHECK_FIELDS], ("active",),
-    "``--cuda-graph``: whether the captured window is replayed, the capture time, and its first-use check.")
-FastPathRecord = _record_class("FastPathRecord", "fast_path", [
-    ("path", str), ("active", bool), ("failure", str), *_CHECK_FIELDS], ("path", "active"),
+    "check against the eager forward (``checked``, ``max_difference`` within ``tolerance``).",
+)
+CudaGraphRecord = _record_class(
+    "CudaGraphRecord",
+    "cuda_graph",
+    [("active", bool), ("seconds", float), ("failure", str), *_CHECK_FIELDS],
+    ("active",),
+    "``--cuda-graph``: whether the captured window is replayed, the capture time, and its first-use check.",
+)
+FastPathRecord = _record_class(
+    "FastPathRecord",
+    "fast_path",
+    [("path", str), ("active", bool), ("failure", str), *_CHECK_FIELDS],
+    ("path", "active"),
     "A fast path other than training's (the scoring graph) the first time it was tried in this session: "
-    "in use or not, and its check against the eager code.")
-EvalRecord = _record_class("EvalRecord", "eval", [
-    ("checkpoint", str), ("split", str), ("mode", str), *_score_fields(""), ("chars_per_s", float),
-    ("adapt_on", str), ("hyperparameters", dict), *_score_fields("static_"), *_score_fields("dynamic_"),
-    ("static_chars_per_s", float), ("dynamic_chars_per_s", float), ("statistics_seconds", float),
-    ("statistics_batches", int), ("adaptation_bpc", float), ("adaptation_seconds", float), ("search", dict),
-    ("fast_path", dict)],
-    ("split", "mode"), "`charlm eval` of a checkpoint of this run: ``mode`` static (the score's fields) or dynamic "
+    "in use or not, and its check against the eager code.",
+)
+EvalRecord = _record_class(
+    "EvalRecord",
+    "eval",
+    [
+        ("checkpoint", str),
+        ("split", str),
+        ("mode", str),
+        *_score_fields(""),
+        ("chars_per_s", float),
+        ("adapt_on", str),
+        ("hyperparameters", dict),
+        *_score_fields("static_"),
+        *_score_fields("dynamic_"),
+        ("static_chars_per_s", float),
+        ("dynamic_chars_per_s", float),
+        ("statistics_seconds", float),
+        ("statistics_batches", int),
+        ("adaptation_bpc", float),
+        ("adaptation_seconds", float),
+        ("search", dict),
+        ("fast_path", dict),
+    ],
+    ("split", "mode"),
+    "`charlm eval` of a checkpoint of this run: ``mode`` static (the score's fields) or dynamic "
     "(static_* and dynamic_* scores, the method's hyperparameters, ``adapt_on`` for protocol #2); ``fast_path``: "
-    "the scoring graph's first-use check, where one was tried (a GPU).")
+    "the scoring graph's first-use check, where one was tried (a GPU).",
+)
 
-TaskEvalRecord = _record_class("TaskEvalRecord", "task_eval", [
-    ("samples", int), ("steps", int), ("train_loss", float), ("loss", float), ("accuracy", float),
-    ("sequence_accuracy", float), ("seconds", float)], ("samples", "accuracy"),
+TaskEvalRecord = _record_class(
+    "TaskEvalRecord",
+    "task_eval",
+    [
+        ("samples", int),
+        ("steps", int),
+        ("train_loss", float),
+        ("loss", float),
+        ("accuracy", float),
+        ("sequence_accuracy", float),
+        ("seconds", float),
+    ],
+    ("samples", "accuracy"),
     "`charlm task`: the held-out score after ``samples`` training samples (loss per target, per-symbol and "
-    "per-sequence accuracy).")
-TaskEndRecord = _record_class("TaskEndRecord", "task_end", [
-    ("samples", int), ("stopped_by", str), ("reached", dict), ("accuracy", float), ("sequence_accuracy", float),
-    ("parameters", int), ("seconds", float), ("run_dir", str)], ("samples", "stopped_by"),
+    "per-sequence accuracy).",
+)
+TaskEndRecord = _record_class(
+    "TaskEndRecord",
+    "task_end",
+    [
+        ("samples", int),
+        ("stopped_by", str),
+        ("reached", dict),
+        ("accuracy", float),
+        ("sequence_accuracy", float),
+        ("parameters", int),
+        ("seconds", float),
+        ("run_dir", str),
+    ],
+    ("samples", "stopped_by"),
     "`charlm task` ended (``stopped_by`` solved or samples); ``reached``: the samples at which the held-out "
-    "accuracy first exceeded 0.5, 0.8, 0.99 and reached 1.0.")
+    "accuracy first exceeded 0.5, 0.8, 0.99 and reached 1.0.",
+)
 
-RECORDS: dict[str, type[Record]] = {cls.event: cls for cls in (
-    StartRecord, StepRecord, ValidRecord, EpochRecord, CheckpointRecord, InterruptedRecord, DivergedRecord,
-    TestRecord, EndRecord, CompileRecord, CudaGraphRecord, FastPathRecord, EvalRecord, TaskEvalRecord, TaskEndRecord)}
+RECORDS: dict[str, type[Record]] = {
+    cls.event: cls
+    for cls in (
+        StartRecord,
+        StepRecord,
+        ValidRecord,
+        EpochRecord,
+        CheckpointRecord,
+        InterruptedRecord,
+        DivergedRecord,
+        TestRecord,
+        EndRecord,
+        CompileRecord,
+        CudaGraphRecord,
+        FastPathRecord,
+        EvalRecord,
+        TaskEvalRecord,
+        TaskEndRecord,
+    )
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +331,8 @@ def record_type_problem(row: dict) -> str | None:
         if value is not None and not is_of_kind(value, kind):
             return f"the {event} record's {name} must be {KIND_WORDS[kind]}, not {_shown(value)}"
         if (name == "time" or name.endswith("seconds")) and isinstance(value, float) and not math.isfinite(value):
-            return f"the {event} record's {name} must be a finite number, not {_shown(value)}"  # a loss may be NaN, a time not
+            # a loss may be NaN, a time not
+            return f"the {event} record's {name} must be a finite number, not {_shown(value)}"
     return None
 
 
@@ -199,8 +341,13 @@ def _field_kinds(cls) -> dict[str, type]:
     """Field name → the type its value must have, for a record class (None: only time and schema)."""
     kinds = {"time": float, "schema": int}
     if cls is not None:
-        kinds.update({field.name: next(kind for kind in typing.get_args(field.type) if kind is not type(None))
-                      for field in dataclasses.fields(cls) if field.name in _field_names(cls) - set(kinds)})
+        kinds.update(
+            {
+                field.name: next(kind for kind in typing.get_args(field.type) if kind is not type(None))
+                for field in dataclasses.fields(cls)
+                if field.name in _field_names(cls) - set(kinds)
+            }
+        )
     return kinds
 
 
@@ -370,7 +517,7 @@ class RunHistory:
         starts = [index for index, record in enumerate(self.records) if record.event == "start"]
         if not starts:
             return "created"
-        after = {record.event for record in self.records[starts[-1]:]}
+        after = {record.event for record in self.records[starts[-1] :]}
         if "end" in after or "task_end" in after:
             return "finished"
         if "diverged" in after:

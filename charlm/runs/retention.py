@@ -80,6 +80,7 @@ def disk_usage(directory: str | Path) -> int:
 
 # --- pruning -----------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class Freed:
     """One file pruned: removed (``after`` 0) or rewritten smaller."""
@@ -150,8 +151,11 @@ def _prune(run, keep: int | None, dry_run: bool) -> Pruning:
             result.kept.append(f"kept previous.pt: {problem}")
     _slim_best(run.best, result, dry_run)
     if keep is None:
-        keep = last.train_config.keep_checkpoints if last is not None else \
-            run.read_json(run.config_file).get("train", {}).get("keep_checkpoints", 0)
+        keep = (
+            last.train_config.keep_checkpoints
+            if last is not None
+            else run.read_json(run.config_file).get("train", {}).get("keep_checkpoints", 0)
+        )
     for path in beyond_kept(run.path, keep):
         remove(path, f"beyond the {keep} latest epoch checkpoint{'s' if keep != 1 else ''} to keep")
     return result

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from charlm.errors import CharlmError
 
-EXTRA_HINT = "install the extra from charlm's clone: python3 -m pip install -e '.[tensorboard]' (or: pip install tensorboard)"
+EXTRA_HINT = (
+    "install the extra from charlm's clone: python3 -m pip install -e '.[tensorboard]' (or: pip install tensorboard)"
+)
 
 
 class TensorBoardSink:

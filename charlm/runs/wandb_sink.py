@@ -62,12 +62,19 @@ class WandbSink:
         project = project_name(project or stored.get("project"))  # a resumed run stays in its project
         atomic_write_text(run_dir / RUN_ID_FILE, json.dumps({"id": run_id, "project": project}) + "\n")
         try:
-            self.run = wandb.init(project=project, name=run_dir.name, id=run_id, resume="allow", config=config,
-                                  settings=wandb.Settings(console="off", quiet=True))  # charlm's output stays as it is
+            self.run = wandb.init(
+                project=project,
+                name=run_dir.name,
+                id=run_id,
+                resume="allow",
+                config=config,
+                settings=wandb.Settings(console="off", quiet=True),
+            )  # charlm's output stays as it is
         except Exception as error:  # no network, no login, a bad project name: one line, before training
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise CharlmError(f"--wandb: cannot start the W&B run ({first}); WANDB_MODE=offline logs without "
-                              "an account or a network") from None
+            raise CharlmError(
+                f"--wandb: cannot start the W&B run ({first}); WANDB_MODE=offline logs without an account or a network"
+            ) from None
         self.run.define_metric("*", step_metric="step")
         self.step = step
 

@@ -22,8 +22,13 @@ import time
 import torch
 
 from charlm.logs import get_logger
-from charlm.runtime.fast_path_check import (FastPathCheck, largest_difference, random_state, set_random_state,
-                                            tolerance_for)
+from charlm.runtime.fast_path_check import (
+    FastPathCheck,
+    largest_difference,
+    random_state,
+    set_random_state,
+    tolerance_for,
+)
 
 BACKEND = "inductor"  # torch.compile's default code generator
 
@@ -116,18 +121,23 @@ class CompiledForward:
         reason = _root_cause(error)
         self.failure = reason
         self.check.active, self.check.failure = False, reason
-        get_logger().warning(f"warning: --compile: torch.compile does not work here ({reason}); "
-                             "training continues without it (the same results at eager speed)")
+        get_logger().warning(
+            f"warning: --compile: torch.compile does not work here ({reason}); "
+            "training continues without it (the same results at eager speed)"
+        )
 
 
 def has_active_dropout(network: torch.nn.Module) -> bool:
     """Whether a forward pass of ``network`` draws dropout masks."""
-    return any(isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0 and module.training
-               for module in network.modules())
+    return any(
+        isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0 and module.training
+        for module in network.modules()
+    )
 
 
 def _probe(device: torch.device, backend) -> None:
     """Compile and run a tiny function forward and backward on ``device``; raises what compiling raises."""
+
     def function(x):
         return torch.sigmoid(x) * x + 1
 

@@ -35,8 +35,14 @@ import torch
 from torch import Tensor
 
 from charlm.logs import get_logger
-from charlm.runtime.fast_path_check import (FastPathCheck, detached_copies, graphs_disabled, largest_difference, poison_,
-                                            tolerance_for)
+from charlm.runtime.fast_path_check import (
+    FastPathCheck,
+    detached_copies,
+    graphs_disabled,
+    largest_difference,
+    poison_,
+    tolerance_for,
+)
 from charlm.runtime.precision import without_autocast_cache
 
 
@@ -49,7 +55,7 @@ def unflatten_state(flat, layout: list[int]) -> list[tuple[Tensor, ...]]:
     """The inverse of :func:`flatten_state`."""
     state, start = [], 0
     for width in layout:
-        state.append(tuple(flat[start:start + width]))
+        state.append(tuple(flat[start : start + width]))
         start += width
     return state
 
@@ -310,8 +316,12 @@ class ScoringForward:
 
     def __init__(self, model, device: torch.device, windows: int, graph=None, enabled: bool = True):
         self.model, self.graph = model, graph
-        self.wanted = (enabled and not graphs_disabled() and (graph is not None or device.type == "cuda")
-                       and windows >= self.MIN_WINDOWS)
+        self.wanted = (
+            enabled
+            and not graphs_disabled()
+            and (graph is not None or device.type == "cuda")
+            and windows >= self.MIN_WINDOWS
+        )
         self.check: FastPathCheck | None = None
         self._graphed: GraphedCall | None = None
 

@@ -109,9 +109,11 @@ class World:
         """Why a collective of this process failed, in words: the others did not answer within
         --dist-timeout (one froze, or was slower than the timeout allows), or one failed or was lost."""
         if TIMED_OUT.search(str(error)):
-            return (f"process {self.rank} of {self.size} waited --dist-timeout {self.timeout_minutes:g} minutes for "
-                    "the others and stopped: one of them froze or was lost (if they were only slow, as when saving a "
-                    "large checkpoint, give a larger --dist-timeout)")
+            return (
+                f"process {self.rank} of {self.size} waited --dist-timeout {self.timeout_minutes:g} minutes for "
+                "the others and stopped: one of them froze or was lost (if they were only slow, as when saving a "
+                "large checkpoint, give a larger --dist-timeout)"
+            )
         return f"a process of this training failed or was lost ({detail})"
 
     def leave(self, together: bool = True) -> None:
@@ -153,8 +155,10 @@ def world_from_environment(device: torch.device, timeout_minutes: float = DIST_T
     except ValueError:
         raise CharlmError("RANK, WORLD_SIZE and LOCAL_RANK must be integers (they are set by torchrun)") from None
     if size < 1 or not 0 <= rank < size or local_rank < 0:
-        raise CharlmError(f"RANK {rank}, WORLD_SIZE {size} and LOCAL_RANK {local_rank} name no process: RANK must be "
-                          "from 0 to WORLD_SIZE - 1 and LOCAL_RANK 0 or more (they are set by torchrun)")
+        raise CharlmError(
+            f"RANK {rank}, WORLD_SIZE {size} and LOCAL_RANK {local_rank} name no process: RANK must be "
+            "from 0 to WORLD_SIZE - 1 and LOCAL_RANK 0 or more (they are set by torchrun)"
+        )
     if size == 1:
         return World()
     if not dist.is_available():
@@ -166,10 +170,14 @@ def world_from_environment(device: torch.device, timeout_minutes: float = DIST_T
         timeout = datetime.timedelta(minutes=timeout_minutes)
         try:
             store, _, _ = next(dist.rendezvous("env://", rank, size, timeout=STORE_TIMEOUT))
-        except (ValueError, RuntimeError) as error:  # MASTER_ADDR unset, its port taken: torch's DistError is a RuntimeError
+        except (
+            ValueError,
+            RuntimeError,
+        ) as error:  # MASTER_ADDR unset, its port taken: torch's DistError is a RuntimeError
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise CharlmError(f"process {rank} of {size} cannot reach the others (MASTER_ADDR, MASTER_PORT: set by "
-                              f"torchrun): {first}") from None
+            raise CharlmError(
+                f"process {rank} of {size} cannot reach the others (MASTER_ADDR, MASTER_PORT: set by torchrun): {first}"
+            ) from None
         # torchrun --max-restarts keeps its store across restarts: the processes of a new attempt
         # would read the addresses the failed attempt's processes left in it, and wait on the dead
         # ones. Each attempt's keys get a prefix of their own.
@@ -180,9 +188,11 @@ def world_from_environment(device: torch.device, timeout_minutes: float = DIST_T
         except RuntimeError as error:  # torch's DistError and its kinds are RuntimeErrors
             if not TIMED_OUT.search(str(error)):
                 raise
-            raise CharlmError(f"process {rank} of {size} waited --dist-timeout {timeout_minutes:g} minutes for the "
-                              "others to join the training and stopped: one of them froze, failed or is still "
-                              "starting (give a larger --dist-timeout if they start slowly)") from None
+            raise CharlmError(
+                f"process {rank} of {size} waited --dist-timeout {timeout_minutes:g} minutes for the "
+                "others to join the training and stopped: one of them froze, failed or is still "
+                "starting (give a larger --dist-timeout if they start slowly)"
+            ) from None
     return World(rank, size, local_rank, timeout_minutes)
 
 

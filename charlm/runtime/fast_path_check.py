@@ -120,7 +120,9 @@ class FastPathCheck:
     def summary(self) -> str:
         """One line: ``scoring graph: replayed (checked against eager: 3.1e-07 ≤ 0.0001)``."""
         if self.checked and self.max_difference is not None and math.isfinite(self.max_difference):
-            comparison = f"{self.max_difference:.2g} {'≤' if self.max_difference <= self.tolerance else '>'} {self.tolerance:g}"
+            comparison = (
+                f"{self.max_difference:.2g} {'≤' if self.max_difference <= self.tolerance else '>'} {self.tolerance:g}"
+            )
         elif self.checked:
             comparison = "a replay that wrote nothing, or a shape that differs"
         else:

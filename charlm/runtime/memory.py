@@ -49,17 +49,30 @@ class MemoryEstimate:
         return self.state_bytes + self.activation_bytes + self.graph_bytes + self.workspace_bytes + self.sample_bytes
 
 
-def estimate_training_memory(parameters: int, activation_factor: int, hidden_size: int, layers: int, vocab_size: int,
-                             embed_size: int, batch_size: int, bptt: int, device_type: str = "cpu",
-                             cuda_graph: bool = False) -> MemoryEstimate:
+def estimate_training_memory(
+    parameters: int,
+    activation_factor: int,
+    hidden_size: int,
+    layers: int,
+    vocab_size: int,
+    embed_size: int,
+    batch_size: int,
+    bptt: int,
+    device_type: str = "cpu",
+    cuda_graph: bool = False,
+) -> MemoryEstimate:
     positions = batch_size * bptt
     recurrent = positions * layers * hidden_size * 4 * activation_factor
     ends = positions * (embed_size + 4 * vocab_size) * 4  # embedding rows; logits, softmax and their gradients
     activations = recurrent + ends
     on_gpu = device_type == "cuda"
-    return MemoryEstimate(parameters, parameters * BYTES_PER_PARAMETER, activations,
-                          graph_bytes=activations if cuda_graph else 0,
-                          workspace_bytes=WORKSPACE_BYTES + activations // 10 if on_gpu else 0)
+    return MemoryEstimate(
+        parameters,
+        parameters * BYTES_PER_PARAMETER,
+        activations,
+        graph_bytes=activations if cuda_graph else 0,
+        workspace_bytes=WORKSPACE_BYTES + activations // 10 if on_gpu else 0,
+    )
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -77,8 +90,9 @@ def available_memory(device: torch.device) -> int | None:
 TRAINING_ADVICE = "use a smaller --hidden or --params, or a smaller --batch-size or --bptt"
 
 
-def check_fits(estimate: MemoryEstimate, device: torch.device, available: int | None = None,
-               advice: str = TRAINING_ADVICE) -> None:
+def check_fits(
+    estimate: MemoryEstimate, device: torch.device, available: int | None = None, advice: str = TRAINING_ADVICE
+) -> None:
     """Refuse, naming the figures and ``advice`` (the options to change), a run that ``device`` cannot hold."""
     available = available_memory(device) if available is None else available
     if available is None or estimate.total_bytes <= available:
@@ -93,7 +107,8 @@ def check_fits(estimate: MemoryEstimate, device: torch.device, available: int | 
     raise CharlmError(
         f"a model of {estimate.parameters:,} parameters needs about {_gib(estimate.total_bytes)} to train "
         f"({_gib(estimate.state_bytes)} for weights, gradients and optimizer state, {_gib(estimate.activation_bytes)} "
-        f"for one window's activations{extra}) but {device} has {_gib(available)} free: {advice}")
+        f"for one window's activations{extra}) but {device} has {_gib(available)} free: {advice}"
+    )
 
 
 def check_budget_fits(budget: int, device: torch.device, available: int | None = None) -> None:
@@ -101,8 +116,10 @@ def check_budget_fits(budget: int, device: torch.device, available: int | None =
     available = available_memory(device) if available is None else available
     needed = budget * BYTES_PER_PARAMETER
     if available is not None and needed > available:
-        raise CharlmError(f"a budget of {budget:,} parameters needs at least {_gib(needed)} for weights, gradients "
-                          f"and optimizer state alone, but {device} has {_gib(available)} free: use a smaller --params")
+        raise CharlmError(
+            f"a budget of {budget:,} parameters needs at least {_gib(needed)} for weights, gradients "
+            f"and optimizer state alone, but {device} has {_gib(available)} free: use a smaller --params"
+        )
 
 
 def check_weights_fit(parameters: int, device: torch.device, source: str, available: int | None = None) -> None:
@@ -111,8 +128,10 @@ def check_weights_fit(parameters: int, device: torch.device, source: str, availa
     available = available_memory(device) if available is None else available
     needed = parameters * 4
     if available is not None and needed > available:
-        raise CharlmError(f"the model in {source} has {parameters:,} parameters, which need about {_gib(needed)} on "
-                          f"{device}, but it has {_gib(available)} free: load it where more memory is free")
+        raise CharlmError(
+            f"the model in {source} has {parameters:,} parameters, which need about {_gib(needed)} on "
+            f"{device}, but it has {_gib(available)} free: load it where more memory is free"
+        )
 
 
 # Float32 copies of every parameter dynamic evaluation keeps while it adapts: sgd, the gradient; rms,
@@ -120,8 +139,10 @@ def check_weights_fit(parameters: int, device: torch.device, source: str, availa
 # (two tensors of one parameter at a time).
 DYNAMIC_COPIES = {"sgd": 1, "rms": 6}
 # The options that make a dynamic evaluation's windows smaller, by method.
-DYNAMIC_ADVICE = {"sgd": "use a smaller --batch-size or --segment",
-                  "rms": "use a smaller --batch-size or --segment, or a smaller --dyn-stat-batch-size"}
+DYNAMIC_ADVICE = {
+    "sgd": "use a smaller --batch-size or --segment",
+    "rms": "use a smaller --batch-size or --segment, or a smaller --dyn-stat-batch-size",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,10 +167,21 @@ class EvaluationMemory:
         return self.activation_bytes + self.copy_bytes + self.graph_bytes + self.workspace_bytes
 
 
-def estimate_evaluation_memory(parameters: int, activation_factor: int, hidden_size: int, layers: int, vocab_size: int,
-                               embed_size: int, streams: int, steps: int, *, method: str | None = None,
-                               restore_copy: bool = False, device_type: str = "cpu",
-                               cuda_graph: bool = False) -> EvaluationMemory:
+def estimate_evaluation_memory(
+    parameters: int,
+    activation_factor: int,
+    hidden_size: int,
+    layers: int,
+    vocab_size: int,
+    embed_size: int,
+    streams: int,
+    steps: int,
+    *,
+    method: str | None = None,
+    restore_copy: bool = False,
+    device_type: str = "cpu",
+    cuda_graph: bool = False,
+) -> EvaluationMemory:
     """The working memory of one window of ``streams × steps`` positions (P = streams × steps), in
     bytes, an estimate counted from the model's sizes (nothing is allocated):
 
@@ -176,9 +208,15 @@ def estimate_evaluation_memory(parameters: int, activation_factor: int, hidden_s
         activations = positions * (layers * hidden_size * activation_factor + embed_size + 4 * vocab_size) * 4
         copies = DYNAMIC_COPIES[method] + int(restore_copy)
     on_gpu = device_type == "cuda"
-    return EvaluationMemory(parameters, streams, steps, activations, copies,
-                            graph_bytes=activations if on_gpu and cuda_graph and method is None else 0,
-                            workspace_bytes=WORKSPACE_BYTES + activations // 10 if on_gpu else 0)
+    return EvaluationMemory(
+        parameters,
+        streams,
+        steps,
+        activations,
+        copies,
+        graph_bytes=activations if on_gpu and cuda_graph and method is None else 0,
+        workspace_bytes=WORKSPACE_BYTES + activations // 10 if on_gpu else 0,
+    )
 
 
 def scored_window(predictions: int, batch_size: int, bptt: int, cover_all: bool = True) -> tuple[int, int]:
@@ -189,10 +227,21 @@ def scored_window(predictions: int, batch_size: int, bptt: int, cover_all: bool 
     return streams, max(1, min(bptt, length))
 
 
-def check_evaluation_fits(model, device: torch.device | None, *, predictions: int, batch_size: int, bptt: int,
-                          advice: str, method: str | None = None, stat_batch_size: int = 0,
-                          train_predictions: int = 0, restore_copy: bool = False, cuda_graph: bool = False,
-                          available: int | None = None) -> None:
+def check_evaluation_fits(
+    model,
+    device: torch.device | None,
+    *,
+    predictions: int,
+    batch_size: int,
+    bptt: int,
+    advice: str,
+    method: str | None = None,
+    stat_batch_size: int = 0,
+    train_predictions: int = 0,
+    restore_copy: bool = False,
+    cuda_graph: bool = False,
+    available: int | None = None,
+) -> None:
     """Refuse, before the first window, scoring (``method`` None) or dynamic evaluation of ``predictions``
     in ``batch_size`` streams of ``bptt`` steps that ``device`` cannot hold beside ``model`` (a built
     ``LanguageModel``: its config and ``count_parameters``); rms also collects its statistics over
@@ -206,16 +255,28 @@ def check_evaluation_fits(model, device: torch.device | None, *, predictions: in
         stat_window = scored_window(train_predictions, stat_streams, bptt, cover_all=False)
         if stat_window[0] * stat_window[1] > streams * steps:
             streams, steps = stat_window
-    estimate = estimate_evaluation_memory(sum(parameter.numel() for parameter in model.parameters()), type(model.layers[0]).activation_factor,
-                                          config.hidden_size, len(model.layers), config.vocab_size,
-                                          getattr(model.embedding, "embedding_dim", 0), streams, steps, method=method,
-                                          restore_copy=restore_copy, device_type=device.type, cuda_graph=cuda_graph)
+    estimate = estimate_evaluation_memory(
+        sum(parameter.numel() for parameter in model.parameters()),
+        type(model.layers[0]).activation_factor,
+        config.hidden_size,
+        len(model.layers),
+        config.vocab_size,
+        getattr(model.embedding, "embedding_dim", 0),
+        streams,
+        steps,
+        method=method,
+        restore_copy=restore_copy,
+        device_type=device.type,
+        cuda_graph=cuda_graph,
+    )
     available = available_memory(device) if available is None else available
     if available is None or estimate.total_bytes <= available:
         return
     work = "scoring" if method is None else f"dynamic evaluation ({method})"
-    parts = [f"{_gib(estimate.activation_bytes)} for a window of {streams:,} stream{'s' * (streams != 1)} × "
-             f"{steps:,} step{'s' * (steps != 1)}"]
+    parts = [
+        f"{_gib(estimate.activation_bytes)} for a window of {streams:,} stream{'s' * (streams != 1)} × "
+        f"{steps:,} step{'s' * (steps != 1)}"
+    ]
     if estimate.copies:
         copies = f"{estimate.copies} float32 cop{'ies' if estimate.copies != 1 else 'y'}"
         parts.append(f"{_gib(estimate.copy_bytes)} for {copies} of the model's {estimate.parameters:,} parameters")
@@ -223,8 +284,10 @@ def check_evaluation_fits(model, device: torch.device | None, *, predictions: in
         parts.append(f"{_gib(estimate.graph_bytes)} held by the CUDA graph")
     if estimate.workspace_bytes:
         parts.append(f"{_gib(estimate.workspace_bytes)} for cuBLAS and cuDNN workspaces")
-    raise CharlmError(f"{work} needs about {_gib(estimate.total_bytes)} ({', '.join(parts)}) but {device} has "
-                      f"{_gib(available)} free: {advice}")
+    raise CharlmError(
+        f"{work} needs about {_gib(estimate.total_bytes)} ({', '.join(parts)}) but {device} has "
+        f"{_gib(available)} free: {advice}"
+    )
 
 
 # Beam search, per live beam: its recurrent state (the beams' and the rows picked for the next step,
@@ -255,14 +318,20 @@ def check_beam_fits(model, width: int, length: int, available: int | None = None
     device = next(model.parameters()).device
     state_values = sum(part.numel() for layer in model.initial_state(1, device=device) for part in layer)
     beams = live_beams(width, model.config.vocab_size, length)
-    per_beam = (BEAM_BYTES_PER_STATE_VALUE * state_values + BEAM_BYTES_PER_SCORE * model.config.vocab_size
-                + BEAM_BYTES_PER_SYMBOL * length + BEAM_BYTES_PER_BEAM)
+    per_beam = (
+        BEAM_BYTES_PER_STATE_VALUE * state_values
+        + BEAM_BYTES_PER_SCORE * model.config.vocab_size
+        + BEAM_BYTES_PER_SYMBOL * length
+        + BEAM_BYTES_PER_BEAM
+    )
     available = available_memory(device) if available is None else available
     if available is None or beams * per_beam <= available:
         return
-    raise CharlmError(f"beam search of width {width:,} over {length:,} symbols needs about {_gib(beams * per_beam)} "
-                      f"({beams:,} live beams, each with its state, its {model.config.vocab_size:,} next-symbol scores "
-                      f"and its text) but {device} has {_gib(available)} free: use a smaller --beam or --length")
+    raise CharlmError(
+        f"beam search of width {width:,} over {length:,} symbols needs about {_gib(beams * per_beam)} "
+        f"({beams:,} live beams, each with its state, its {model.config.vocab_size:,} next-symbol scores "
+        f"and its text) but {device} has {_gib(available)} free: use a smaller --beam or --length"
+    )
 
 
 def _gib(size: int) -> str:

@@ -42,8 +42,11 @@ def set_threads(count: int, name: str = "--threads") -> None:
     if isinstance(count, bool) or not isinstance(count, int):
         raise CharlmError(f"{name} must be a whole number, not {count!r}")
     if not 1 <= count <= MAX_THREADS:
-        raise CharlmError(f"{name} must be at least 1, not {count}" if count < 1
-                          else f"{name} must be at most {MAX_THREADS}, not {count}")
+        raise CharlmError(
+            f"{name} must be at least 1, not {count}"
+            if count < 1
+            else f"{name} must be at most {MAX_THREADS}, not {count}"
+        )
     import torch
 
     torch.set_num_threads(count)

@@ -52,8 +52,10 @@ def tf32_in_use() -> dict:
 def layer_output_dtypes(model, precision: str, device: torch.device, batch_size: int = 2, steps: int = 3) -> list:
     """The type of each layer's depth output in a training forward pass under ``precision``."""
     seen = []
-    hooks = [layer.register_forward_hook(lambda module, inputs, output: seen.append(output[0].dtype))
-             for layer in model.layers]
+    hooks = [
+        layer.register_forward_hook(lambda module, inputs, output: seen.append(output[0].dtype))
+        for layer in model.layers
+    ]
     was_training = model.training
     try:
         model.train()

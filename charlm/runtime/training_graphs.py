@@ -19,10 +19,27 @@ from torch import Tensor, nn
 from torch.cuda import make_graphed_callables
 
 from charlm.logs import get_logger
-from charlm.runtime.cuda_graphs import flatten_state, generator_kept_on_failure, on_device, one_line, synchronisation_errors, unaliased, unflatten_state
-from charlm.runtime.fast_path_check import (ENVIRONMENT_SWITCH, FastPathCheck, detached_copies, graphs_disabled,
-                                            largest_difference, poison_, probe_loss, random_state, set_random_state,
-                                            tolerance_for)
+from charlm.runtime.cuda_graphs import (
+    flatten_state,
+    generator_kept_on_failure,
+    on_device,
+    one_line,
+    synchronisation_errors,
+    unaliased,
+    unflatten_state,
+)
+from charlm.runtime.fast_path_check import (
+    ENVIRONMENT_SWITCH,
+    FastPathCheck,
+    detached_copies,
+    graphs_disabled,
+    largest_difference,
+    poison_,
+    probe_loss,
+    random_state,
+    set_random_state,
+    tolerance_for,
+)
 from charlm.runtime.precision import without_autocast_cache
 
 
@@ -136,15 +153,21 @@ class GraphedWindow:
         sample = (tokens.clone(), *(tensor.detach().clone() for tensor in flat))
         for attempt in (1, 2):
             try:
-                with on_device(self.device), without_autocast_cache(self.device), generator_kept_on_failure(self.device):
+                with (
+                    on_device(self.device),
+                    without_autocast_cache(self.device),
+                    generator_kept_on_failure(self.device),
+                ):
                     self._graphed = self.graph_callables(window, sample, allow_unused_input=True)
                 break
             except Exception as error:
                 if attempt == 2:
                     raise
                 self.first_failure = one_line(error)
-                get_logger().warning(f"warning: --cuda-graph: capturing the training window failed "
-                                     f"({self.first_failure}); trying once more")
+                get_logger().warning(
+                    f"warning: --cuda-graph: capturing the training window failed "
+                    f"({self.first_failure}); trying once more"
+                )
         self._shape = tokens.shape
 
     def _compare(self, tokens: Tensor, flat: list[Tensor], expected: list, randomness) -> None:
@@ -161,8 +184,10 @@ class GraphedWindow:
 
     def _fall_back(self, error: BaseException) -> None:
         self.check.active, self.check.failure = False, one_line(error)
-        get_logger().warning(f"warning: --cuda-graph: the training window's graphs are not used ({self.check.failure}); "
-                             "training continues without them (the same results at eager speed)")
+        get_logger().warning(
+            f"warning: --cuda-graph: the training window's graphs are not used ({self.check.failure}); "
+            "training continues without them (the same results at eager speed)"
+        )
 
 
 def graphed_window(network: nn.Module, device: torch.device, distributed: bool, window_shape=None):
@@ -173,7 +198,9 @@ def graphed_window(network: nn.Module, device: torch.device, distributed: bool, 
         get_logger().warning(f"warning: --cuda-graph is turned off by {ENVIRONMENT_SWITCH}; training eagerly")
         return network
     if distributed:
-        get_logger().warning("warning: --cuda-graph is not used under torchrun (DistributedDataParallel's "
-                             "gradient hooks cannot run inside a captured backward); training eagerly")
+        get_logger().warning(
+            "warning: --cuda-graph is not used under torchrun (DistributedDataParallel's "
+            "gradient hooks cannot run inside a captured backward); training eagerly"
+        )
         return network
     return GraphedWindow(network, device, window_shape=window_shape)

@@ -21,12 +21,25 @@ def score_text(model: Model, text: str, unknown: str, top: int) -> dict:
     ids, _ = model.encode(text, unknown)
     alternatives = top_alternatives(model, ids, top) if top else [[] for _ in ids[1:]]
     symbols = model.tokenizer.vocab
-    per_char = [{"symbol": symbol, "logprob": round(float(log_prob), 6), "surprisal": round(-float(log_prob) / LN2, 6),
-                 "top": [{"symbol": symbols[index], "p": round(p, 6)} for index, p in choices]}
-                for symbol, log_prob, choices in zip(scored.symbols, scored.log_probs, alternatives)]
-    return {"bits": scored.nats / LN2, "bpc": scored.bpc, "nats": scored.nats, "tokens": scored.tokens,
-            "characters": scored.characters, "skipped": scored.skipped,
-            "first": model.tokenizer.decode(ids[:1]), "per_char": per_char}
+    per_char = [
+        {
+            "symbol": symbol,
+            "logprob": round(float(log_prob), 6),
+            "surprisal": round(-float(log_prob) / LN2, 6),
+            "top": [{"symbol": symbols[index], "p": round(p, 6)} for index, p in choices],
+        }
+        for symbol, log_prob, choices in zip(scored.symbols, scored.log_probs, alternatives)
+    ]
+    return {
+        "bits": scored.nats / LN2,
+        "bpc": scored.bpc,
+        "nats": scored.nats,
+        "tokens": scored.tokens,
+        "characters": scored.characters,
+        "skipped": scored.skipped,
+        "first": model.tokenizer.decode(ids[:1]),
+        "per_char": per_char,
+    }
 
 
 @torch.inference_mode()
@@ -38,7 +51,7 @@ def top_alternatives(model: Model, ids: list[int], top: int) -> list[list[tuple[
     state = network.initial_state(1, device=device)
     found = []
     for start in range(0, tokens.shape[1], WINDOW):
-        logits, state = network(tokens[:, start:start + WINDOW], state)
+        logits, state = network(tokens[:, start : start + WINDOW], state)
         values, indexes = torch.softmax(logits[0].float(), dim=-1).topk(min(top, logits.shape[-1]), dim=-1)
         found.extend(zip(indexes.tolist(), values.tolist()))
     return [list(zip(indexes, values)) for indexes, values in found]
@@ -95,6 +108,13 @@ def activations(model: Model, text: str, layer: int, units: list[int] | None, to
         raise CharlmError(f"units must be in [0, {width - 1}] (layer {layer} has {width}), not {outside[0]}")
     rows = lambda values: [[round(v, 4) for v in values[:, unit].tolist()] for unit in units]  # noqa: E731
     kept = memory is not None and memory.shape[1] == width
-    return {"layer": layer, "layers": layers, "width": width, "skipped": skipped,
-            "symbols": [model.tokenizer.decode([token]) for token in ids], "units": units,
-            "hidden": rows(hidden), "memory": rows(memory) if kept else None}
+    return {
+        "layer": layer,
+        "layers": layers,
+        "width": width,
+        "skipped": skipped,
+        "symbols": [model.tokenizer.decode([token]) for token in ids],
+        "units": units,
+        "hidden": rows(hidden),
+        "memory": rows(memory) if kept else None,
+    }

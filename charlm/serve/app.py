@@ -46,8 +46,12 @@ class Refused(Exception):
 
 def create_app(models: dict[str, Model], config: ServeConfig = ServeConfig(), api_key: str | None = None):
     """The ASGI application serving ``models`` (by name) under ``config``'s limits."""
-    app = FastAPIOffline(title="charlm", version=__version__, description="Character-level language models: sample, "
-                  "score, and look inside. Errors are {\"error\": \"one line\"}.")
+    app = FastAPIOffline(
+        title="charlm",
+        version=__version__,
+        description="Character-level language models: sample, "
+        'score, and look inside. Errors are {"error": "one line"}.',
+    )
     app.state.models, app.state.config, app.state.gate = models, config, Gate(config.concurrency, config.queue)
     _add_error_handlers(app)
     _add_routes(app, models, config, app.state.gate)
@@ -122,7 +126,9 @@ async def _compute(gate: Gate, function, *args):
 def _add_routes(app: FastAPI, models: dict[str, Model], config: ServeConfig, gate: Gate) -> None:
     @app.get("/", include_in_schema=False)
     async def page():
-        return HTMLResponse((PAGE / "index.html").read_text(encoding="utf-8"), headers={"Content-Security-Policy": PAGE_POLICY})
+        return HTMLResponse(
+            (PAGE / "index.html").read_text(encoding="utf-8"), headers={"Content-Security-Policy": PAGE_POLICY}
+        )
 
     @app.get("/app.js", include_in_schema=False)
     async def script():
@@ -162,8 +168,10 @@ def _add_routes(app: FastAPI, models: dict[str, Model], config: ServeConfig, gat
         name, model = _pick(models, body.model)
         _within("the text", len(body.text), config.max_text, "--max-text", 413)
         units = None if body.units is None else list(body.units)
-        return {"model": name, **await _compute(gate, activations, model, body.text, body.layer, units, body.top,
-                                                body.unknown)}
+        return {
+            "model": name,
+            **await _compute(gate, activations, model, body.text, body.layer, units, body.top, body.unknown),
+        }
 
 
 class GatedStream(StreamingResponse):
@@ -189,8 +197,16 @@ class GatedStream(StreamingResponse):
 def _check_sample_settings(body: SampleRequest) -> None:
     """The request's settings together, by the checks `charlm sample` makes (``Model.stream`` sees
     one sample's: not ``num_samples``, which beam search refuses beyond 1)."""
-    settings = SampleConfig(length=body.length, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                            seed=body.seed, num_samples=body.num_samples, beam=body.beam, stop=list(body.stop))
+    settings = SampleConfig(
+        length=body.length,
+        temperature=body.temperature,
+        top_k=body.top_k,
+        top_p=body.top_p,
+        seed=body.seed,
+        num_samples=body.num_samples,
+        beam=body.beam,
+        stop=list(body.stop),
+    )
     validate(settings)
     check_beam_settings(settings)
 
@@ -200,8 +216,16 @@ def _seed(base_seed: int | None, index: int) -> int | None:
 
 
 def _start(model: Model, body: SampleRequest, base_seed: int | None, index: int = 0):
-    return model.stream(body.prompt, body.length, body.temperature, body.top_k, body.top_p, _seed(base_seed, index),
-                        stop=body.stop, beam=body.beam)
+    return model.stream(
+        body.prompt,
+        body.length,
+        body.temperature,
+        body.top_k,
+        body.top_p,
+        _seed(base_seed, index),
+        stop=body.stop,
+        beam=body.beam,
+    )
 
 
 def _draw_all(model: Model, body: SampleRequest, base_seed, prompt: str, first) -> list[dict]:
@@ -210,8 +234,14 @@ def _draw_all(model: Model, body: SampleRequest, base_seed, prompt: str, first) 
     for index in range(body.num_samples):
         generation = first if index == 0 else _start(model, body, base_seed, index)
         continuation = "".join(generation)
-        samples.append({"text": prompt + continuation, "continuation": continuation, "seed": _seed(base_seed, index),
-                        "symbols": len(generation.ids)})
+        samples.append(
+            {
+                "text": prompt + continuation,
+                "continuation": continuation,
+                "seed": _seed(base_seed, index),
+                "symbols": len(generation.ids),
+            }
+        )
     return samples
 
 

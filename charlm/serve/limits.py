@@ -27,8 +27,10 @@ class Gate:
 
     def admit(self) -> None:
         if self.admitted >= self.capacity:
-            raise Busy(f"the server is busy: {self.concurrency} requests computing and {self.capacity - self.concurrency} "
-                       "waiting; try again shortly")
+            raise Busy(
+                f"the server is busy: {self.concurrency} requests computing and {self.capacity - self.concurrency} "
+                "waiting; try again shortly"
+            )
         self.admitted += 1
 
     def leave(self) -> None:
@@ -47,8 +49,13 @@ async def send_error(send, status: int, message: str, headers: dict | None = Non
     """A JSON error ``{"error": "one line"}`` as a whole response."""
     body = json.dumps({"error": " ".join(message.split())}).encode("utf-8")
     extra = [(key.lower().encode(), value.encode()) for key, value in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -74,17 +81,25 @@ class Guard:
             await self._checked(scope, receive, record)
         finally:
             client = scope.get("client") or ("-", 0)
-            get_logger().info(f'{client[0]} "{scope["method"]} {scope["path"]}" {status[0] or "-"} '
-                              f"{(time.perf_counter() - started) * 1000:.0f} ms")
+            get_logger().info(
+                f'{client[0]} "{scope["method"]} {scope["path"]}" {status[0] or "-"} '
+                f"{(time.perf_counter() - started) * 1000:.0f} ms"
+            )
 
     async def _checked(self, scope, receive, send):
         if self.api_key is not None and scope["path"].startswith("/v1/") and not self._authorised(scope):
-            await send_error(send, 401, "this server needs an API key: send the header 'Authorization: Bearer KEY'",
-                             {"WWW-Authenticate": "Bearer"})
+            await send_error(
+                send,
+                401,
+                "this server needs an API key: send the header 'Authorization: Bearer KEY'",
+                {"WWW-Authenticate": "Bearer"},
+            )
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
-            await send_error(send, 413, f"the request body is larger than the limit of {self.max_body:,} bytes (--max-body)")
+            await send_error(
+                send, 413, f"the request body is larger than the limit of {self.max_body:,} bytes (--max-body)"
+            )
             return
         body, more = b"", scope["method"] in ("POST", "PUT", "PATCH")
         while more:
@@ -94,8 +109,9 @@ class Guard:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.max_body:
-                await send_error(send, 413, f"the request body is larger than the limit of {self.max_body:,} bytes "
-                                            "(--max-body)")
+                await send_error(
+                    send, 413, f"the request body is larger than the limit of {self.max_body:,} bytes (--max-body)"
+                )
                 return
         delivered = False
 

@@ -36,7 +36,17 @@ def describe(name: str, model: Model) -> dict:
     config, checkpoint = model.config, model.checkpoint
     scores = {key: value for key, value in checkpoint.scores.items() if isinstance(value, (int, float))}
     memory = len(model.network.initial_state(1, device=model.device)[0]) > 1
-    return {"name": name, "cell": config.cell, "layers": config.layers, "hidden_size": config.hidden_size,
-            "parameters": model.parameters_count, "unit": model.unit, "corpus": checkpoint.train_config.corpus,
-            "vocabulary": model.vocabulary, "scores": scores, "test_bpc": scores.get("test_bpc"),
-            "has_memory": memory, "device": str(model.device)}
+    return {
+        "name": name,
+        "cell": config.cell,
+        "layers": config.layers,
+        "hidden_size": config.hidden_size,
+        "parameters": model.parameters_count,
+        "unit": model.unit,
+        "corpus": checkpoint.train_config.corpus,
+        "vocabulary": model.vocabulary,
+        "scores": scores,
+        "test_bpc": scores.get("test_bpc"),
+        "has_memory": memory,
+        "device": str(model.device),
+    }

@@ -18,8 +18,20 @@ _EXPORTS = {
     "train_task": "charlm.tasks.training",
 }
 
-__all__ = ["TASKS", "THRESHOLDS", "Addition", "DepthLSTM", "FeedForward", "Memorization", "Parity", "TaskBatch",
-           "TaskConfig", "build_task_model", "make_task", "train_task"]
+__all__ = [
+    "TASKS",
+    "THRESHOLDS",
+    "Addition",
+    "DepthLSTM",
+    "FeedForward",
+    "Memorization",
+    "Parity",
+    "TaskBatch",
+    "TaskConfig",
+    "build_task_model",
+    "make_task",
+    "train_task",
+]
 
 
 def __getattr__(name):

@@ -26,10 +26,10 @@ if TYPE_CHECKING:
     from torch import Tensor
 # torch is imported where samples are drawn: `charlm task --help` reads the tasks' sizes and limits without it.
 
-MAX_LENGTH = 10_000   # memorization: symbols per sequence
+MAX_LENGTH = 10_000  # memorization: symbols per sequence
 MAX_SYMBOLS = 65_535  # memorization: vocabulary
-MAX_DIGITS = 1_000    # addition: digits per number
-MAX_BITS = 100_000    # parity: bits per string
+MAX_DIGITS = 1_000  # addition: digits per number
+MAX_BITS = 100_000  # parity: bits per string
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +82,9 @@ class Memorization:
         inputs = torch.full((batch_size, self.positions), dash)
         targets = torch.full((batch_size, self.positions), dash)
         mask = torch.zeros((batch_size, self.positions), dtype=torch.bool)
-        inputs[:, 1:n + 1] = sequence        # read after the opening delimiter
-        targets[:, n + 1:2 * n + 1] = sequence  # written back from the closing delimiter on
-        mask[:, n + 1:2 * n + 1] = True
+        inputs[:, 1 : n + 1] = sequence  # read after the opening delimiter
+        targets[:, n + 1 : 2 * n + 1] = sequence  # written back from the closing delimiter on
+        mask[:, n + 1 : 2 * n + 1] = True
         return TaskBatch(inputs, targets, mask)
 
 
@@ -126,14 +126,14 @@ class Addition:
         inputs = torch.full((batch_size, self.positions), dash)
         targets = torch.full((batch_size, self.positions), dash)
         mask = torch.zeros((batch_size, self.positions), dtype=torch.bool)
-        inputs[:, 1:d + 1] = a
-        inputs[:, d + 2:2 * d + 2] = b
+        inputs[:, 1 : d + 1] = a
+        inputs[:, d + 2 : 2 * d + 2] = b
         start = 2 * d + 2  # the delimiter after b: the first digit of the sum is due there
         long = total[:, 0] > 0
-        targets[long, start:start + d + 1] = total[long]
-        targets[~long, start:start + d] = total[~long, 1:]
-        mask[:, start:start + d + 1] = True  # D digits and the closing "-", or D + 1 digits ...
-        mask[long, start + d + 1] = True     # ... and the closing "-"
+        targets[long, start : start + d + 1] = total[long]
+        targets[~long, start : start + d] = total[~long, 1:]
+        mask[:, start : start + d + 1] = True  # D digits and the closing "-", or D + 1 digits ...
+        mask[long, start + d + 1] = True  # ... and the closing "-"
         return TaskBatch(inputs, targets, mask)
 
 
@@ -190,6 +190,8 @@ def make_task(name: str, **options):
     given = {key: value for key, value in options.items() if value is not None}
     extra = sorted(set(given) - known)
     if extra:
-        raise ValueError(f"{name} takes {', '.join('--' + key for key in sorted(known))}, not "
-                         f"{', '.join('--' + key for key in extra)}")
+        raise ValueError(
+            f"{name} takes {', '.join('--' + key for key in sorted(known))}, not "
+            f"{', '.join('--' + key for key in extra)}"
+        )
     return cls(**given)

@@ -42,8 +42,8 @@ class DepthLSTM(nn.Module):
         super().__init__()
         n = hidden_size
         self.layers = layers
-        self.input = nn.Linear(bits, 2 * n)   # rows: h₀, then m₀
-        self.gates = nn.Linear(n, 4 * n)      # rows: u, f, o, c
+        self.input = nn.Linear(bits, 2 * n)  # rows: h₀, then m₀
+        self.gates = nn.Linear(n, 4 * n)  # rows: u, f, o, c
         self.head = nn.Linear(n, 2)
         glorot_uniform_(self.input.weight, blocks=2)
         glorot_uniform_(self.gates.weight, blocks=4)
@@ -51,14 +51,14 @@ class DepthLSTM(nn.Module):
         with torch.no_grad():
             for bias in (self.input.bias, self.gates.bias, self.head.bias):
                 bias.zero_()
-            self.gates.bias[n:2 * n].fill_(1.0)  # forget gate starts open, as the cells do
+            self.gates.bias[n : 2 * n].fill_(1.0)  # forget gate starts open, as the cells do
 
     def forward(self, bits: Tensor) -> Tensor:
         h, m = self.input(bits).chunk(2, dim=-1)
         for _ in range(self.layers):
             u, f, o, c = self.gates(h).chunk(4, dim=-1)
             m = torch.sigmoid(f) * m + torch.sigmoid(u) * torch.tanh(c)  # memory along depth
-            h = torch.tanh(torch.sigmoid(o) * m)                          # the paper's output
+            h = torch.tanh(torch.sigmoid(o) * m)  # the paper's output
         return self.head(h).unsqueeze(1)  # [B, 1, 2]: one "position", the parity
 
 
@@ -149,9 +149,15 @@ def check_wavefront(model: SequenceTaskModel, tokens: Tensor, tolerance: float =
         plain = model(tokens)
     difference = float((fast - plain).abs().max())
     model.use_wavefront = difference <= tolerance
-    return {"path": "wavefront", "active": model.use_wavefront, "checked": True, "max_difference": difference,
-            "tolerance": tolerance, "check_seconds": round(time.perf_counter() - started, 4),
-            "failure": None if model.use_wavefront else f"differs from the layer-by-layer code by {difference:.3g}"}
+    return {
+        "path": "wavefront",
+        "active": model.use_wavefront,
+        "checked": True,
+        "max_difference": difference,
+        "tolerance": tolerance,
+        "check_seconds": round(time.perf_counter() - started, 4),
+        "failure": None if model.use_wavefront else f"differs from the layer-by-layer code by {difference:.3g}",
+    }
 
 
 def model_config(task, cell: str, hidden_size: int, layers: int, tied: bool | None, cell_options: dict) -> ModelConfig:
@@ -165,12 +171,19 @@ def model_config(task, cell: str, hidden_size: int, layers: int, tied: bool | No
             options["tied"] = tied
         else:
             tie_layers = tied
-    return ModelConfig(cell=cell, vocab_size=len(task.vocab), hidden_size=hidden_size, layers=layers,
-                       cell_options=options, tie_layers=tie_layers)
+    return ModelConfig(
+        cell=cell,
+        vocab_size=len(task.vocab),
+        hidden_size=hidden_size,
+        layers=layers,
+        cell_options=options,
+        tie_layers=tie_layers,
+    )
 
 
-def build_task_model(task, cell: str, hidden_size: int, layers: int, tied: bool | None = None,
-                     cell_options: dict | None = None) -> nn.Module:
+def build_task_model(
+    task, cell: str, hidden_size: int, layers: int, tied: bool | None = None, cell_options: dict | None = None
+) -> nn.Module:
     """The network for ``task``: a stack of ``cell`` for the sequence tasks; for parity ``cell`` is
     grid-lstm (the 1-D Grid LSTM, tied), relu or tanh (feed-forward, untied)."""
     if hidden_size < 1 or layers < 1:
@@ -178,8 +191,10 @@ def build_task_model(task, cell: str, hidden_size: int, layers: int, tied: bool 
     if task.sequence:
         return SequenceTaskModel(model_config(task, cell, hidden_size, layers, tied, cell_options or {}))
     if cell not in PARITY_NETWORKS:
-        raise CharlmError(f"parity is run with {', '.join(PARITY_NETWORKS)} (the 1-D Grid LSTM and the feed-forward "
-                          f"baselines), not {cell!r}")
+        raise CharlmError(
+            f"parity is run with {', '.join(PARITY_NETWORKS)} (the 1-D Grid LSTM and the feed-forward "
+            f"baselines), not {cell!r}"
+        )
     if cell_options:
         raise CharlmError("parity's networks take no --cell-opt")
     if cell == "grid-lstm":
@@ -191,8 +206,17 @@ def build_task_model(task, cell: str, hidden_size: int, layers: int, tied: bool 
     return FeedForward(task.bits, hidden_size, layers, cell)
 
 
-def estimate_task_memory(task, cell: str, hidden_size: int, layers: int, tied: bool | None, cell_options: dict,
-                         batch_size: int, eval_samples: int, device_type: str = "cpu") -> MemoryEstimate:
+def estimate_task_memory(
+    task,
+    cell: str,
+    hidden_size: int,
+    layers: int,
+    tied: bool | None,
+    cell_options: dict,
+    batch_size: int,
+    eval_samples: int,
+    device_type: str = "cpu",
+) -> MemoryEstimate:
     """The memory a run of ``task`` needs (``charlm.runtime.memory``), from its network built on the meta
     device: weights, gradients and optimizer state; one batch's activations (a sequence task's are a
     window of ``task.positions`` steps, with its embedding and softmax; parity's one step whose
@@ -205,6 +229,15 @@ def estimate_task_memory(task, cell: str, hidden_size: int, layers: int, tied: b
         factor, vocab_size, steps = CELLS.get(cell).activation_factor, len(task.vocab), task.positions
     else:
         width, factor, vocab_size, steps = task.bits, type(model).activation_factor, len(task.vocab), 1
-    estimate = estimate_training_memory(count_parameters(model), factor, hidden_size, layers, vocab_size, width,
-                                        batch_size, steps, device_type=device_type)
+    estimate = estimate_training_memory(
+        count_parameters(model),
+        factor,
+        hidden_size,
+        layers,
+        vocab_size,
+        width,
+        batch_size,
+        steps,
+        device_type=device_type,
+    )
     return dataclasses.replace(estimate, sample_bytes=(batch_size + eval_samples) * task.sample_bytes)

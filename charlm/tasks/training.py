@@ -55,7 +55,7 @@ def score(model: nn.Module, batch, chunk: int = 100) -> dict:
     """Loss (nats per target), per-symbol and per-sequence accuracy of ``model`` on ``batch``."""
     loss = correct = counted = whole = 0.0
     for start in range(0, batch.inputs.shape[0], chunk):
-        inputs, targets, mask = (tensor[start:start + chunk] for tensor in (batch.inputs, batch.targets, batch.mask))
+        inputs, targets, mask = (tensor[start : start + chunk] for tensor in (batch.inputs, batch.targets, batch.mask))
         logits = model(inputs)
         losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
         right = (logits.argmax(dim=-1) == targets) | ~mask
@@ -84,12 +84,22 @@ def make_optimizer(config: TaskConfig, model: nn.Module):
 TASK_FLAGS = {"memorization": "--length", "addition": "--digits", "parity": "--bits"}  # what sizes a sample
 
 
-def check_task_fits(config: TaskConfig, task, device: torch.device, available: int | None = None,
-                    resumed: bool = False) -> None:
+def check_task_fits(
+    config: TaskConfig, task, device: torch.device, available: int | None = None, resumed: bool = False
+) -> None:
     """Refuse, before the network is built or the run directory made, a run that ``device`` cannot hold
     (``estimate_task_memory``), naming the options to change: those of the larger part first."""
-    estimate = estimate_task_memory(task, config.cell, config.hidden_size, config.layers, config.tied,
-                                    config.cell_options, config.batch_size, config.eval_samples, device.type)
+    estimate = estimate_task_memory(
+        task,
+        config.cell,
+        config.hidden_size,
+        config.layers,
+        config.tied,
+        config.cell_options,
+        config.batch_size,
+        config.eval_samples,
+        device.type,
+    )
     network = f"a smaller {flag_of(TaskConfig, 'hidden_size')} or fewer --layers"
     samples = f"a smaller --batch-size, {TASK_FLAGS[task.name]} or --eval-samples"
     first, second = (network, samples) if estimate.state_bytes >= estimate.total_bytes / 2 else (samples, network)
@@ -109,9 +119,14 @@ def update_thresholds(progress: TaskProgress, accuracy: float) -> list[float]:
 
 
 def save_checkpoint(path: Path, config: TaskConfig, model, optimizer, generator, progress: TaskProgress) -> None:
-    payload = {"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "model": model.state_dict(),
-               "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-               "progress": dataclasses.asdict(progress)}
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "config": config.to_dict(),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "generator": generator.get_state(),
+        "progress": dataclasses.asdict(progress),
+    }
     atomic_write(path, lambda temporary: torch.save(payload, temporary))
 
 
@@ -137,8 +152,14 @@ def load_checkpoint(path: Path) -> dict:
     return payload
 
 
-def train_task(config: TaskConfig | None = None, *, run_dir: str | Path, resume: bool = False,
-               max_samples: int | None = None, progress_every: float = 10.0) -> dict:
+def train_task(
+    config: TaskConfig | None = None,
+    *,
+    run_dir: str | Path,
+    resume: bool = False,
+    max_samples: int | None = None,
+    progress_every: float = 10.0,
+) -> dict:
     """Train (or, with ``resume``, continue) the run in ``run_dir``; returns the ``task_end`` fields.
 
     On resume the saved config is used (``max_samples`` may raise the budget).
@@ -156,7 +177,9 @@ def train_task(config: TaskConfig | None = None, *, run_dir: str | Path, resume:
         state = TaskProgress(**payload["progress"])
         if "1.0" in state.reached:
             run.release()
-            raise CharlmError(f"{run.path} is solved already (100% at {state.reached['1.0']:,} samples): nothing to resume")
+            raise CharlmError(
+                f"{run.path} is solved already (100% at {state.reached['1.0']:,} samples): nothing to resume"
+            )
         if state.samples >= config.max_samples:
             run.release()
             raise CharlmError(f"{run.path} has used its {config.max_samples:,} samples: pass a larger --max-samples")
@@ -183,14 +206,28 @@ def train_task(config: TaskConfig | None = None, *, run_dir: str | Path, resume:
         optimizer.load_state_dict(payload["optimizer"])
         generator.set_state(payload["generator"])
     else:
-        record = {"task": {"name": task.name, **dataclasses.asdict(task)}, "model": {"cell": config.cell,
-                  "layers": config.layers, "hidden_size": config.hidden_size, "tied": config.tied},
-                  "train": {"corpus": task.name, **config.to_dict()}}
+        record = {
+            "task": {"name": task.name, **dataclasses.asdict(task)},
+            "model": {
+                "cell": config.cell,
+                "layers": config.layers,
+                "hidden_size": config.hidden_size,
+                "tied": config.tied,
+            },
+            "train": {"corpus": task.name, **config.to_dict()},
+        }
         run = Run.create(run_dir, record, provenance_of.collect(device))
-    held_out = task.sample(torch.Generator().manual_seed(torch_seed(config.seed + EVAL_STREAM)), config.eval_samples).to(device)
+    held_out = task.sample(
+        torch.Generator().manual_seed(torch_seed(config.seed + EVAL_STREAM)), config.eval_samples
+    ).to(device)
     parameters = count_parameters(model)
-    run.record("start", parameters=parameters, hidden_size=config.hidden_size, device=str(device),
-               resumed_at={"samples": state.samples} if resume else None)
+    run.record(
+        "start",
+        parameters=parameters,
+        hidden_size=config.hidden_size,
+        device=str(device),
+        resumed_at={"samples": state.samples} if resume else None,
+    )
     if getattr(model, "use_wavefront", False) and not config.wavefront:
         model.use_wavefront = False
     if getattr(model, "use_wavefront", False):
@@ -199,8 +236,10 @@ def train_task(config: TaskConfig | None = None, *, run_dir: str | Path, resume:
         if not check["active"]:
             run.log(f"warning: the wavefront {check['failure']}: running layer by layer")
     run.mark_running()
-    run.log(f"{task.name}: {config.cell} {config.layers}×{config.hidden_size}"
-            f"{' tied' if config.tied else ''}, {parameters:,} parameters, {config.max_samples:,} samples at most")
+    run.log(
+        f"{task.name}: {config.cell} {config.layers}×{config.hidden_size}"
+        f"{' tied' if config.tied else ''}, {parameters:,} parameters, {config.max_samples:,} samples at most"
+    )
     saver = _Saver(config, model, optimizer, generator, state)
     stopped_by, started, last_print = None, time.perf_counter(), time.perf_counter()
     seconds_before = state.seconds
@@ -213,8 +252,10 @@ def train_task(config: TaskConfig | None = None, *, run_dir: str | Path, resume:
             if not torch.isfinite(loss):
                 run.record("diverged", epoch=0, step=state.steps, loss=float(loss))
                 run.mark_stopped()
-                raise TrainingDiverged(f"the loss is {float(loss)} at {state.samples:,} samples: training stopped "
-                                       f"({run.path}/last.pt holds the last good weights)")
+                raise TrainingDiverged(
+                    f"the loss is {float(loss)} at {state.samples:,} samples: training stopped "
+                    f"({run.path}/last.pt holds the last good weights)"
+                )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if config.clip is not None:
@@ -227,8 +268,9 @@ def train_task(config: TaskConfig | None = None, *, run_dir: str | Path, resume:
                 run.save_last(saver)
                 run.record("interrupted", epoch=0, window=0, step=state.steps)
                 run.mark_stopped()
-                raise TrainingInterrupted(f"interrupted at {state.samples:,} samples; resume with "
-                                          f"charlm task --resume {run.path}")
+                raise TrainingInterrupted(
+                    f"interrupted at {state.samples:,} samples; resume with charlm task --resume {run.path}"
+                )
             if state.samples < next_eval and state.samples < config.max_samples:
                 continue
             next_eval += config.eval_every
@@ -237,8 +279,14 @@ def train_task(config: TaskConfig | None = None, *, run_dir: str | Path, resume:
                 figures = score(model, held_out)
             state.accuracy, state.sequence_accuracy = figures["accuracy"], figures["sequence_accuracy"]
             crossed = update_thresholds(state, figures["accuracy"])
-            run.record("task_eval", samples=state.samples, steps=state.steps, train_loss=float(loss.detach()),
-                       seconds=round(state.seconds, 3), **figures)
+            run.record(
+                "task_eval",
+                samples=state.samples,
+                steps=state.steps,
+                train_loss=float(loss.detach()),
+                seconds=round(state.seconds, 3),
+                **figures,
+            )
             if "1.0" in state.reached:
                 stopped_by = "solved"
             elif state.samples >= config.max_samples:
@@ -248,12 +296,21 @@ def train_task(config: TaskConfig | None = None, *, run_dir: str | Path, resume:
             if crossed or stopped_by or now - last_print >= progress_every:
                 last_print = now
                 rate = (state.samples - (payload["progress"]["samples"] if payload else 0)) / max(now - started, 1e-9)
-                run.log(f"{state.samples:>10,} samples  loss {figures['loss']:.4f}  accuracy {figures['accuracy']:.2%}  "
-                        f"sequences {figures['sequence_accuracy']:.2%}  {rate:,.0f} samples/s"
-                        + "".join(f"  >{t:.0%}" if t < 1 else "  solved" for t in crossed))
-    end = {"samples": state.samples, "stopped_by": stopped_by, "reached": dict(state.reached),
-           "accuracy": state.accuracy, "sequence_accuracy": state.sequence_accuracy, "parameters": parameters,
-           "seconds": round(state.seconds, 3), "run_dir": str(run.path)}
+                run.log(
+                    f"{state.samples:>10,} samples  loss {figures['loss']:.4f}  accuracy {figures['accuracy']:.2%}  "
+                    f"sequences {figures['sequence_accuracy']:.2%}  {rate:,.0f} samples/s"
+                    + "".join(f"  >{t:.0%}" if t < 1 else "  solved" for t in crossed)
+                )
+    end = {
+        "samples": state.samples,
+        "stopped_by": stopped_by,
+        "reached": dict(state.reached),
+        "accuracy": state.accuracy,
+        "sequence_accuracy": state.sequence_accuracy,
+        "parameters": parameters,
+        "seconds": round(state.seconds, 3),
+        "run_dir": str(run.path),
+    }
     run.record("task_end", **end)
     run.mark_stopped()
     return end

@@ -91,14 +91,20 @@ class Throughput:
     def to_dict(self, baseline: "Throughput") -> dict:
         flop_scale = self.flops_per_char / baseline.flops_per_char
         values = {
-            "name": self.name, "hidden_size": self.hidden_size, "parameters": self.parameters, "precision": self.precision,
+            "name": self.name,
+            "hidden_size": self.hidden_size,
+            "parameters": self.parameters,
+            "precision": self.precision,
             "flops_per_char": self.flops_per_char,
-            "train_chars_per_second": self.train.to_dict(), "eval_chars_per_second": self.eval.to_dict(),
-            "train_ratio": self.train_ratio.median, "eval_ratio": self.eval_ratio.median,
+            "train_chars_per_second": self.train.to_dict(),
+            "eval_chars_per_second": self.eval.to_dict(),
+            "train_ratio": self.train_ratio.median,
+            "eval_ratio": self.eval_ratio.median,
             "train_ratio_flop_normalised": self.train_ratio.median * flop_scale,
             "eval_ratio_flop_normalised": self.eval_ratio.median * flop_scale,
             "eval_over_train": self.eval.median / self.train.median,
-            "eval_path": self.eval_path, "train_path": self.train_path,
+            "eval_path": self.eval_path,
+            "train_path": self.train_path,
         }
         if self.layer_dtypes:
             values["layer_dtypes"] = self.layer_dtypes
@@ -171,8 +177,17 @@ def _synchronize(device):
 class _Contender:
     """A model with its synthetic data, optimiser and carried state, timed a round at a time."""
 
-    def __init__(self, name: str, model: nn.Module, config: BenchmarkConfig, device, flops_per_char: float,
-                 initial_state=None, compiled: bool = False, graphed: bool = False):
+    def __init__(
+        self,
+        name: str,
+        model: nn.Module,
+        config: BenchmarkConfig,
+        device,
+        flops_per_char: float,
+        initial_state=None,
+        compiled: bool = False,
+        graphed: bool = False,
+    ):
         """``initial_state``: where the carried state comes from when ``model`` is a wrapper (DDP);
         ``compiled``: train through ``torch.compile`` (the warm-up step compiles); ``graphed``: through
         captured CUDA graphs (the warm-up step captures)."""
@@ -190,8 +205,13 @@ class _Contender:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         self.state = (initial_state or model.initial_state)(config.batch_size, device=device)
         inner = getattr(model, "module", model)
-        self.result = Throughput(name, getattr(inner, "hidden_size", 0) or inner.config.hidden_size,
-                                 count_parameters(inner), flops_per_char, config.precision)
+        self.result = Throughput(
+            name,
+            getattr(inner, "hidden_size", 0) or inner.config.hidden_size,
+            count_parameters(inner),
+            flops_per_char,
+            config.precision,
+        )
         started = time.perf_counter()
         self._train_step()  # warm-up: allocations, kernel selection, compilation
         _synchronize(device)
@@ -201,8 +221,9 @@ class _Contender:
             self.result.capture_seconds = time.perf_counter() - started
         if compiled or graphed:
             fast = self.train_forward
-            self.result.train_path = (("compiled" if compiled else "cuda graph") if fast.active
-                                      else f"eager ({fast.failure})")
+            self.result.train_path = (
+                ("compiled" if compiled else "cuda graph") if fast.active else f"eager ({fast.failure})"
+            )
         self.eval_forward = self.model
         with torch.inference_mode(), autocast(config.precision, device):
             self.model.eval()
@@ -284,13 +305,20 @@ def benchmark_cells(cells: list[str], config: BenchmarkConfig, progress=None) ->
     # The fused baseline computes exactly the equations of charlm's `lstm` cell at the same size.
     reference = LanguageModel(ModelConfig("lstm", config.vocab_size, baseline_model.hidden_size, config.layers))
     # Where the fused kernel has no form in the asked precision, the baseline is its float32 form.
-    baseline_config = config if fused_lstm_runs_in(config.precision, device) else dataclasses.replace(config, precision="fp32")
-    contenders = [_Contender(BASELINE_NAME, baseline_model, baseline_config, device, training_flops_per_char(reference))]
+    baseline_config = (
+        config if fused_lstm_runs_in(config.precision, device) else dataclasses.replace(config, precision="fp32")
+    )
+    contenders = [
+        _Contender(BASELINE_NAME, baseline_model, baseline_config, device, training_flops_per_char(reference))
+    ]
     for cell in cells:
         model = _cell_model(cell, config)
         flops = training_flops_per_char(model)
-        contenders.append(_Contender(cell, model.to(device), config, device, flops, compiled=config.compile,
-                                     graphed=config.cuda_graph))
+        contenders.append(
+            _Contender(
+                cell, model.to(device), config, device, flops, compiled=config.compile, graphed=config.cuda_graph
+            )
+        )
         dtypes = layer_output_dtypes(model, config.precision, device)
         contenders[-1].result.layer_dtypes = [str(dtype).removeprefix("torch.") for dtype in dtypes]
     baseline = contenders[0].result
@@ -354,10 +382,17 @@ class Scaling:
         return self.together.median / (self.processes * self.single.median)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "parameters": self.parameters, "processes": self.processes,
-                "single_chars_per_second": self.single.to_dict(), "together_chars_per_second": self.together.to_dict(),
-                "step_seconds": self.step_seconds.to_dict(), "allreduce_bytes_per_step": self.allreduce_bytes,
-                "speedup": self.together.median / self.single.median, "efficiency": self.efficiency}
+        return {
+            "name": self.name,
+            "parameters": self.parameters,
+            "processes": self.processes,
+            "single_chars_per_second": self.single.to_dict(),
+            "together_chars_per_second": self.together.to_dict(),
+            "step_seconds": self.step_seconds.to_dict(),
+            "allreduce_bytes_per_step": self.allreduce_bytes,
+            "speedup": self.together.median / self.single.median,
+            "efficiency": self.efficiency,
+        }
 
 
 def benchmark_scaling(cells: list[str], config: BenchmarkConfig, world, progress=None) -> list[Scaling]:
@@ -375,8 +410,14 @@ def benchmark_scaling(cells: list[str], config: BenchmarkConfig, world, progress
         model.to(device)
         alone = _Contender(name, model, config, device, 0.0) if world.is_main else None
         shared_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        shared = _Contender(name, shared_model, dataclasses.replace(config, batch_size=rows.stop - rows.start), device, 0.0,
-                            initial_state=model.initial_state)
+        shared = _Contender(
+            name,
+            shared_model,
+            dataclasses.replace(config, batch_size=rows.stop - rows.start),
+            device,
+            0.0,
+            initial_state=model.initial_state,
+        )
         result = Scaling(name, count_parameters(model), world.size)
         for round_index in range(config.repeat):
             if progress and world.is_main:

@@ -15,14 +15,23 @@ from charlm.cells import CELLS
 from charlm.config import BenchmarkConfig
 from charlm.errors import CharlmError
 from charlm.model import LanguageModel, ModelConfig, count_parameters, parse_budget, size_for_budget
-from charlm.runtime.memory import (BYTES_PER_PARAMETER, MemoryEstimate, available_memory, check_budget_fits, check_fits,
-                                   estimate_training_memory)
+from charlm.runtime.memory import (
+    BYTES_PER_PARAMETER,
+    MemoryEstimate,
+    available_memory,
+    check_budget_fits,
+    check_fits,
+    estimate_training_memory,
+)
 
-ADVICE = "use a smaller --params, fewer --cells or --layers, a smaller --vocab-size, or a smaller --batch-size or --bptt"
+ADVICE = (
+    "use a smaller --params, fewer --cells or --layers, a smaller --vocab-size, or a smaller --batch-size or --bptt"
+)
 
 
-def check_benchmark_fits(cells: list[str], config: BenchmarkConfig, device: torch.device,
-                         available: int | None = None) -> MemoryEstimate:
+def check_benchmark_fits(
+    cells: list[str], config: BenchmarkConfig, device: torch.device, available: int | None = None
+) -> MemoryEstimate:
     """The memory the benchmark of ``cells`` needs on ``device``, refused (one line naming the
     options) where ``device`` has less free; nothing is allocated to find out."""
     from charlm.tools.benchmark import FusedLSTMBaseline, _baseline_size
@@ -35,7 +44,9 @@ def check_benchmark_fits(cells: list[str], config: BenchmarkConfig, device: torc
         for cell in cells:
             model_config = ModelConfig(cell, vocab_size=config.vocab_size, hidden_size=1, layers=config.layers)
             hidden_size, _ = size_for_budget(model_config, budget)
-            shapes.append((CELLS.get(cell).activation_factor, dataclasses.replace(model_config, hidden_size=hidden_size)))
+            shapes.append(
+                (CELLS.get(cell).activation_factor, dataclasses.replace(model_config, hidden_size=hidden_size))
+            )
     except CharlmError as error:
         raise CharlmError(f"{error}: use a smaller --params") from None
     baseline_hidden = _baseline_size(config)
@@ -47,9 +58,18 @@ def check_benchmark_fits(cells: list[str], config: BenchmarkConfig, device: torc
     for factor, model_config in shapes:
         with torch.device("meta"):
             count = count_parameters(LanguageModel(model_config))
-        estimate = estimate_training_memory(count, factor, model_config.hidden_size, model_config.layers,
-                                            config.vocab_size, model_config.hidden_size, config.batch_size, config.bptt,
-                                            device_type=device.type, cuda_graph=config.cuda_graph)
+        estimate = estimate_training_memory(
+            count,
+            factor,
+            model_config.hidden_size,
+            model_config.layers,
+            config.vocab_size,
+            model_config.hidden_size,
+            config.batch_size,
+            config.bptt,
+            device_type=device.type,
+            cuda_graph=config.cuda_graph,
+        )
         held += estimate.state_bytes if model_config is not reference else count * 4  # the reference: weights only
         activations = max(activations, estimate.activation_bytes + estimate.graph_bytes)
         workspace = max(workspace, estimate.workspace_bytes)

@@ -55,8 +55,14 @@ class Sizing:
         return max(1, math.ceil((self.seconds_spent + self.chars_needed / self.chars_per_second) / 60))
 
 
-def choose_size(throughput: dict[int, float], sizes: dict[int, int], *, seconds_left: float,
-                seconds_spent: float = 0.0, threads: int = 1) -> Sizing:
+def choose_size(
+    throughput: dict[int, float],
+    sizes: dict[int, int],
+    *,
+    seconds_left: float,
+    seconds_spent: float = 0.0,
+    threads: int = 1,
+) -> Sizing:
     """The largest measured size whose characters per second train its ``sizes`` need within
     ``seconds_left``; when none does, the measured size that would get there soonest."""
     fitting = [size for size, rate in throughput.items() if rate * seconds_left >= sizes[size]]
@@ -64,9 +70,15 @@ def choose_size(throughput: dict[int, float], sizes: dict[int, int], *, seconds_
         hidden_size = max(fitting)
     else:
         hidden_size = min(throughput, key=lambda size: (sizes[size] / throughput[size], -size))
-    return Sizing(hidden_size=hidden_size, threads=threads, chars_per_second=throughput[hidden_size],
-                  seconds_left=seconds_left, seconds_spent=seconds_spent, chars_needed=sizes[hidden_size],
-                  measured=dict(throughput))
+    return Sizing(
+        hidden_size=hidden_size,
+        threads=threads,
+        chars_per_second=throughput[hidden_size],
+        seconds_left=seconds_left,
+        seconds_spent=seconds_spent,
+        chars_needed=sizes[hidden_size],
+        measured=dict(throughput),
+    )
 
 
 def faster_threads(throughput: dict[int, float]) -> int:
@@ -88,11 +100,15 @@ def describe(sizing: Sizing) -> list[str]:
         budget = f"~{about(sizing.chars_in_budget)} characters in the {sizing.seconds_left / 60:.3g} min left"
     else:
         budget = "the measurement took the whole budget"
-    lines = [f"sizing: hidden {sizing.hidden_size} on {threads}, ~{about(sizing.chars_per_second)} chars/s measured: "
-             f"{budget} (readable text needs ~{about(sizing.chars_needed)})"]
+    lines = [
+        f"sizing: hidden {sizing.hidden_size} on {threads}, ~{about(sizing.chars_per_second)} chars/s measured: "
+        f"{budget} (readable text needs ~{about(sizing.chars_needed)})"
+    ]
     if not sizing.enough:
-        lines.append(f"this machine trains about {about(sizing.chars_per_second)} chars/s now; readable text needs "
-                     f"about {about(sizing.chars_needed)} characters: try --minutes {sizing.minutes_needed}")
+        lines.append(
+            f"this machine trains about {about(sizing.chars_per_second)} chars/s now; readable text needs "
+            f"about {about(sizing.chars_needed)} characters: try --minutes {sizing.minutes_needed}"
+        )
     return lines
 
 
@@ -183,8 +199,9 @@ def size_for_machine(config: DemoConfig, corpus) -> Sizing:
         else:
             throughput[hidden_size] = measure_throughput(train_config, corpus, device, config.calibration_steps)
         spent = time.monotonic() - started
-        sizing = choose_size(throughput, config.sizes, seconds_left=budget - spent, seconds_spent=spent,
-                             threads=threads)
+        sizing = choose_size(
+            throughput, config.sizes, seconds_left=budget - spent, seconds_spent=spent, threads=threads
+        )
         if sizing.enough:
             break
     return sizing
@@ -211,7 +228,10 @@ def run_demo(config: DemoConfig, data_dir=None, run_dir=None, write=print, log=i
 
 def _write_sample(config: DemoConfig, run_dir: str, write) -> str:
     model = load(run_dir)
-    write(f"sample ({config.sample_length} characters after the prime, temperature {config.temperature:g}):\n{config.prime}")
+    write(
+        f"sample ({config.sample_length} characters after the prime, temperature "
+        f"{config.temperature:g}):\n{config.prime}"
+    )
     pieces = []
     for piece in model.stream(config.prime, config.sample_length, config.temperature, seed=config.seed):
         write(piece)

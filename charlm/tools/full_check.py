@@ -55,10 +55,20 @@ class Scale:
     windows: int  # training windows per run
 
 
-GPU_SCALE = Scale(("--params", "10M", "--steps", "3", "--repeat", "2", "--sample-length", "100"),
-                  params="1M", batch_size=64, bptt=50, windows=60)
-CPU_SCALE = Scale(("--params", "50K", "--batch-size", "16", "--bptt", "20", "--steps", "1", "--repeat", "1",
-                   "--sample-length", "10"), params="50K", batch_size=16, bptt=20, windows=10)
+GPU_SCALE = Scale(
+    ("--params", "10M", "--steps", "3", "--repeat", "2", "--sample-length", "100"),
+    params="1M",
+    batch_size=64,
+    bptt=50,
+    windows=60,
+)
+CPU_SCALE = Scale(
+    ("--params", "50K", "--batch-size", "16", "--bptt", "20", "--steps", "1", "--repeat", "1", "--sample-length", "10"),
+    params="50K",
+    batch_size=16,
+    bptt=20,
+    windows=10,
+)
 
 
 @dataclasses.dataclass
@@ -83,14 +93,23 @@ class FullCheck:
         self.budget_seconds = budget_seconds
         self.progress = progress or (lambda message: None)
         self.steps = {name: Step(name) for name in SHARES}
-        self.report: dict = {"budget_seconds": budget_seconds, "cells": cells, "device": str(device),
-                             "environment": environment(device)}
+        self.report: dict = {
+            "budget_seconds": budget_seconds,
+            "cells": cells,
+            "device": str(device),
+            "environment": environment(device),
+        }
         self.failures: list[str] = []
 
     def run(self) -> dict:
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
-        runners = {"check": self._check, "cuda tests": self._cuda_tests, "benchmark": self._benchmark,
-                   "training": self._training, "benchmark (compile)": self._benchmark_compile}
+        runners = {
+            "check": self._check,
+            "cuda tests": self._cuda_tests,
+            "benchmark": self._benchmark,
+            "training": self._training,
+            "benchmark (compile)": self._benchmark_compile,
+        }
         for name, step in self.steps.items():
             self.progress(f"check --full: {name}")
             started = self._step_started = time.monotonic()
@@ -102,8 +121,9 @@ class FullCheck:
 
     # --- the steps -------------------------------------------------------------------------------
     def _check(self, step: Step) -> None:
-        result = self._child(step, "check", [*charlm(), "check", "--device", str(self.device), "--cells",
-                                             ",".join(self.cells), "--json"])
+        result = self._child(
+            step, "check", [*charlm(), "check", "--device", str(self.device), "--cells", ",".join(self.cells), "--json"]
+        )
         if result is None:
             return
         try:
@@ -115,7 +135,10 @@ class FullCheck:
         for row in failed:
             self.failures.append(f"check: {row['check']}: {row['figure']}")
         passed = sum(row["result"] == "pass" for row in rows)
-        step.status, step.detail = ("fail" if failed else "pass"), f"{passed} pass, {len(failed)} fail, {len(rows)} rows"
+        step.status, step.detail = (
+            ("fail" if failed else "pass"),
+            f"{passed} pass, {len(failed)} fail, {len(rows)} rows",
+        )
 
     def _cuda_tests(self, step: Step) -> None:
         tests = Path(__file__).resolve().parents[2] / "tests"
@@ -130,13 +153,34 @@ class FullCheck:
             return
         summaries = []
         for label, arguments, environment_extra in (
-                ("pytest -m cuda", ["-m", "cuda", str(tests / "runtime" / "test_cuda.py")], {}),
-                (f"CHARLM_TEST_DEVICE={self.device} pytest tests/cells", [str(tests / "cells")],
-                 {"CHARLM_TEST_DEVICE": str(self.device)})):
+            ("pytest -m cuda", ["-m", "cuda", str(tests / "runtime" / "test_cuda.py")], {}),
+            (
+                f"CHARLM_TEST_DEVICE={self.device} pytest tests/cells",
+                [str(tests / "cells")],
+                {"CHARLM_TEST_DEVICE": str(self.device)},
+            ),
+        ):
             workers = ["-n", "4"] if importlib.util.find_spec("xdist") else []
-            command = [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider", *workers, *arguments]
-            result = self._child(step, label, command, environment_extra, cwd=tests.parent,
-                                 limit=max(1.0, self._left_in(step) / (2 - len(summaries))))
+            command = [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-o",
+                "addopts=",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                *workers,
+                *arguments,
+            ]
+            result = self._child(
+                step,
+                label,
+                command,
+                environment_extra,
+                cwd=tests.parent,
+                limit=max(1.0, self._left_in(step) / (2 - len(summaries))),
+            )
             if result is None:
                 return
             summary = last_line(result.stdout)
@@ -165,8 +209,17 @@ class FullCheck:
         tables = self.report.setdefault("benchmark", {})
         earlier = len(self.failures)
         for index, (label, options) in enumerate(variants):
-            command = [*charlm(), "bench", "--cells", ",".join(self.cells), "--device", str(self.device),
-                       *self.scale.bench, *options, "--json"]
+            command = [
+                *charlm(),
+                "bench",
+                "--cells",
+                ",".join(self.cells),
+                "--device",
+                str(self.device),
+                *self.scale.bench,
+                *options,
+                "--json",
+            ]
             result = self._child(step, f"bench {label}", command, limit=self._left_in(step) / (len(variants) - index))
             if result is None:
                 return
@@ -179,13 +232,19 @@ class FullCheck:
             self._write()
         problems = self.failures[earlier:]
         step.status = "fail" if problems else "pass"
-        step.detail = f"{', '.join(label for label, _ in variants)}: " + (f"{len(problems)} problem(s)" if problems else "every cell ran")
+        step.detail = f"{', '.join(label for label, _ in variants)}: " + (
+            f"{len(problems)} problem(s)" if problems else "every cell ran"
+        )
         self.report["performance"] = performance_notes(tables)
 
     def _training(self, step: Step) -> None:
         log = self.out / "training.jsonl"
-        arguments = {"out": str(self.out), "device": str(self.device), "cells": self.cells,
-                     **{key: getattr(self.scale, key) for key in ("params", "batch_size", "bptt", "windows")}}
+        arguments = {
+            "out": str(self.out),
+            "device": str(self.device),
+            "cells": self.cells,
+            **{key: getattr(self.scale, key) for key in ("params", "batch_size", "bptt", "windows")},
+        }
         result = self._child(step, "training", [sys.executable, "-m", "charlm.tools.full_check", json.dumps(arguments)])
         rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         self.report["training"] = rows = training_verdicts(rows, self.cuda)
@@ -203,7 +262,7 @@ class FullCheck:
     # --- plumbing ------------------------------------------------------------------------------------
     def _limit(self, name: str) -> float:
         names = list(SHARES)
-        later = sum(SHARES[other] for other in names[names.index(name):])
+        later = sum(SHARES[other] for other in names[names.index(name) :])
         return max(0.0, (self.deadline - time.monotonic()) * SHARES[name] / later)
 
     def _left_in(self, step: Step) -> float:
@@ -218,7 +277,10 @@ class FullCheck:
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=limit, env=env, cwd=cwd)
         except subprocess.TimeoutExpired as expired:
-            log.write_text(f"$ {' '.join(command)}\n(out of time after {limit:.0f} s)\n{text_of(expired.stdout)}\n{text_of(expired.stderr)}")
+            log.write_text(
+                f"$ {' '.join(command)}\n(out of time after {limit:.0f} "
+                f"s)\n{text_of(expired.stdout)}\n{text_of(expired.stderr)}"
+            )
             step.status = "out of time"
             step.detail = f"{label} ran past its {limit:.0f} s"
             self.failures.append(f"{step.name}: out of time ({label} ran past its {limit:.0f} s)")
@@ -253,13 +315,23 @@ def last_line(text: str) -> str:
 
 def environment(device: torch.device) -> dict:
     """What the figures were measured on."""
-    facts = {"date": datetime.date.today().isoformat(), "python": platform.python_version(), "torch": torch.__version__,
-             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-             "device": str(device), "tf32": "off unless --tf32 (matmul and cuDNN alike)", "cpu_threads": torch.get_num_threads()}
+    facts = {
+        "date": datetime.date.today().isoformat(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "device": str(device),
+        "tf32": "off unless --tf32 (matmul and cuDNN alike)",
+        "cpu_threads": torch.get_num_threads(),
+    }
     if device.type == "cuda":
         properties = torch.cuda.get_device_properties(device)
-        facts.update(gpu=properties.name, gpu_memory_gib=round(properties.total_memory / 2**30, 1),
-                     capability=f"{properties.major}.{properties.minor}")
+        facts.update(
+            gpu=properties.name,
+            gpu_memory_gib=round(properties.total_memory / 2**30, 1),
+            capability=f"{properties.major}.{properties.minor}",
+        )
     else:
         facts["cpu"] = platform.processor() or platform.machine()
     return facts
@@ -289,13 +361,16 @@ def performance_notes(tables: dict) -> dict:
     if graphed:
         notes["below_goal_per_flop"] = [
             {"cell": r["name"], "ratio": round(r["train_ratio_flop_normalised"], 3)}
-            for r in graphed["results"][1:] if r["train_ratio_flop_normalised"] < GOAL_PER_FLOP]
+            for r in graphed["results"][1:]
+            if r["train_ratio_flop_normalised"] < GOAL_PER_FLOP
+        ]
     if graphed and eager:
         rates = {r["name"]: r["train_chars_per_second"]["median"] for r in eager["results"][1:]}
         notes["graphs_slower_than_eager"] = [
             {"cell": r["name"], "graphs_over_eager": round(r["train_chars_per_second"]["median"] / rates[r["name"]], 3)}
             for r in graphed["results"][1:]
-            if r["name"] in rates and r["train_chars_per_second"]["median"] < SLOWER_MARGIN * rates[r["name"]]]
+            if r["name"] in rates and r["train_chars_per_second"]["median"] < SLOWER_MARGIN * rates[r["name"]]
+        ]
     return notes
 
 
@@ -316,10 +391,14 @@ def training_verdicts(rows: list[dict], cuda: bool) -> list[dict]:
                 row["bpc_gap"] = abs(row["valid_bpc"] - reference["valid_bpc"])
                 loss_gap = abs((row.get("first_loss") or 0.0) - (reference.get("first_loss") or 0.0))
                 if loss_gap > FIRST_LOSS_GAP:
-                    row["problem"] = f"loss at step 10 {row['first_loss']:.5f} against eager {reference['first_loss']:.5f}"
+                    row["problem"] = (
+                        f"loss at step 10 {row['first_loss']:.5f} against eager {reference['first_loss']:.5f}"
+                    )
                 elif row["bpc_gap"] > GRAPH_BPC_GAP:
-                    row["note"] = (f"validation bpc {row['valid_bpc']:.4f} against eager {reference['valid_bpc']:.4f}, "
-                                   "the loss at step 10 the same: a run that does not repeat exactly")
+                    row["note"] = (
+                        f"validation bpc {row['valid_bpc']:.4f} against eager {reference['valid_bpc']:.4f}, "
+                        "the loss at step 10 the same: a run that does not repeat exactly"
+                    )
     return rows
 
 
@@ -339,17 +418,35 @@ def train_each_cell(arguments: dict) -> None:
             row = {"cell": cell, "mode": mode}
             started = time.monotonic()
             try:
-                summary = charlm.train(corpus="pydoc", data_dir=str(data), cell=cell, params=arguments["params"],
-                                       batch_size=arguments["batch_size"], bptt=arguments["bptt"], max_tokens=tokens,
-                                       eval_fraction=0.25, log_every=10, device=device, cuda_graph=mode == "cuda graph",
-                                       run_dir=str(run_dir), save_every="0")
+                summary = charlm.train(
+                    corpus="pydoc",
+                    data_dir=str(data),
+                    cell=cell,
+                    params=arguments["params"],
+                    batch_size=arguments["batch_size"],
+                    bptt=arguments["bptt"],
+                    max_tokens=tokens,
+                    eval_fraction=0.25,
+                    log_every=10,
+                    device=device,
+                    cuda_graph=mode == "cuda graph",
+                    run_dir=str(run_dir),
+                    save_every="0",
+                )
                 records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
                 epoch = [r for r in records if r.get("event") == "epoch"][-1]
                 graph = [r for r in records if r.get("event") == "cuda_graph"]
                 steps = [r for r in records if r.get("event") == "step"]
-                row.update(first_loss=steps[0]["loss"] if steps else None,valid_bpc=summary["best_valid_bpc"], test_bpc=summary["test_bpc_at_best"],
-                           chars_per_s=round(epoch["chars_per_second"]), parameters=summary["parameters"],
-                           cuda_graph={k: v for k, v in graph[0].items() if k not in ("event", "time", "schema")} if graph else None)
+                row.update(
+                    first_loss=steps[0]["loss"] if steps else None,
+                    valid_bpc=summary["best_valid_bpc"],
+                    test_bpc=summary["test_bpc_at_best"],
+                    chars_per_s=round(epoch["chars_per_second"]),
+                    parameters=summary["parameters"],
+                    cuda_graph={k: v for k, v in graph[0].items() if k not in ("event", "time", "schema")}
+                    if graph
+                    else None,
+                )
             except Exception as error:  # one cell's failure is a row of the report; the others still run
                 row["error"] = f"{type(error).__name__}: {error}"[:400]
             row["seconds"] = round(time.monotonic() - started, 1)
@@ -362,12 +459,18 @@ def train_each_cell(arguments: dict) -> None:
 # --- report.md ---------------------------------------------------------------------------------------
 def markdown(report: dict) -> str:
     env = report["environment"]
-    lines = [f"# charlm check --full on {env.get('gpu') or env.get('cpu') or env['device']}, {env['date']}", "",
-             "| | |", "|---|---|"]
+    lines = [
+        f"# charlm check --full on {env.get('gpu') or env.get('cpu') or env['device']}, {env['date']}",
+        "",
+        "| | |",
+        "|---|---|",
+    ]
     lines += [f"| {key} | {value} |" for key, value in env.items()]
     lines += ["", "## Steps", "", "| step | status | seconds | limit | found |", "|---|---|---:|---:|---|"]
-    lines += [f"| {s['name']} | {s['status']} | {s['seconds']} | {s['limit_seconds']:.0f} | {s['detail']} |"
-              for s in report.get("steps", [])]
+    lines += [
+        f"| {s['name']} | {s['status']} | {s['seconds']} | {s['limit_seconds']:.0f} | {s['detail']} |"
+        for s in report.get("steps", [])
+    ]
     if report.get("failures"):
         lines += ["", "## Failures", ""] + [f"- {failure}" for failure in report["failures"]]
     if report.get("check"):
@@ -377,30 +480,64 @@ def markdown(report: dict) -> str:
         lines += ["", "## cuda tests", ""] + [f"- `{s['command']}`: {s['summary']}" for s in report["cuda_tests"]]
     for label, table in report.get("benchmark", {}).items():
         settings = table["settings"]
-        lines += ["", f"## Benchmark, {label} ({settings['params']} parameters, batch {settings['batch_size']} × "
-                      f"{settings['bptt']} steps{'' if table.get('trustworthy', True) else '; not trustworthy: ' + '; '.join(table.get('disturbances', []))})",
-                  "", "| model | hidden | train chars/s | × fused LSTM | × per FLOP | eval chars/s | eval path | train path |",
-                  "|---|---:|---:|---:|---:|---:|---|---|"]
+        untrusted = (
+            "" if table.get("trustworthy", True) else "; not trustworthy: " + "; ".join(table.get("disturbances", []))
+        )
+        lines += [
+            "",
+            f"## Benchmark, {label} ({settings['params']} parameters, batch {settings['batch_size']} × "
+            f"{settings['bptt']} steps{untrusted})",
+            "",
+            "| model | hidden | train chars/s | × fused LSTM | × per FLOP | eval chars/s | eval path | train path |",
+            "|---|---:|---:|---:|---:|---:|---|---|",
+        ]
         for r in table["results"]:
-            lines.append(f"| {r['name']} | {r['hidden_size']} | {r['train_chars_per_second']['median']:,.0f} | "
-                         f"{r['train_ratio']:.2f} | {r['train_ratio_flop_normalised']:.2f} | "
-                         f"{r['eval_chars_per_second']['median']:,.0f} | {r['eval_path']} | {r.get('train_path', 'eager')} |")
+            lines.append(
+                f"| {r['name']} | {r['hidden_size']} | {r['train_chars_per_second']['median']:,.0f} | "
+                f"{r['train_ratio']:.2f} | {r['train_ratio_flop_normalised']:.2f} | "
+                f"{r['eval_chars_per_second']['median']:,.0f} | {r['eval_path']} | {r.get('train_path', 'eager')} |"
+            )
     notes = report.get("performance", {})
     if notes:
         below = ", ".join(f"{n['cell']} {n['ratio']}" for n in notes.get("below_goal_per_flop", [])) or "none"
-        slower = ", ".join(f"{n['cell']} {n['graphs_over_eager']}×" for n in notes.get("graphs_slower_than_eager", [])) or "none"
-        lines += ["", "## Performance goal", "", f"- bf16 with graphs under {GOAL_PER_FLOP}× the fused LSTM per FLOP: {below}",
-                  f"- graphs slower than eager (bf16): {slower}"]
+        slower = (
+            ", ".join(f"{n['cell']} {n['graphs_over_eager']}×" for n in notes.get("graphs_slower_than_eager", []))
+            or "none"
+        )
+        lines += [
+            "",
+            "## Performance goal",
+            "",
+            f"- bf16 with graphs under {GOAL_PER_FLOP}× the fused LSTM per FLOP: {below}",
+            f"- graphs slower than eager (bf16): {slower}",
+        ]
     if report.get("training"):
-        lines += ["", "## Training (embedded corpus `pydoc`)", "",
-                  "| cell | mode | loss at step 10 | valid bpc | test bpc | chars/s | graph check | problem or note |", "|---|---|---:|---:|---:|---:|---|---|"]
+        lines += [
+            "",
+            "## Training (embedded corpus `pydoc`)",
+            "",
+            "| cell | mode | loss at step 10 | valid bpc | test bpc | chars/s | graph check | problem or note |",
+            "|---|---|---:|---:|---:|---:|---|---|",
+        ]
         for r in report["training"]:
             graph = r.get("cuda_graph") or {}
-            check = (f"active {graph.get('active')}, checked {graph.get('checked')}, "
-                     f"{graph.get('max_difference')} ≤ {graph.get('tolerance')}") if graph else "-"
-            bpc = lambda value: f"{value:.4f}" if isinstance(value, (int, float)) else "-"
-            lines.append(f"| {r['cell']} | {r['mode']} | {bpc(r.get('first_loss'))} | {bpc(r.get('valid_bpc'))} | {bpc(r.get('test_bpc'))} | "
-                         f"{r.get('chars_per_s', '-')} | {check} | {r.get('problem') or r.get('note', '')} |")
+            check = (
+                (
+                    f"active {graph.get('active')}, checked {graph.get('checked')}, "
+                    f"{graph.get('max_difference')} ≤ {graph.get('tolerance')}"
+                )
+                if graph
+                else "-"
+            )
+
+            def bpc(value):
+                return f"{value:.4f}" if isinstance(value, (int, float)) else "-"
+
+            lines.append(
+                f"| {r['cell']} | {r['mode']} | {bpc(r.get('first_loss'))} | {bpc(r.get('valid_bpc'))} | "
+                f"{bpc(r.get('test_bpc'))} | "
+                f"{r.get('chars_per_s', '-')} | {check} | {r.get('problem') or r.get('note', '')} |"
+            )
     return "\n".join(lines) + "\n"
 
 

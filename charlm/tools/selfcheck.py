@@ -25,7 +25,6 @@ import warnings
 
 import torch
 
-from charlm.cells import CELLS
 from charlm.model import LanguageModel, ModelConfig, detach_state
 from charlm.runtime.fast_path_check import TOLERANCES, largest_difference, probe_loss, tolerance_for
 from charlm.runtime.precision import PRECISIONS, layer_output_dtypes, set_tf32, tf32_in_use, wrong_layer_dtypes
@@ -67,33 +66,51 @@ def precisions_on(device: torch.device) -> list[str]:
     return found
 
 
-def run_checks(device: torch.device, cells: list[str], precisions: list[str] | None = None, compile: bool = False,
-               progress=None) -> list[CheckRow]:
+def run_checks(
+    device: torch.device, cells: list[str], precisions: list[str] | None = None, compile: bool = False, progress=None
+) -> list[CheckRow]:
     """Every row for ``cells`` on ``device`` (see the module docstring)."""
     set_tf32(False)  # charlm's default: fp32 is float32 in its loops and in cuDNN
     rows = environment_rows(device)
     for cell in cells:
         if progress:
             progress(cell)
-        rows.append(_guarded(f"{cell}: window, evaluation and sampling paths vs step (float64)",
-                             lambda: paths_against_step(cell, device)))
+        rows.append(
+            _guarded(
+                f"{cell}: window, evaluation and sampling paths vs step (float64)",
+                lambda: paths_against_step(cell, device),
+            )
+        )
         for precision in precisions or precisions_on(device):
-            rows.append(_guarded(f"{cell}: layer output types, {precision}", lambda: layer_types(cell, precision, device)))
-        for name, check in (("scoring graph vs eager, 6 windows", scoring_graph_against_eager),
-                            ("sampling graph vs eager, 12 symbols", sampling_graph_against_eager),
-                            ("training graph vs eager, 3 windows", training_graph_against_eager)):
+            rows.append(
+                _guarded(f"{cell}: layer output types, {precision}", lambda: layer_types(cell, precision, device))
+            )
+        for name, check in (
+            ("scoring graph vs eager, 6 windows", scoring_graph_against_eager),
+            ("sampling graph vs eager, 12 symbols", sampling_graph_against_eager),
+            ("training graph vs eager, 3 windows", training_graph_against_eager),
+        ):
             title = f"{cell}: {name}"
-            rows.append(CheckRow(title, NO_CUDA) if device.type != "cuda" else _guarded(title, lambda: check(cell, device)))
+            rows.append(
+                CheckRow(title, NO_CUDA) if device.type != "cuda" else _guarded(title, lambda: check(cell, device))
+            )
         if compile:
-            rows.append(_guarded(f"{cell}: compiled step vs eager, 3 windows", lambda: compiled_against_eager(cell, device)))
+            rows.append(
+                _guarded(f"{cell}: compiled step vs eager, 3 windows", lambda: compiled_against_eager(cell, device))
+            )
     if device.type == "cuda":
         rows.append(_guarded("synchronisations in one training step", lambda: synchronisations(device)))
     else:
         rows.append(CheckRow("synchronisations in one training step", NO_CUDA))
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    rows.append(CheckRow("DistributedDataParallel step vs one process",
-                         "skipped: not yet written (tests/runtime/test_distributed.py checks it on the CPU)"
-                         if gpus >= 2 else "skipped: fewer than two CUDA devices"))
+    rows.append(
+        CheckRow(
+            "DistributedDataParallel step vs one process",
+            "skipped: not yet written (tests/runtime/test_distributed.py checks it on the CPU)"
+            if gpus >= 2
+            else "skipped: fewer than two CUDA devices",
+        )
+    )
     return rows
 
 
@@ -108,18 +125,30 @@ def _guarded(title: str, check) -> CheckRow:
 # --- environment ---------------------------------------------------------------------------------------
 def environment_rows(device: torch.device) -> list[CheckRow]:
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    versions = f"python {platform.python_version()}, torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {cudnn}"
+    versions = (
+        f"python {platform.python_version()}, torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {cudnn}"
+    )
     rows = [CheckRow("versions", "info", versions)]
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         current = torch.cuda.current_device()
-        rows.append(CheckRow("the device is the current CUDA device", "pass" if current == index else "fail",
-                             f"current cuda:{current}, asked cuda:{index} ({torch.cuda.get_device_name(index)})"))
+        rows.append(
+            CheckRow(
+                "the device is the current CUDA device",
+                "pass" if current == index else "fail",
+                f"current cuda:{current}, asked cuda:{index} ({torch.cuda.get_device_name(index)})",
+            )
+        )
     else:
         rows.append(CheckRow("the device is the current CUDA device", NO_CUDA, str(device)))
     tf32 = tf32_in_use()
-    rows.append(CheckRow("TensorFloat-32 off (--tf32 not given)", "pass" if not any(tf32.values()) else "fail",
-                         f"matmul {tf32['matmul']}, cuDNN {tf32['cudnn']}"))
+    rows.append(
+        CheckRow(
+            "TensorFloat-32 off (--tf32 not given)",
+            "pass" if not any(tf32.values()) else "fail",
+            f"matmul {tf32['matmul']}, cuDNN {tf32['cudnn']}",
+        )
+    )
     return rows
 
 
@@ -136,8 +165,10 @@ def small_model(cell: str, device: torch.device, dtype=torch.float32, seed: int 
 
 
 def random_state(model: LanguageModel, batch: int, device, dtype) -> list:
-    return [tuple(0.5 * torch.randn(t.shape, device=device, dtype=dtype) for t in layer)
-            for layer in model.initial_state(batch, device=device)]
+    return [
+        tuple(0.5 * torch.randn(t.shape, device=device, dtype=dtype) for t in layer)
+        for layer in model.initial_state(batch, device=device)
+    ]
 
 
 def paths_against_step(cell: str, device: torch.device) -> CheckRow:
@@ -176,8 +207,9 @@ def layer_types(cell: str, precision: str, device: torch.device) -> CheckRow:
     names = sorted({str(dtype).removeprefix("torch.") for dtype in dtypes})
     wrong = wrong_layer_dtypes(dtypes, precision)
     wanted = str(PRECISIONS[precision] or torch.float32).removeprefix("torch.")
-    return CheckRow("", "fail" if wrong else "pass", ", ".join(names),
-                    "float32" if wanted == "float32" else f"float32 or {wanted}")
+    return CheckRow(
+        "", "fail" if wrong else "pass", ", ".join(names), "float32" if wanted == "float32" else f"float32 or {wanted}"
+    )
 
 
 # --- CUDA graphs (a GPU) -----------------------------------------------------------------------------------
@@ -197,7 +229,9 @@ def scoring_graph_against_eager(cell: str, device: torch.device, windows: int = 
             eager_logits, eager_state = model(window, eager_state)
             graph_logits, graph_state = graphed(window, graph_state)
             flat = lambda s: [tensor for layer in s for tensor in layer]  # noqa: E731
-            worst = max(worst, largest_difference([graph_logits, *flat(graph_state)], [eager_logits, *flat(eager_state)]))
+            worst = max(
+                worst, largest_difference([graph_logits, *flat(graph_state)], [eager_logits, *flat(eager_state)])
+            )
             graph_state = [tuple(tensor.clone() for tensor in layer) for layer in graph_state]
     return judged("", worst, tolerance_for(device))
 
@@ -282,8 +316,9 @@ def synchronisations(device: torch.device) -> CheckRow:
 
     model = small_model("lstm", device).train()
     optimizer = torch.optim.Adam(model.parameters())
-    training = TrainingStep(model, model, optimizer, PlainGradients(), World(), batch_size=BATCH, clip=5.0,
-                            precision="fp32", device=device)
+    training = TrainingStep(
+        model, model, optimizer, PlainGradients(), World(), batch_size=BATCH, clip=5.0, precision="fp32", device=device
+    )
     streams = TokenStreams(np.random.default_rng(0).integers(VOCAB, size=BATCH * STEPS * 4), BATCH, STEPS)
     windows = streams.windows(device=device)
 

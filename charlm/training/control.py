@@ -123,7 +123,9 @@ class SaveSchedule:
 
 def first_sentence(error: BaseException) -> str:
     """``Read error [127.0.0.1]:17326: Connection reset by peer`` from a backend's long message."""
-    text = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
+    text = re.sub(
+        r"^\[[^\]]*\]\s*", "", str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    )
     return text.split(". ")[0].rstrip(".")
 
 
@@ -139,12 +141,15 @@ def owning(run, world):
     except RuntimeError as error:  # under torchrun: a collective whose peer died (gloo, NCCL)
         if not world.distributed:
             raise
-        raise ProcessLost(f"training stopped: {world.lost_peer(error, first_sentence(error))}; "
-                          f"{_kept(run)}; continue with `torchrun ... -m charlm train --resume {run.path}` on any "
-                          "number of processes") from None
+        raise ProcessLost(
+            f"training stopped: {world.lost_peer(error, first_sentence(error))}; "
+            f"{_kept(run)}; continue with `torchrun ... -m charlm train --resume {run.path}` on any "
+            "number of processes"
+        ) from None
     except OSError as error:  # a full disk, a read-only or vanished run directory
-        raise StorageError(f"training stopped: cannot write {error.filename or run.path}: {error.strerror or error}; "
-                           f"{_kept(run)}") from None
+        raise StorageError(
+            f"training stopped: cannot write {error.filename or run.path}: {error.strerror or error}; {_kept(run)}"
+        ) from None
     finally:
         try:
             run.mark_stopped()

@@ -28,14 +28,23 @@ class Scorer:
         started = time.monotonic()
         tokens = trainer.corpus.split(split)
         if split == "valid" and config.eval_fraction < 1.0:
-            tokens = tokens[:max(config.eval_batch_size + 1, int(len(tokens) * config.eval_fraction))]
+            tokens = tokens[: max(config.eval_batch_size + 1, int(len(tokens) * config.eval_fraction))]
         # the bar counts windows, as many on every rank (TokenStreams' count: streams of ⌈predictions / batch⌉)
         windows = math.ceil(math.ceil((len(tokens) - 1) / config.eval_batch_size) / config.bptt)
-        with autocast(config.precision, trainer.device), \
-                progress_bar(windows, f"scoring {split}", show=trainer.world.is_main) as bar:
-            score = score_tokens(trainer.model, tokens, batch_size=config.eval_batch_size, bptt=config.bptt,
-                                 device=trainer.device, chars_per_token=characters_per_token(trainer.corpus, split),
-                                 rows=trainer.world.share(config.eval_batch_size), progress=lambda _: bar.update())
+        with (
+            autocast(config.precision, trainer.device),
+            progress_bar(windows, f"scoring {split}", show=trainer.world.is_main) as bar,
+        ):
+            score = score_tokens(
+                trainer.model,
+                tokens,
+                batch_size=config.eval_batch_size,
+                bptt=config.bptt,
+                device=trainer.device,
+                chars_per_token=characters_per_token(trainer.corpus, split),
+                rows=trainer.world.share(config.eval_batch_size),
+                progress=lambda _: bar.update(),
+            )
         score.nats = trainer.world.sum([score.nats])[0]  # each process scored its share of the streams
         if score.fast_path is not None and not self.scoring_graph_reported:
             reporting.report_scoring_graph(trainer.run, trainer.provenance, score.fast_path)

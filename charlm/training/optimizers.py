@@ -31,8 +31,9 @@ def build_optimizer(parameters, config: TrainConfig) -> torch.optim.Optimizer:
     if config.optimizer == "adamw":
         return torch.optim.AdamW(parameters, lr=config.lr, betas=ADAM_BETAS, weight_decay=decay)
     if config.optimizer == "sgd":
-        return torch.optim.SGD(parameters, lr=config.lr, momentum=config.effective_momentum, nesterov=config.nesterov,
-                               weight_decay=decay)
+        return torch.optim.SGD(
+            parameters, lr=config.lr, momentum=config.effective_momentum, nesterov=config.nesterov, weight_decay=decay
+        )
     if config.optimizer == "rmsprop":
         return torch.optim.RMSprop(parameters, lr=config.lr, momentum=config.effective_momentum, weight_decay=decay)
     raise ValueError(f"unknown optimizer {config.optimizer!r}")  # TrainConfig.validate names the choices first

@@ -35,17 +35,22 @@ class EpochBar:
         """The bar's figures: the epoch's running train bpc, the last validation bpc, the speed (short,
         so that they stay whole at 80 columns)."""
         valid = "" if valid_bpc is None else f", valid {valid_bpc:.3f}"
-        self.bar.set_postfix_str(f"train {running_bpc:.3f}{valid}, {tqdm.format_sizeof(chars_per_second)} chars/s",
-                                 refresh=False)
+        self.bar.set_postfix_str(
+            f"train {running_bpc:.3f}{valid}, {tqdm.format_sizeof(chars_per_second)} chars/s", refresh=False
+        )
 
-    def status_line(self, window: int, running_bpc: float, chars_per_second: float, valid_bpc: float | None = None) -> None:
+    def status_line(
+        self, window: int, running_bpc: float, chars_per_second: float, valid_bpc: float | None = None
+    ) -> None:
         """A plain line for logs and pipes, when one is due."""
         if not self.plain or time.monotonic() - self.reported_at < STATUS_INTERVAL:
             return
         valid = "" if valid_bpc is None else f"  last valid {valid_bpc:.4f} bpc"
-        get_logger().info(f"epoch {self.epoch}/{self.epochs}  window {window:,}/{self.windows:,} "
-                          f"({100 * window / self.windows:.0f}%)  train {running_bpc:.4f} bpc (epoch so far){valid}  "
-                          f"{chars_per_second:,.0f} chars/s")
+        get_logger().info(
+            f"epoch {self.epoch}/{self.epochs}  window {window:,}/{self.windows:,} "
+            f"({100 * window / self.windows:.0f}%)  train {running_bpc:.4f} bpc (epoch so far){valid}  "
+            f"{chars_per_second:,.0f} chars/s"
+        )
         self.reported_at = time.monotonic()
 
     def write(self, log, message: str) -> None:
@@ -57,18 +62,25 @@ class EpochBar:
         self.bar.close()
 
 
-def step_line(epoch: int, step: int, window: int, windows: int, loss: float, bpc: float, lr: float,
-              chars_per_second: float) -> str:
+def step_line(
+    epoch: int, step: int, window: int, windows: int, loss: float, bpc: float, lr: float, chars_per_second: float
+) -> str:
     """``--print-every``'s line: this step's training loss (nats per token) and bpc."""
-    return (f"step {step:,}  epoch {epoch}  window {window:,}/{windows:,}  loss {loss:.4f}  train {bpc:.4f} bpc  "
-            f"lr {lr:.2e}  {chars_per_second:,.0f} chars/s")
+    return (
+        f"step {step:,}  epoch {epoch}  window {window:,}/{windows:,}  loss {loss:.4f}  train {bpc:.4f} bpc  "
+        f"lr {lr:.2e}  {chars_per_second:,.0f} chars/s"
+    )
 
 
 def check_fields(check) -> dict:
     """A first-use check (``charlm.runtime.fast_path_check.FastPathCheck``) as record fields."""
     fields = check.fields()
-    return {"checked": fields["checked"], "max_difference": fields["max_difference"],
-            "tolerance": fields["tolerance"], "check_seconds": fields["seconds"]}
+    return {
+        "checked": fields["checked"],
+        "max_difference": fields["max_difference"],
+        "tolerance": fields["tolerance"],
+        "check_seconds": fields["seconds"],
+    }
 
 
 def report_fast_path(run, forward, provenance: dict) -> None:
@@ -77,20 +89,35 @@ def report_fast_path(run, forward, provenance: dict) -> None:
     a record and the run's provenance)."""
     if isinstance(forward, GraphedWindow):
         if forward.active and forward.capture_seconds:
-            run.log(f"CUDA graphs of the training window captured in {forward.capture_seconds:.1f} s; "
-                    f"{forward.check.summary()}")
-        run.record("cuda_graph", active=forward.active, seconds=round(forward.capture_seconds, 3), failure=forward.failure,
-                   **check_fields(forward.check))
+            run.log(
+                f"CUDA graphs of the training window captured in {forward.capture_seconds:.1f} s; "
+                f"{forward.check.summary()}"
+            )
+        run.record(
+            "cuda_graph",
+            active=forward.active,
+            seconds=round(forward.capture_seconds, 3),
+            failure=forward.failure,
+            **check_fields(forward.check),
+        )
         note_in_provenance(run, provenance, forward.check)
     if isinstance(forward, CompiledForward):
         if forward.active:
             first_step = forward.compile_seconds - forward.probe_seconds
-            run.log(f"torch.compile ({forward.backend_name}): {forward.compile_seconds:.1f} s in all: "
-                    f"{forward.probe_seconds:.1f} s probing the compiler before training (wall time 'compile'), "
-                    f"{first_step:.1f} s in the first step, compilation included (counted in the train time); "
-                    f"{forward.check.summary()}")
-        run.record("compile", active=forward.active, seconds=round(forward.compile_seconds, 3),
-                   backend=forward.backend_name, failure=forward.failure, **check_fields(forward.check))
+            run.log(
+                f"torch.compile ({forward.backend_name}): {forward.compile_seconds:.1f} s in all: "
+                f"{forward.probe_seconds:.1f} s probing the compiler before training (wall time 'compile'), "
+                f"{first_step:.1f} s in the first step, compilation included (counted in the train time); "
+                f"{forward.check.summary()}"
+            )
+        run.record(
+            "compile",
+            active=forward.active,
+            seconds=round(forward.compile_seconds, 3),
+            backend=forward.backend_name,
+            failure=forward.failure,
+            **check_fields(forward.check),
+        )
         note_in_provenance(run, provenance, forward.check)
 
 
@@ -107,8 +134,9 @@ def note_in_provenance(run, provenance: dict, check) -> None:
     run.write_provenance(provenance)
 
 
-def epoch_record(progress, valid, test, lr: float, chars_per_token: float, partial: bool, improved: bool,
-                 accumulate: int = 1) -> dict:
+def epoch_record(
+    progress, valid, test, lr: float, chars_per_token: float, partial: bool, improved: bool, accumulate: int = 1
+) -> dict:
     """The fields of an ``epoch`` record, from the epoch's sums in ``progress`` (whose updates took
     ``accumulate`` windows each, the last perhaps fewer)."""
     updates = -(-progress.window // accumulate)
@@ -135,10 +163,14 @@ def epoch_record(progress, valid, test, lr: float, chars_per_token: float, parti
 def epoch_line(record: dict) -> str:
     """``epoch   3  train 2.0412  valid 2.1003 bpc  lr 9.00e-04  41,230 chars/s  *best``"""
     test = record.get("test_bpc")
-    return (f"epoch {record['epoch']:3d}  train {record['train_bpc']:.4f}  valid {record['valid_bpc']:.4f}"
-            + ("" if test is None else f"  test {test:.4f}") + " bpc"
-            f"  lr {record['lr']:.2e}  {record['chars_per_second']:,.0f} chars/s" + ("  *best" if record["best"] else "")
-            + ("  (partial epoch)" if record["partial"] else ""))
+    return (
+        f"epoch {record['epoch']:3d}  train {record['train_bpc']:.4f}  valid {record['valid_bpc']:.4f}"
+        + ("" if test is None else f"  test {test:.4f}")
+        + " bpc"
+        f"  lr {record['lr']:.2e}  {record['chars_per_second']:,.0f} chars/s"
+        + ("  *best" if record["best"] else "")
+        + ("  (partial epoch)" if record["partial"] else "")
+    )
 
 
 def wall_seconds(progress) -> dict:

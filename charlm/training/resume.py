@@ -83,7 +83,11 @@ def last_good_checkpoint(run: Run) -> Checkpoint | None:
             failures.append(f"{path} holds no training state")
             continue
         if failures:
-            afresh = " (it keeps no optimizer state: the optimizer starts afresh)" if checkpoint.training.optimizer is None else ""
+            afresh = (
+                " (it keeps no optimizer state: the optimizer starts afresh)"
+                if checkpoint.training.optimizer is None
+                else ""
+            )
             get_logger().warning(f"warning: {'; '.join(failures)}: resuming from {path}{afresh}")
         return checkpoint
     if failures:
@@ -103,28 +107,43 @@ def check_same_run(run: Run, checkpoint: Checkpoint) -> None:
         get_logger().warning(f"warning: {error}: {checkpoint.path} is resumed without comparing it with it")
         return
     recorded_model, recorded_train = config.get("model") or {}, config.get("train") or {}
-    ours = {**checkpoint.model_config.to_dict(), **{f"train.{key}": getattr(checkpoint.train_config, key)
-                                                    for key in IDENTITY_SETTINGS}}
-    theirs = {**recorded_model, **{f"train.{key}": recorded_train[key] for key in IDENTITY_SETTINGS if key in recorded_train}}
-    differences = [f"{key} {theirs[key]!r} in {run.config_file.name}, {ours[key]!r} in {Path(checkpoint.path).name}"
-                   for key in ours if key in theirs and _plain(theirs[key]) != _plain(ours[key])]
+    ours = {
+        **checkpoint.model_config.to_dict(),
+        **{f"train.{key}": getattr(checkpoint.train_config, key) for key in IDENTITY_SETTINGS},
+    }
+    theirs = {
+        **recorded_model,
+        **{f"train.{key}": recorded_train[key] for key in IDENTITY_SETTINGS if key in recorded_train},
+    }
+    differences = [
+        f"{key} {theirs[key]!r} in {run.config_file.name}, {ours[key]!r} in {Path(checkpoint.path).name}"
+        for key in ours
+        if key in theirs and _plain(theirs[key]) != _plain(ours[key])
+    ]
     if differences:
-        raise CharlmError(f"{checkpoint.path} is not a checkpoint of the run in {run.config_file} ({'; '.join(differences[:3])}): "
-                          "resume only the run it belongs to")
+        raise CharlmError(
+            f"{checkpoint.path} is not a checkpoint of the run in {run.config_file} ({'; '.join(differences[:3])}): "
+            "resume only the run it belongs to"
+        )
 
 
 def check_same_vocabulary(checkpoint: Checkpoint | None, corpus) -> None:
     """Refuse to resume on a corpus whose vocabulary is not the checkpoint's: prepared again under
     its name since the run began (`charlm train --text` after the file changed, say)."""
     if checkpoint is not None and list(corpus.tokenizer.vocab) != list(checkpoint.tokenizer["vocab"]):
-        raise CharlmError(f"the prepared corpus {corpus.name!r} in {corpus.path} has another vocabulary than "
-                          f"{checkpoint.path}: it was prepared again since the run began, so the run cannot go on")
+        raise CharlmError(
+            f"the prepared corpus {corpus.name!r} in {corpus.path} has another vocabulary than "
+            f"{checkpoint.path}: it was prepared again since the run began, so the run cannot go on"
+        )
 
 
 def _plain(value):
     """A value as config.json holds it (tuples as lists)."""
-    return [_plain(item) for item in value] if isinstance(value, (list, tuple)) else (
-        {key: _plain(item) for key, item in value.items()} if isinstance(value, dict) else value)
+    return (
+        [_plain(item) for item in value]
+        if isinstance(value, (list, tuple))
+        else ({key: _plain(item) for key, item in value.items()} if isinstance(value, dict) else value)
+    )
 
 
 def restore_best(run: Run, checkpoint: Checkpoint) -> bool:
@@ -133,8 +152,11 @@ def restore_best(run: Run, checkpoint: Checkpoint) -> bool:
     ``best.pt`` does not hold them (missing, unreadable, or another epoch's), ``best.pt`` is written
     from it. Returns whether best.pt was written."""
     scores, progress = checkpoint.scores or {}, checkpoint.training.progress
-    if scores.get("epoch") is None or scores.get("epoch") != progress.get("best_epoch") \
-            or scores.get("valid_bpc") != progress.get("best_valid_bpc"):
+    if (
+        scores.get("epoch") is None
+        or scores.get("epoch") != progress.get("best_epoch")
+        or scores.get("valid_bpc") != progress.get("best_valid_bpc")
+    ):
         return False  # not saved at the end of its best epoch: best.pt was written before it
     try:
         held = Checkpoint.load(run.best).scores if run.best.exists() else {}
@@ -143,8 +165,10 @@ def restore_best(run: Run, checkpoint: Checkpoint) -> bool:
     if (held.get("epoch"), held.get("valid_bpc")) == (scores["epoch"], scores["valid_bpc"]):
         return False
     checkpoint.without_optimizer().save(run.best)
-    get_logger().warning(f"warning: {run.best} did not hold the best epoch ({scores['epoch']}) of "
-                         f"{checkpoint.path or run.last} (a kill cut its save short): written from it")
+    get_logger().warning(
+        f"warning: {run.best} did not hold the best epoch ({scores['epoch']}) of "
+        f"{checkpoint.path or run.last} (a kill cut its save short): written from it"
+    )
     return True
 
 
@@ -161,11 +185,15 @@ def resumed_config(run: Run, checkpoint: Checkpoint | None, changes: dict) -> Tr
             settings = TrainConfig.from_dict(recorded)
             settings.validate()
         except ConfigError as error:
-            raise CharlmError(f"{run.config_file} holds a setting out of its bounds: {error.field} {error.reason}") from None
+            raise CharlmError(
+                f"{run.config_file} holds a setting out of its bounds: {error.field} {error.reason}"
+            ) from None
         except CharlmError as error:
             raise CharlmError(f"{run.config_file} holds settings this charlm cannot read ({error})") from None
-        get_logger().warning(f"warning: {run.path} holds no checkpoint (the run stopped before its first save): "
-                             "starting it again from the beginning")
+        get_logger().warning(
+            f"warning: {run.path} holds no checkpoint (the run stopped before its first save): "
+            "starting it again from the beginning"
+        )
     return dataclasses.replace(settings, **{"run_dir": str(run.path), "max_minutes": None, **changes})
 
 
@@ -189,9 +217,13 @@ def progress_problem(progress: Progress) -> str | None:
         value = getattr(progress, field.name)
         if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < 2**63:
             return f"{field.name} must be a count, not {value}"
-        if isinstance(value, float) and not (0 <= value < math.inf or (field.name == "best_valid_bpc" and value == math.inf)):
+        if isinstance(value, float) and not (
+            0 <= value < math.inf or (field.name == "best_valid_bpc" and value == math.inf)
+        ):
             return f"{field.name} must be a finite number, zero or more, not {value}"
-        if isinstance(value, dict) and not all(isinstance(key, str) and _is_amount(number) for key, number in value.items()):
+        if isinstance(value, dict) and not all(
+            isinstance(key, str) and _is_amount(number) for key, number in value.items()
+        ):
             return f"{field.name} must map names to finite numbers, zero or more"
     return None
 
@@ -203,8 +235,9 @@ def _is_amount(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
-def restore(checkpoint: Checkpoint, config: TrainConfig, model, optimizer, scheduler, world: World,
-            device: torch.device) -> tuple[Progress, list | None]:
+def restore(
+    checkpoint: Checkpoint, config: TrainConfig, model, optimizer, scheduler, world: World, device: torch.device
+) -> tuple[Progress, list | None]:
     """Put a checkpoint's weights, optimizer, schedule and RNG streams back; returns its progress
     and this process's share of the carried state (None at an epoch boundary)."""
     saved = checkpoint.training
@@ -221,8 +254,13 @@ def restore(checkpoint: Checkpoint, config: TrainConfig, model, optimizer, sched
         lr = config.lr * config.lr_decay**progress.epoch
         for group in optimizer.param_groups:
             group["lr"] = lr
-        scheduler.load_state_dict({"last_epoch": progress.epoch, "_step_count": progress.epoch + 1,
-                                   "_last_lr": [lr] * len(optimizer.param_groups)})
+        scheduler.load_state_dict(
+            {
+                "last_epoch": progress.epoch,
+                "_step_count": progress.epoch + 1,
+                "_last_lr": [lr] * len(optimizer.param_groups),
+            }
+        )
     restore_random_streams(saved.rng, world, device)
     if saved.hidden is None:
         return progress, None
@@ -270,11 +308,22 @@ def training_checkpoint(trainer, scores: dict | None = None) -> Checkpoint:
     if trainer.state is not None:  # every stream's state, gathered from the processes that carry them
         gather = trainer.world.gather_rows
         state = [[gather(t.detach(), trainer.config.batch_size).cpu() for t in layer] for layer in trainer.state]
-    training = TrainingState(optimizer=trainer.optimizer.state_dict(), scheduler=trainer.scheduler.state_dict(), rng=rng,
-                             progress=dataclasses.asdict(trainer.progress), hidden=state)
-    return Checkpoint(model_config=trainer.model_config, train_config=trainer.config,
-                      tokenizer=trainer.corpus.tokenizer.to_state(), weights=trainer.model.state_dict(),
-                      training=training, scores=scores or {}, provenance=trainer.provenance)
+    training = TrainingState(
+        optimizer=trainer.optimizer.state_dict(),
+        scheduler=trainer.scheduler.state_dict(),
+        rng=rng,
+        progress=dataclasses.asdict(trainer.progress),
+        hidden=state,
+    )
+    return Checkpoint(
+        model_config=trainer.model_config,
+        train_config=trainer.config,
+        tokenizer=trainer.corpus.tokenizer.to_state(),
+        weights=trainer.model.state_dict(),
+        training=training,
+        scores=scores or {},
+        provenance=trainer.provenance,
+    )
 
 
 def elastic_restart() -> bool:

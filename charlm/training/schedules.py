@@ -36,8 +36,18 @@ class Schedule:
     """Sets the optimizer's learning rate as the named schedule says; the trainer calls
     :meth:`after_step` and :meth:`after_epoch`."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, name: str, *, lr: float, lr_decay: float = 0.9,
-                 min_lr: float = 0.0, plateau_factor: float = 0.5, warmup_steps: int = 0, total_steps: int = 1):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        name: str,
+        *,
+        lr: float,
+        lr_decay: float = 0.9,
+        min_lr: float = 0.0,
+        plateau_factor: float = 0.5,
+        warmup_steps: int = 0,
+        total_steps: int = 1,
+    ):
         if name not in SCHEDULES:
             raise ValueError(f"unknown schedule {name!r}")
         self.name = name
@@ -45,13 +55,15 @@ class Schedule:
             self.scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
         elif name == "plateau-halving":
             self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-                optimizer, mode="min", factor=plateau_factor, patience=0, threshold=0.0, min_lr=min_lr)
+                optimizer, mode="min", factor=plateau_factor, patience=0, threshold=0.0, min_lr=min_lr
+            )
         elif name == "constant":
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         else:
             floor = min_lr / lr
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-                optimizer, lambda step: warmup_cosine_factor(step, warmup_steps, total_steps, floor))
+                optimizer, lambda step: warmup_cosine_factor(step, warmup_steps, total_steps, floor)
+            )
 
     def after_step(self) -> None:
         """A training step ended (``warmup-cosine`` moves on)."""

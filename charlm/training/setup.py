@@ -16,8 +16,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from charlm.cells import CELLS
 from charlm.checkpoint import Checkpoint
-from charlm.checkpoint_checks import (check_carried_state, check_optimizer_state, check_random_state,
-                                      check_schedule_state, compare_weights)
+from charlm.checkpoint_checks import (
+    check_carried_state,
+    check_optimizer_state,
+    check_random_state,
+    check_schedule_state,
+    compare_weights,
+)
 from charlm.config import TrainConfig
 from charlm.corpora.streams import TokenStreams, check_streams_fit
 from charlm.errors import CharlmError, ConfigError
@@ -68,17 +73,25 @@ def check_streams_per_process(config: TrainConfig, world: World) -> None:
     for name in ("batch_size", "eval_batch_size"):
         streams = getattr(config, name)
         if streams < world.size:
-            raise ConfigError(TrainConfig, name, f"is {streams}, fewer streams than the {world.size} processes: "
-                                                 "give each process at least one")
+            raise ConfigError(
+                TrainConfig,
+                name,
+                f"is {streams}, fewer streams than the {world.size} processes: give each process at least one",
+            )
 
 
 def check_streams(config: TrainConfig, corpus) -> None:
     """Refuse, before anything is written, a ``--batch-size`` with more streams than the training
     tokens used have predictions, or an ``--eval-batch-size`` with more than a split it scores (found
     otherwise at the first epoch's end, after the run directory exists)."""
-    check_streams_fit(config.batch_size, corpus.split("train")[:training_tokens(corpus, config)], TrainConfig,
-                      "batch_size", f"the training split of {config.corpus!r}"
-                      + ("" if config.train_fraction == 1 else f" (its first {config.train_fraction:g}, --train-fraction)"))
+    check_streams_fit(
+        config.batch_size,
+        corpus.split("train")[: training_tokens(corpus, config)],
+        TrainConfig,
+        "batch_size",
+        f"the training split of {config.corpus!r}"
+        + ("" if config.train_fraction == 1 else f" (its first {config.train_fraction:g}, --train-fraction)"),
+    )
     check_splits_fit(corpus, ("valid", "test"), config.eval_batch_size, TrainConfig, "eval_batch_size")
 
 
@@ -87,12 +100,20 @@ def training_tokens(corpus, config: TrainConfig) -> int:
     return max(2, int(len(corpus.split("train")) * config.train_fraction))
 
 
-def model_config_for(config: TrainConfig, vocab_size: int, cell_class=None, device: torch.device | None = None) -> ModelConfig:
+def model_config_for(
+    config: TrainConfig, vocab_size: int, cell_class=None, device: torch.device | None = None
+) -> ModelConfig:
     """The model a training config describes: its hidden size given, or sized to its budget.
     With ``device``, a budget whose optimizer state alone cannot fit there is refused first."""
-    model_config = ModelConfig(cell=config.cell, vocab_size=vocab_size, hidden_size=config.hidden_size,
-                               layers=config.layers, embed_size=config.embed_size, dropout=config.dropout,
-                               cell_options=dict(config.cell_options))
+    model_config = ModelConfig(
+        cell=config.cell,
+        vocab_size=vocab_size,
+        hidden_size=config.hidden_size,
+        layers=config.layers,
+        embed_size=config.embed_size,
+        dropout=config.dropout,
+        cell_options=dict(config.cell_options),
+    )
     if config.params is not None:
         budget = budget_of(config.params, model_config)
         if device is not None:
@@ -108,10 +129,18 @@ def check_model_fits(model_config: ModelConfig, config: TrainConfig, device: tor
         shape = LanguageModel(model_config, cell_class)
     embed_size = getattr(shape.embedding, "embedding_dim", 0)
     activation_factor = (cell_class or CELLS.get(model_config.cell)).activation_factor
-    estimate = estimate_training_memory(count_parameters(shape), activation_factor, model_config.hidden_size,
-                                        model_config.layers, model_config.vocab_size, embed_size,
-                                        max(config.batch_size, config.eval_batch_size), config.bptt,
-                                        device_type=device.type, cuda_graph=config.cuda_graph)
+    estimate = estimate_training_memory(
+        count_parameters(shape),
+        activation_factor,
+        model_config.hidden_size,
+        model_config.layers,
+        model_config.vocab_size,
+        embed_size,
+        max(config.batch_size, config.eval_batch_size),
+        config.bptt,
+        device_type=device.type,
+        cuda_graph=config.cuda_graph,
+    )
     check_fits(estimate, device, advice=oversize_advice(model_config, count_parameters(shape), cell_class))
 
 
@@ -126,8 +155,9 @@ def oversize_advice(model_config: ModelConfig, parameters: int, cell_class=None)
                 if 2 * count_parameters(LanguageModel(smaller, cell_class)) <= parameters:
                     faults.append(flag)
     named = " and ".join(f"a smaller {flag}" if flag == "--embed-size" else f"fewer {flag}" for flag in faults)
-    return (f"use {named} (most of its size comes from {'it' if len(faults) == 1 else 'them'}), or " if faults else "use ") + \
-        "a smaller --hidden or --params, or a smaller --batch-size or --bptt"
+    return (
+        f"use {named} (most of its size comes from {'it' if len(faults) == 1 else 'them'}), or " if faults else "use "
+    ) + "a smaller --hidden or --params, or a smaller --batch-size or --bptt"
 
 
 def forward_pass(model: LanguageModel, config: TrainConfig, device: torch.device, world: World):
@@ -151,25 +181,40 @@ def optimizer_and_schedule(model: LanguageModel, config: TrainConfig, windows_pe
     """The optimizer (``charlm.training.optimizers``), and its learning rate's schedule
     (``charlm.training.schedules``), whose steps are updates: ``accumulate`` windows each."""
     optimizer = build_optimizer(model.parameters(), config)
-    return optimizer, Schedule(optimizer, config.schedule, lr=config.lr, lr_decay=config.lr_decay, min_lr=config.min_lr,
-                               plateau_factor=config.plateau_factor, warmup_steps=config.warmup_steps,
-                               total_steps=config.epochs * updates_per_epoch(windows_per_epoch, config.accumulate))
+    return optimizer, Schedule(
+        optimizer,
+        config.schedule,
+        lr=config.lr,
+        lr_decay=config.lr_decay,
+        min_lr=config.min_lr,
+        plateau_factor=config.plateau_factor,
+        warmup_steps=config.warmup_steps,
+        total_steps=config.epochs * updates_per_epoch(windows_per_epoch, config.accumulate),
+    )
 
 
 def check_training_state(training, model, config, path) -> None:
     """The training state of a checkpoint a run resumes from (``charlm.checkpoint_checks`` has
-    checked its weights against ``model``, the meta-device shape it returned): what resuming puts back, against what the run's own optimizer and schedule are (built from
+    checked its weights against ``model``, the meta-device shape it returned): what resuming puts back, against
+    what the run's own optimizer and schedule are (built from
     its settings over ``model``, on the meta device): the optimizer's and the schedule's states, the
     carried state and the random-number generators' states."""
     optimizer, schedule = optimizer_and_schedule(model, config)  # over meta parameters: nothing allocated
     if training.optimizer is not None:
-        check_optimizer_state(training.optimizer, list(model.parameters()), path,
-                              optimizer.state_dict()["param_groups"], _state_of_one_step(config), config.optimizer)
+        check_optimizer_state(
+            training.optimizer,
+            list(model.parameters()),
+            path,
+            optimizer.state_dict()["param_groups"],
+            _state_of_one_step(config),
+            config.optimizer,
+        )
     if training.scheduler is not None:
         check_schedule_state(training.scheduler, schedule.scheduler, path)
     if training.hidden is not None:
-        check_carried_state(training.hidden, model.initial_state(config.batch_size, device="meta"), path,
-                            next(model.parameters()).dtype)
+        check_carried_state(
+            training.hidden, model.initial_state(config.batch_size, device="meta"), path, next(model.parameters()).dtype
+        )
     check_random_state(training.rng, path)
 
 
@@ -207,9 +252,11 @@ def training_streams(corpus, config: TrainConfig, world: World) -> TokenStreams:
     if streams.stream_length < config.bptt:
         from charlm.logs import get_logger
 
-        get_logger().warning(f"warning: --batch-size {config.batch_size} cuts the {used:,} training tokens into streams "
-                             f"of {streams.stream_length} tokens, shorter than one --bptt window ({config.bptt}): an "
-                             "epoch is a single short step; a smaller --batch-size trains more steps")
+        get_logger().warning(
+            f"warning: --batch-size {config.batch_size} cuts the {used:,} training tokens into streams "
+            f"of {streams.stream_length} tokens, shorter than one --bptt window ({config.bptt}): an "
+            "epoch is a single short step; a smaller --batch-size trains more steps"
+        )
     return streams
 
 
@@ -225,8 +272,15 @@ def settings_from_init(settings: dict) -> dict:
         return settings
     checkpoint = Checkpoint.load(reference)
     model, trained = checkpoint.model_config, checkpoint.train_config
-    known = {"cell": model.cell, "hidden": model.hidden_size, "layers": model.layers, "embed_size": trained.embed_size,
-             "dropout": model.dropout, "cell_options": model.cell_options, "corpus": trained.corpus}
+    known = {
+        "cell": model.cell,
+        "hidden": model.hidden_size,
+        "layers": model.layers,
+        "embed_size": trained.embed_size,
+        "dropout": model.dropout,
+        "cell_options": model.cell_options,
+        "corpus": trained.corpus,
+    }
     filled = dict(settings)
     for name, value in known.items():
         if name in filled or (name == "hidden" and "params" in filled):
@@ -243,9 +297,13 @@ def load_initial_weights(model: LanguageModel, model_config: ModelConfig, corpus
     checkpoint = Checkpoint.load(reference)
     if checkpoint.model_config != model_config:
         theirs, ours = checkpoint.model_config.to_dict(), model_config.to_dict()
-        differences = ", ".join(f"{key} {theirs[key]!r} there, {ours[key]!r} here" for key in ours if theirs.get(key) != ours[key])
+        differences = ", ".join(
+            f"{key} {theirs[key]!r} there, {ours[key]!r} here" for key in ours if theirs.get(key) != ours[key]
+        )
         raise ConfigError(TrainConfig, "init_from", f"{reference} holds another model ({differences})")
     if checkpoint.tokenizer["vocab"] != corpus.tokenizer.vocab:
-        raise ConfigError(TrainConfig, "init_from", f"{reference}: its vocabulary differs from corpus {config.corpus!r}")
+        raise ConfigError(
+            TrainConfig, "init_from", f"{reference}: its vocabulary differs from corpus {config.corpus!r}"
+        )
     compare_weights(checkpoint.weights, model.state_dict(), checkpoint.path)
     model.load_state_dict(checkpoint.weights)

@@ -84,9 +84,20 @@ class StepResult:
 class TrainingStep:
     """Forward, loss, backward, per-layer gradient norms, clipping and the optimizer step."""
 
-    def __init__(self, model: nn.Module, forward, optimizer: torch.optim.Optimizer, gradients, world: World, *,
-                 batch_size: int, clip: float, precision: str, device: torch.device,
-                 gradient_sync_pause=contextlib.nullcontext):
+    def __init__(
+        self,
+        model: nn.Module,
+        forward,
+        optimizer: torch.optim.Optimizer,
+        gradients,
+        world: World,
+        *,
+        batch_size: int,
+        clip: float,
+        precision: str,
+        device: torch.device,
+        gradient_sync_pause=contextlib.nullcontext,
+    ):
         self.model = model
         self.forward = forward  # the model, or its wrappers: what computes a window's logits
         self.optimizer, self.gradients, self.world = optimizer, gradients, world
@@ -95,7 +106,9 @@ class TrainingStep:
         self.gradient_sync_pause = gradient_sync_pause  # DDP's no_sync (setup.gradient_sync_pause)
         self.layer_groups = model.layer_groups()
 
-    def __call__(self, windows: Window | list[Window], state: list, stop: StopRequest, budget: TimeBudget) -> StepResult:
+    def __call__(
+        self, windows: Window | list[Window], state: list, stop: StopRequest, budget: TimeBudget
+    ) -> StepResult:
         """One update on ``windows``: a window, or the group of consecutive windows whose summed
         gradients make it (``--accumulate``), each starting from the state the one before left."""
         group = [windows] if isinstance(windows, Window) else list(windows)
@@ -116,7 +129,7 @@ class TrainingStep:
         for window_nats, window_tokens in zip(nats, totals):
             if not math.isfinite(window_nats):  # every process sees the same sums: they stop together, before a step
                 raise LossNotFinite(window_nats / window_tokens)
-        grad_norms = dict(zip(norms, fetched[len(group):]))
+        grad_norms = dict(zip(norms, fetched[len(group) :]))
         if self.clip > 0:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.gradients.step(self.optimizer)
@@ -143,7 +156,9 @@ class TrainingStep:
         for name, params in self.layer_groups.items():
             grads = [p.grad for p in params if p.grad is not None]
             if grads:
-                norms[name] = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).float()
+                norms[name] = torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(g) for g in grads])
+                ).float()
         return norms
 
 

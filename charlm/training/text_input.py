@@ -6,7 +6,8 @@ prepared into a corpus of the data root in the same step, and an evaluation batc
 The corpus is named after the first file (``input.txt`` → ``input``) unless ``--corpus NAME`` is
 given. It is reused, not prepared again, when the prepared corpus of that name records the same
 sha256 for its files' contents as the files have now (``meta.json``'s ``sources``), and is not
-damaged; when the same files have changed, it is prepared again. A name that belongs to a built-in corpus, or to a corpus prepared
+damaged; when the same files have changed, it is prepared again. A name that belongs to a built-in corpus, or
+to a corpus prepared
 from other files, is refused rather than overwritten.
 """
 
@@ -60,8 +61,10 @@ def check_corpus_path(corpus: str) -> None:
     if os.path.isdir(corpus):
         raise CharlmError(f"--corpus {corpus} is a directory: to train on the text files in it, give --text {corpus}")
     if not os.path.exists(corpus):
-        raise CharlmError(f"--corpus {corpus} is not a corpus name, and as a file it {why_missing(corpus)}: give a "
-                          "prepared corpus (see `charlm corpora`) or a text file")
+        raise CharlmError(
+            f"--corpus {corpus} is not a corpus name, and as a file it {why_missing(corpus)}: give a "
+            "prepared corpus (see `charlm corpora`) or a text file"
+        )
     regular_or_directory(Path(corpus), "--corpus")
 
 
@@ -106,15 +109,21 @@ def prepare_text(config: TrainConfig, *, corpus_named: bool, log) -> TrainConfig
             where = ", ".join(map(str, recorded)) or "other files"
             raise CharlmError(f"corpus {name!r} in {root}/ was prepared from other text ({where}): {another}")
     if launched_by_torchrun() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise CharlmError(f"under torchrun, prepare the text before training: `charlm prepare text {shown} --name {name}`,"
-                          f" then train with --corpus {name}")
+        raise CharlmError(
+            f"under torchrun, prepare the text before training: `charlm prepare text {shown} --name {name}`,"
+            f" then train with --corpus {name}"
+        )
     unknown = "unk" if _needs_unknown(gathered.files) else "error"
     del gathered
-    corpus = prepare_corpus("text", data_dir=root, paths=paths, output_name=name, unknown=unknown, progress=False, log=log)
+    corpus = prepare_corpus(
+        "text", data_dir=root, paths=paths, output_name=name, unknown=unknown, progress=False, log=log
+    )
     sizes = " / ".join(f"{corpus.tokens(split):,}" for split in SPLITS)
     unk = ", <unk> for the symbols of valid/test absent from train" if unknown == "unk" else ""
-    log(f"{shown + ' changed: prepared it again' if changed else 'prepared ' + shown} as corpus {name!r} in {target} "
-        f"({sizes} tokens, train / valid / test, char vocabulary {corpus.vocab_size}{unk})")
+    log(
+        f"{shown + ' changed: prepared it again' if changed else 'prepared ' + shown} as corpus {name!r} in {target} "
+        f"({sizes} tokens, train / valid / test, char vocabulary {corpus.vocab_size}{unk})"
+    )
     return trained
 
 
@@ -130,8 +139,12 @@ def check_text_corpus(config: TrainConfig) -> None:
     was not prepared from text: the run would train on that corpus (pydoc by default) instead."""
     meta = read_meta(data_root(config.data_dir) / config.corpus) if config.text else None
     if config.text and (meta.get("recipe") != "text" if meta else config.corpus in RECIPES):
-        raise ConfigError(TrainConfig, "text", f"names files, but corpus {config.corpus!r} was not prepared from text: "
-                                               "charlm.train(text=...) and `charlm train --text` prepare them")
+        raise ConfigError(
+            TrainConfig,
+            "text",
+            f"names files, but corpus {config.corpus!r} was not prepared from text: "
+            "charlm.train(text=...) and `charlm train --text` prepare them",
+        )
 
 
 def fit_eval_batch(config: TrainConfig, log) -> TrainConfig:
@@ -145,8 +158,10 @@ def fit_eval_batch(config: TrainConfig, log) -> TrainConfig:
     split, predictions = min(((split, corpus.tokens(split) - 1) for split in ("valid", "test")), key=lambda p: p[1])
     if predictions < 1 or config.eval_batch_size <= predictions:
         return config
-    log(f"--eval-batch-size {predictions:,}, not {config.eval_batch_size:,}: the {split} split of {config.corpus!r} "
-        f"has only {predictions:,} predictions")
+    log(
+        f"--eval-batch-size {predictions:,}, not {config.eval_batch_size:,}: the {split} split of {config.corpus!r} "
+        f"has only {predictions:,} predictions"
+    )
     return dataclasses.replace(config, eval_batch_size=predictions)
 
 

@@ -42,15 +42,47 @@ from charlm.runs.retention import epoch_checkpoint_name, save_epoch_checkpoint
 from charlm.runtime.distributed import environment_rank
 from charlm.runtime.precision import grad_scaler
 from charlm.training import reporting
-from charlm.training.control import (Interrupted, LossNotFinite, OutOfTime, OutOfTokens, ProcessLost, SaveSchedule, StopRequest,
-                                     StorageError, TimeBudget, TrainingDiverged, TrainingInterrupted, owning)
+from charlm.training.control import (
+    Interrupted,
+    LossNotFinite,
+    OutOfTime,
+    OutOfTokens,
+    ProcessLost,
+    SaveSchedule,
+    StopRequest,
+    StorageError,
+    TimeBudget,
+    TrainingDiverged,
+    TrainingInterrupted,
+    owning,
+)
 from charlm.training.evaluation import Scorer
-from charlm.training.resume import (Progress, check_resumable, check_same_run, check_same_vocabulary, last_good_checkpoint,
-                                    read_progress, restore, restore_best, resumed_config, seed_this_process,
-                                    training_checkpoint)
-from charlm.training.setup import (cell_class_for, check_training_state, check_streams, check_model_fits, forward_pass,
-                                   gradient_sync_pause, load_initial_weights, model_config_for, optimizer_and_schedule,
-                                   placement, training_streams)
+from charlm.training.resume import (
+    Progress,
+    check_resumable,
+    check_same_run,
+    check_same_vocabulary,
+    last_good_checkpoint,
+    read_progress,
+    restore,
+    restore_best,
+    resumed_config,
+    seed_this_process,
+    training_checkpoint,
+)
+from charlm.training.setup import (
+    cell_class_for,
+    check_training_state,
+    check_streams,
+    check_model_fits,
+    forward_pass,
+    gradient_sync_pause,
+    load_initial_weights,
+    model_config_for,
+    optimizer_and_schedule,
+    placement,
+    training_streams,
+)
 from charlm.training.step import TrainingStep, gradients_for, update_groups
 from charlm.training.text_input import check_text_corpus
 
@@ -63,8 +95,14 @@ class Trainer:
     ``Trainer(config)`` starts a new run; ``Trainer.resume(run_dir)`` continues one.
     """
 
-    def __init__(self, config: TrainConfig, *, _resume_from: tuple[Run, Checkpoint | None] | None = None, cells=(),
-                 trust_code: bool = False):
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        _resume_from: tuple[Run, Checkpoint | None] | None = None,
+        cells=(),
+        trust_code: bool = False,
+    ):
         """``_resume_from`` (used by ``resume``): the locked run and its checkpoint, or None for a run
         that was stopped before its first checkpoint and starts again."""
         self.last_valid_bpc = None  # the last validation score of this session, for the progress bar
@@ -82,7 +120,9 @@ class Trainer:
         self.config = config
         resumed_run, checkpoint = _resume_from or (None, None)
         cell_class = cell_class_for(config, resumed_run, checkpoint, cells, trust_code)
-        if checkpoint is not None:  # weights, optimizer and carried state against the model's shapes, on the meta device
+        if (
+            checkpoint is not None
+        ):  # weights, optimizer and carried state against the model's shapes, on the meta device
             shape = check_against_model(checkpoint, cell_class)
             if checkpoint.training is not None:
                 check_training_state(checkpoint.training, shape, checkpoint.train_config, checkpoint.path)
@@ -104,9 +144,18 @@ class Trainer:
         forward = forward_pass(self.model, config, self.device, self.world)
         self.train_streams = training_streams(self.corpus, config, self.world)
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, config, len(self.train_streams))
-        self.step = TrainingStep(self.model, forward, self.optimizer, gradients_for(scaler), self.world,
-                                 batch_size=config.batch_size, clip=config.clip, precision=config.precision,
-                                 device=self.device, gradient_sync_pause=gradient_sync_pause(forward))
+        self.step = TrainingStep(
+            self.model,
+            forward,
+            self.optimizer,
+            gradients_for(scaler),
+            self.world,
+            batch_size=config.batch_size,
+            clip=config.clip,
+            precision=config.precision,
+            device=self.device,
+            gradient_sync_pause=gradient_sync_pause(forward),
+        )
         self.train_chars_per_token = characters_per_token(self.corpus, "train")
         self.progress = Progress()
         self.scorer = Scorer(self)
@@ -114,8 +163,9 @@ class Trainer:
         self.provenance = provenance.collect(self.device, self.corpus)
         if checkpoint is not None:
             self.run = resumed_run
-            self.progress, self.state = restore(checkpoint, config, self.model, self.optimizer, self.scheduler,
-                                                self.world, self.device)
+            self.progress, self.state = restore(
+                checkpoint, config, self.model, self.optimizer, self.scheduler, self.world, self.device
+            )
             self.provenance = {**checkpoint.provenance, "resumed": self.provenance}
             self.run.write_provenance(self.provenance)
         elif resumed_run is not None:  # stopped before its first checkpoint: it starts again
@@ -126,7 +176,9 @@ class Trainer:
             load_initial_weights(self.model, self.model_config, self.corpus, config)
             run_dir = self.world.broadcast(config.run_dir or default_run_dir(config.corpus, config.cell))
             if self.world.is_main:
-                self.run = Run.create(run_dir, {"train": config.to_dict(), "model": self.model_config.to_dict()}, self.provenance)
+                self.run = Run.create(
+                    run_dir, {"train": config.to_dict(), "model": self.model_config.to_dict()}, self.provenance
+                )
             else:
                 self.run = FollowerRun(run_dir)
         self._fast_path_reported = not (config.compile or config.cuda_graph)
@@ -170,13 +222,19 @@ class Trainer:
         """Train until ``epochs``, early stopping or ``max_minutes``; returns the summary."""
         config, progress, run = self.config, self.progress, self.run  # a used-up --max-tokens: refused in __init__
         with owning(run, self.world):
-            if progress.finished and (progress.epoch >= config.epochs or progress.epochs_without_improvement >= config.patience):
+            if progress.finished and (
+                progress.epoch >= config.epochs or progress.epochs_without_improvement >= config.patience
+            ):
                 return self._complete()
             progress.finished = False
-            budget = self._budget = TimeBudget(config.max_minutes, progress.budget_seconds)  # the run's, not the session's
+            budget = self._budget = TimeBudget(
+                config.max_minutes, progress.budget_seconds
+            )  # the run's, not the session's
             if progress.stopped_by == "time" and budget.is_up():  # stopped by this budget before (its end unwritten?)
-                return self._complete(f"its --max-minutes budget of {config.max_minutes:g} min is used up; pass a larger "
-                                      "--max-minutes to go on")
+                return self._complete(
+                    f"its --max-minutes budget of {config.max_minutes:g} min is used up; pass a larger "
+                    "--max-minutes to go on"
+                )
             if config.tensorboard and self.world.is_main:
                 from charlm.runs.tensorboard import TensorBoardSink
 
@@ -184,19 +242,37 @@ class Trainer:
             if config.wandb and self.world.is_main:
                 from charlm.runs.wandb_sink import WandbSink
 
-                run.sinks.append(WandbSink(run.path, {"train": config.to_dict(), "model": self.model_config.to_dict()},
-                                           config.wandb_project, step=progress.step))
+                run.sinks.append(
+                    WandbSink(
+                        run.path,
+                        {"train": config.to_dict(), "model": self.model_config.to_dict()},
+                        config.wandb_project,
+                        step=progress.step,
+                    )
+                )
             run.mark_running()
             parameters = count_parameters(self.model)
-            run.log(f"training {self.model_config.cell} ({self.model_config.layers}×{self.model_config.hidden_size}, "
-                    f"{parameters:,} parameters) on {config.corpus} [{self.device}] → {run.path}")
+            run.log(
+                f"training {self.model_config.cell} ({self.model_config.layers}×{self.model_config.hidden_size}, "
+                f"{parameters:,} parameters) on {config.corpus} [{self.device}] → {run.path}"
+            )
             if progress.step:
-                best = (f"; best valid {progress.best_valid_bpc:.4f} bpc at epoch {progress.best_epoch}"
-                        if progress.best_epoch else "")
-                run.log(f"resuming at epoch {progress.epoch + 1}, window {progress.window:,}, step {progress.step:,}: "
-                        f"{progress.tokens_seen:,} tokens trained so far{best}")
-            run.record("start", parameters=parameters, hidden_size=self.model_config.hidden_size, device=str(self.device),
-                       resumed_at={"epoch": progress.epoch, "window": progress.window, "step": progress.step})
+                best = (
+                    f"; best valid {progress.best_valid_bpc:.4f} bpc at epoch {progress.best_epoch}"
+                    if progress.best_epoch
+                    else ""
+                )
+                run.log(
+                    f"resuming at epoch {progress.epoch + 1}, window {progress.window:,}, step {progress.step:,}: "
+                    f"{progress.tokens_seen:,} tokens trained so far{best}"
+                )
+            run.record(
+                "start",
+                parameters=parameters,
+                hidden_size=self.model_config.hidden_size,
+                device=str(self.device),
+                resumed_at={"epoch": progress.epoch, "window": progress.window, "step": progress.step},
+            )
             out_of_budget = None
             progress.stopped_by = None
             with StopRequest() as stop:
@@ -227,11 +303,15 @@ class Trainer:
             summary = self.summary()
             run.record("end", **summary)
             if out_of_budget == "time":
-                run.log(f"time budget of {config.max_minutes:g} min used up: the run is resumable with "
-                        f"`charlm train --resume {run.path}`")
+                run.log(
+                    f"time budget of {config.max_minutes:g} min used up: the run is resumable with "
+                    f"`charlm train --resume {run.path}`"
+                )
             elif out_of_budget == "tokens":
-                run.log(f"token budget of {config.max_tokens:,} used up ({progress.tokens_seen:,} tokens): the run is "
-                        f"resumable with `charlm train --resume {run.path} --max-tokens N` (a larger N)")
+                run.log(
+                    f"token budget of {config.max_tokens:,} used up ({progress.tokens_seen:,} tokens): the run is "
+                    f"resumable with `charlm train --resume {run.path} --max-tokens N` (a larger N)"
+                )
             return summary
 
     def _train_epoch(self, stop: StopRequest, budget: TimeBudget) -> None:
@@ -241,8 +321,9 @@ class Trainer:
         if progress.window == 0 or self.state is None:
             self.state = self.model.initial_state(self.train_streams.rows, device=self.device)
         self.model.train()
-        bar = reporting.EpochBar(len(self.train_streams), progress.window, progress.epoch + 1, config.epochs,
-                                 show=self.world.is_main)
+        bar = reporting.EpochBar(
+            len(self.train_streams), progress.window, progress.epoch + 1, config.epochs, show=self.world.is_main
+        )
         epoch_clock, seconds_before = time.monotonic(), progress.train_seconds
         saves = SaveSchedule(config.save_interval)
         try:
@@ -254,7 +335,9 @@ class Trainer:
                     self._diverged(error.value)
                 self.state = result.state
                 if not self._fast_path_reported and getattr(self.step.forward, "settled", True):
-                    reporting.report_fast_path(run, self.step.forward, self.provenance)  # once compiled or captured, or not
+                    reporting.report_fast_path(
+                        run, self.step.forward, self.provenance
+                    )  # once compiled or captured, or not
                     if hasattr(self.step.forward, "probe_seconds"):  # --compile: its probe ran before training
                         progress.add_wall("compile", self.step.forward.probe_seconds)
                     self._fast_path_reported = True
@@ -275,18 +358,41 @@ class Trainer:
                 speed = progress.train_tokens / max(progress.train_seconds, 1e-9)
                 bar.show_step(running, speed, self.last_valid_bpc)
                 if progress.step % config.log_every == 0:
-                    run.record("step", epoch=progress.epoch + 1, step=progress.step, loss=result.loss, bpc=bpc, lr=self.lr,
-                               grad_norm=result.grad_norms)
+                    run.record(
+                        "step",
+                        epoch=progress.epoch + 1,
+                        step=progress.step,
+                        loss=result.loss,
+                        bpc=bpc,
+                        lr=self.lr,
+                        grad_norm=result.grad_norms,
+                    )
                 if config.print_every and progress.step % config.print_every == 0 and self.world.is_main:
-                    bar.write(run.log, reporting.step_line(progress.epoch + 1, progress.step, progress.window,
-                                                           len(self.train_streams), result.loss, bpc, self.lr, speed))
+                    bar.write(
+                        run.log,
+                        reporting.step_line(
+                            progress.epoch + 1,
+                            progress.step,
+                            progress.window,
+                            len(self.train_streams),
+                            result.loss,
+                            bpc,
+                            self.lr,
+                            speed,
+                        ),
+                    )
                 self.scheduler.after_step()  # the step record above has the rate the step trained with
                 if config.eval_every and progress.step % config.eval_every == 0:
                     valid = self.scorer("valid")
                     self.last_valid_bpc = valid.bpc
                     self.model.train()
-                    run.record("valid", epoch=progress.epoch + 1, step=progress.step, **valid.as_dict("valid_"),
-                               **self._valid_fraction())
+                    run.record(
+                        "valid",
+                        epoch=progress.epoch + 1,
+                        step=progress.step,
+                        **valid.as_dict("valid_"),
+                        **self._valid_fraction(),
+                    )
                 if result.stop_requested:
                     raise Interrupted
                 if self.world.any(saves.due(progress.step)):
@@ -325,8 +431,9 @@ class Trainer:
             progress.epochs_without_improvement = 0
         else:
             progress.epochs_without_improvement += 1
-        record = reporting.epoch_record(progress, valid, test, self.lr, self.train_chars_per_token, partial, improved,
-                                        config.accumulate)
+        record = reporting.epoch_record(
+            progress, valid, test, self.lr, self.train_chars_per_token, partial, improved, config.accumulate
+        )
         record.update(self._valid_fraction())
         run.record("epoch", **record)
         run.log(reporting.epoch_line(record))
@@ -363,8 +470,10 @@ class Trainer:
         progress, run = self.progress, self.run
         run.save_last(self.checkpoint())
         run.record("interrupted", epoch=progress.epoch + 1, window=progress.window, step=progress.step)
-        raise TrainingInterrupted(f"interrupted: saved {run.last} at epoch {progress.epoch + 1}, step "
-                                  f"{progress.step}; continue with `charlm train --resume {run.path}`")
+        raise TrainingInterrupted(
+            f"interrupted: saved {run.last} at epoch {progress.epoch + 1}, step "
+            f"{progress.step}; continue with `charlm train --resume {run.path}`"
+        )
 
     def _diverged(self, value: float) -> None:
         """Record the divergence, give the best weights before it their test score, and stop."""
@@ -372,8 +481,10 @@ class Trainer:
         where = f"kept the last good checkpoint {kept}" if kept else "no checkpoint had been saved yet"
         self.run.record("diverged", epoch=self.progress.epoch + 1, step=self.progress.step + 1, loss=value)
         self.scorer.test_best(self.run)
-        raise TrainingDiverged(f"training stopped: loss became {value} at epoch {self.progress.epoch + 1}, "
-                               f"step {self.progress.step + 1}; {where}")
+        raise TrainingDiverged(
+            f"training stopped: loss became {value} at epoch {self.progress.epoch + 1}, "
+            f"step {self.progress.step + 1}; {where}"
+        )
 
     def _complete(self, why: str | None = None) -> dict:
         """A run that has ended (``why``: how, when not by its epochs or early stopping): finish what
@@ -387,7 +498,10 @@ class Trainer:
         if why:
             run.log(f"run {run.path} has nothing left to train: {why}")
             return self.summary()
-        run.log(f"run {run.path} is already complete ({self.progress.epoch} epoch{'s' if self.progress.epoch != 1 else ''}); pass a larger --epochs to go on")
+        run.log(
+            f"run {run.path} is already complete ({self.progress.epoch} "
+            f"epoch{'s' if self.progress.epoch != 1 else ''}); pass a larger --epochs to go on"
+        )
         return self.summary()
 
 
@@ -399,5 +513,7 @@ def tokens_used_up(progress: Progress, config: TrainConfig) -> bool:
 def _check_tokens_left(progress: Progress, config: TrainConfig) -> None:
     """Refuse to go on with a run that has trained on its whole ``--max-tokens`` budget already."""
     if tokens_used_up(progress, config):
-        raise CharlmError(f"the run has already trained on {progress.tokens_seen:,} tokens, its --max-tokens budget of "
-                          f"{config.max_tokens:,}: give a larger --max-tokens to go on")
+        raise CharlmError(
+            f"the run has already trained on {progress.tokens_seen:,} tokens, its --max-tokens budget of "
+            f"{config.max_tokens:,}: give a larger --max-tokens to go on"
+        )

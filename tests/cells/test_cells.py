@@ -16,7 +16,6 @@ from charlm.cells import CELLS, parse_cell_options
 from charlm.model import LanguageModel, ModelConfig, count_parameters
 
 
-
 def make_cell(case, input_size=5, hidden=6):
     cell_class = CELLS.get(case.cell)
     config = parse_cell_options(cell_class, case.options)
@@ -48,14 +47,18 @@ def _accepts_one_hot(case) -> bool:
 FOLDED_CASES = [(case, None) for case in CASES] + [(case, 0) for case in CASES if _accepts_one_hot(case)]
 
 
-@pytest.mark.parametrize("case, embed_size", FOLDED_CASES,
-                         ids=[f"{case.id}-{'one-hot' if size == 0 else 'embedding'}" for case, size in FOLDED_CASES])
+@pytest.mark.parametrize(
+    "case, embed_size",
+    FOLDED_CASES,
+    ids=[f"{case.id}-{'one-hot' if size == 0 else 'embedding'}" for case, size in FOLDED_CASES],
+)
 def test_folded_embedding_agrees_with_reference_step(case, embed_size, double_precision, cell_device):
     """The bottom layer's input product taken over the embedding table and gathered (the model's
     window path) is the reference step run on the embedded symbols, in value and gradient."""
     torch.manual_seed(0)
-    model = LanguageModel(ModelConfig(case.cell, vocab_size=4, hidden_size=6, layers=2, embed_size=embed_size,
-                                      cell_options=case.options))
+    model = LanguageModel(
+        ModelConfig(case.cell, vocab_size=4, hidden_size=6, layers=2, embed_size=embed_size, cell_options=case.options)
+    )
     randomise(model)
     model.to(cell_device)
     tokens = torch.randint(4, (3, 7)).to(cell_device)  # 21 positions > 4 symbols: the folded path is taken
@@ -105,8 +108,12 @@ def test_forward_agrees_with_reference_step_and_gradients(case, double_precision
         torch.testing.assert_close(a, b)
 
     weights = torch.randn_like(fast)
-    fast_grads = torch.autograd.grad((fast * weights).sum() + sum(s.sum() for s in fast_state), [inputs, *cell.parameters()])
-    ref_grads = torch.autograd.grad((reference * weights).sum() + sum(s.sum() for s in ref_state), [inputs, *cell.parameters()])
+    fast_grads = torch.autograd.grad(
+        (fast * weights).sum() + sum(s.sum() for s in fast_state), [inputs, *cell.parameters()]
+    )
+    ref_grads = torch.autograd.grad(
+        (reference * weights).sum() + sum(s.sum() for s in ref_state), [inputs, *cell.parameters()]
+    )
     for a, b in zip(fast_grads, ref_grads):
         torch.testing.assert_close(a, b)
 
@@ -116,7 +123,10 @@ def test_inference_path_agrees_with_training_path(case, double_precision, cell_d
     torch.manual_seed(0)
     cell, d = make_cell(case)
     randomise(cell)
-    inputs, state = torch.randn(6, 3, d).to(cell_device), tuple(tensor.to(cell_device) for tensor in random_state(cell, 3))
+    inputs, state = (
+        torch.randn(6, 3, d).to(cell_device),
+        tuple(tensor.to(cell_device) for tensor in random_state(cell, 3)),
+    )
     cell.to(cell_device)
     trained, trained_state = cell(inputs, state)
     with torch.inference_mode():

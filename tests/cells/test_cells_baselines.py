@@ -280,11 +280,17 @@ def test_sigmoid_elman_passes_the_generic_checks():
     [
         ("rnn", ["activation=relu"], {"activation": "relu"}),
         ("rhn", ["depth=3", "gate_bias=-4"], {"depth": 3, "gate_bias": -4.0}),
-        ("scrn", ["context-size=7", "learnable_alpha=yes", "alpha=0.9", "bias=on"],
-         {"context_size": 7, "learnable_alpha": True, "alpha": 0.9, "bias": True}),
+        (
+            "scrn",
+            ["context-size=7", "learnable_alpha=yes", "alpha=0.9", "bias=on"],
+            {"context_size": 7, "learnable_alpha": True, "alpha": 0.9, "bias": True},
+        ),
         ("scrn", ["context_size=none"], {"context_size": None}),
-        ("delta-rnn", ["inner=first", "outer=tanh", "alpha_init=1.5", "dropout=0.1"],
-         {"inner": "first", "outer": "tanh", "alpha_init": 1.5, "dropout": 0.1}),
+        (
+            "delta-rnn",
+            ["inner=first", "outer=tanh", "alpha_init=1.5", "dropout=0.1"],
+            {"inner": "first", "outer": "tanh", "alpha_init": 1.5, "dropout": 0.1},
+        ),
     ],
 )
 def test_options_parse_from_strings(cell, pairs, expected):
@@ -326,8 +332,9 @@ def test_bad_option_values_are_user_errors(cell, pair):
 def test_the_delta_rnn_papers_lstm_count_needs_full_peepholes(peephole, expected):
     """Table 2 of the Delta-RNN paper: an LSTM of 100 units on 2404 PTB subwords (one-hot inputs)
     has 1,274,804 parameters; only full n × n peephole matrices give that count."""
-    model = LanguageModel(ModelConfig("lstm", vocab_size=2404, hidden_size=100, embed_size=0,
-                                      cell_options={"peephole": peephole}))
+    model = LanguageModel(
+        ModelConfig("lstm", vocab_size=2404, hidden_size=100, embed_size=0, cell_options={"peephole": peephole})
+    )
     assert count_parameters(model) == expected
 
 
@@ -335,6 +342,12 @@ def test_peephole_forms_read_from_strings_and_old_booleans():
     from charlm.cells.lstm import LSTMConfig
 
     assert [LSTMConfig(value).peephole for value in (True, False, "yes", "off", "FULL", "diagonal")] == [
-        "diagonal", "none", "diagonal", "none", "full", "diagonal"]
+        "diagonal",
+        "none",
+        "diagonal",
+        "none",
+        "full",
+        "diagonal",
+    ]
     with pytest.raises(CharlmError, match="peephole must be none, diagonal or full, not 'maybe'"):
         parse_cell_options(CELLS.get("lstm"), {"peephole": "maybe"})

@@ -25,8 +25,9 @@ VARIANTS += [(case, 2, 0) for case in CASES if _accepts_one_hot(case)]
 
 def randomised_model(case, layers, embed_size=None):
     torch.manual_seed(0)
-    config = ModelConfig(case.cell, vocab_size=5, hidden_size=6, layers=layers, embed_size=embed_size,
-                         cell_options=dict(case.options))
+    config = ModelConfig(
+        case.cell, vocab_size=5, hidden_size=6, layers=layers, embed_size=embed_size, cell_options=dict(case.options)
+    )
     model = LanguageModel(config).eval()
     with torch.no_grad():
         for parameter in model.parameters():
@@ -34,8 +35,11 @@ def randomised_model(case, layers, embed_size=None):
     return model
 
 
-@pytest.mark.parametrize("case, layers, embed_size", VARIANTS,
-                         ids=[f"{case.id}-{layers}layer{'-one-hot' if size == 0 else ''}" for case, layers, size in VARIANTS])
+@pytest.mark.parametrize(
+    "case, layers, embed_size",
+    VARIANTS,
+    ids=[f"{case.id}-{layers}layer{'-one-hot' if size == 0 else ''}" for case, layers, size in VARIANTS],
+)
 def test_inference_model_computes_the_reference_step(case, layers, embed_size, double_precision):
     model = randomised_model(case, layers, embed_size)
     tokens = torch.randint(5, (2, 6))
@@ -127,7 +131,7 @@ def test_probabilities_that_are_not_numbers_are_an_error():
 def test_draw_is_multinomial():
     for seed in range(50):
         logits = 3 * torch.randn(30, generator=torch.Generator().manual_seed(seed))
-        logits[seed % 7: seed % 7 + 10] = float("-inf")
+        logits[seed % 7 : seed % 7 + 10] = float("-inf")
         probabilities = torch.softmax(logits, dim=-1)
         ours, torchs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
         for _ in range(4):

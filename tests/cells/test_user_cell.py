@@ -16,9 +16,27 @@ def test_readme_cell_trains_evaluates_and_samples(tmp_path, monkeypatch):
     prepare_tiny_corpus(data_dir, characters=12_000)
     env = {"PYTHONPATH": str(tmp_path)}
     run = tmp_path / "run"
-    result = run_cli("train", "--corpus", "tiny", "--cell", "mycells:LeakyTanh", "--cell-opt", "leak=0.3",
-                     "--hidden", "16", "--batch-size", "8", "--epochs", "1", "--data-dir", data_dir,
-                     "--run-dir", run, env=env, check_code=0)
+    result = run_cli(
+        "train",
+        "--corpus",
+        "tiny",
+        "--cell",
+        "mycells:LeakyTanh",
+        "--cell-opt",
+        "leak=0.3",
+        "--hidden",
+        "16",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "1",
+        "--data-dir",
+        data_dir,
+        "--run-dir",
+        run,
+        env=env,
+        check_code=0,
+    )
     assert "best valid bpc" in result.stdout
     # loading imports the checkpoint's module:Class only when the cell is named (or --trust-code)
     assert_one_line_error(cli("eval", run), "asks to import module 'mycells'", "--cell mycells:LeakyTanh")
@@ -42,13 +60,16 @@ def test_unknown_cell_lists_the_registry(tmp_path):
     assert_one_line_error(result, "unknown cell 'lsmt'", "lstm", "module:Class")
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"depth": 2.5}, "option depth=2.5 must be a whole number"),
-    ({"depth": True}, "option depth=True must be a whole number"),
-    ({"gate_bias": float("inf")}, "option gate_bias=inf must be a finite number"),
-    ({"gate_bias": "nan"}, "option gate_bias=nan must be a finite number"),
-    ({"gate_bias": [1]}, "option gate_bias=[1] must be a number"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"depth": 2.5}, "option depth=2.5 must be a whole number"),
+        ({"depth": True}, "option depth=True must be a whole number"),
+        ({"gate_bias": float("inf")}, "option gate_bias=inf must be a finite number"),
+        ({"gate_bias": "nan"}, "option gate_bias=nan must be a finite number"),
+        ({"gate_bias": [1]}, "option gate_bias=[1] must be a number"),
+    ],
+)
 def test_cell_options_from_files_are_checked_against_their_types(options, message):
     """A config file or plan gives typed values, the command line text: both are held to the option's type."""
     from charlm.cells.registry import parse_cell_options

@@ -23,8 +23,27 @@ def invoke(*args):
 @pytest.mark.parametrize("cell", CELLS.names())
 def test_cell_trains_evaluates_and_samples(corpus_dir, tmp_path, cell):
     run = tmp_path / "run"
-    output = invoke("train", "--corpus", "tiny", "--cell", cell, "--params", "6k", "--layers", "2",
-                    "--batch-size", "4", "--bptt", "20", "--epochs", "1", "--data-dir", corpus_dir, "--run-dir", run)
+    output = invoke(
+        "train",
+        "--corpus",
+        "tiny",
+        "--cell",
+        cell,
+        "--params",
+        "6k",
+        "--layers",
+        "2",
+        "--batch-size",
+        "4",
+        "--bptt",
+        "20",
+        "--epochs",
+        "1",
+        "--data-dir",
+        corpus_dir,
+        "--run-dir",
+        run,
+    )
     assert "best valid bpc" in output
     assert "bpc" in invoke("eval", run, "--split", "valid")
     sample = invoke("sample", run, "--prime", "The ", "--length", "15", "--seed", "2")

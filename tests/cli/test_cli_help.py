@@ -18,8 +18,21 @@ def rendered_help(command: str, monkeypatch) -> str:
 
 def assert_train_defaults(text: str) -> None:
     defaults = TrainConfig()
-    for name in ("corpus", "cell", "layers", "batch_size", "bptt", "lr", "lr_decay", "epochs", "patience", "clip",
-                 "seed", "eval_batch_size", "log_every"):
+    for name in (
+        "corpus",
+        "cell",
+        "layers",
+        "batch_size",
+        "bptt",
+        "lr",
+        "lr_decay",
+        "epochs",
+        "patience",
+        "clip",
+        "seed",
+        "eval_batch_size",
+        "log_every",
+    ):
         assert f"(default: {getattr(defaults, name)})" in text, name
     assert "(default: $CHARLM_DATA or ./data)" in text
     assert "(default: runs/CORPUS-CELL-TIME)" in text
@@ -35,12 +48,15 @@ def test_train_help_shows_every_training_default(monkeypatch):
     assert_train_defaults(rendered_help("train", monkeypatch))
 
 
-@pytest.mark.parametrize("command, fragment", [
-    ("sample", "(default: a line break)"),
-    ("sample", f"(default: {TrainConfig.device})"),
-    ("demo", "(default: runs/pydoc-lru-demo-TIME)"),
-    ("prepare", "(default: error; unk for pydoc)"),
-])
+@pytest.mark.parametrize(
+    "command, fragment",
+    [
+        ("sample", "(default: a line break)"),
+        ("sample", f"(default: {TrainConfig.device})"),
+        ("demo", "(default: runs/pydoc-lru-demo-TIME)"),
+        ("prepare", "(default: error; unk for pydoc)"),
+    ],
+)
 def test_other_commands_show_their_defaults(command, fragment, monkeypatch):
     assert fragment in rendered_help(command, monkeypatch)
 
@@ -73,8 +89,15 @@ def test_bare_charlm_shows_the_commands_without_an_error():
 
 def test_train_help_groups_its_options_in_panels_and_states_each_default_once(monkeypatch):
     text = rendered_help("train", monkeypatch)
-    for panel in ("Model", "Data", "Optimisation", "Schedule and stopping", "Evaluation", "Saving and logging",
-                  "Hardware"):
+    for panel in (
+        "Model",
+        "Data",
+        "Optimisation",
+        "Schedule and stopping",
+        "Evaluation",
+        "Saving and logging",
+        "Hardware",
+    ):
         assert f"╭─ {panel} ─" in text, panel
     assert "[default:" not in text  # the default is said once, in the help text
     assert "[default:" not in rendered_help("sample", monkeypatch)
@@ -104,8 +127,13 @@ def test_no_option_name_is_cut_in_any_help_at_80_columns(monkeypatch):
     for name, command in typer.main.get_command(app).commands.items():
         text = cli(name, "--help", check_code=0).stdout
         assert_fits(text)
-        flags = [flag for parameter in command.params if not getattr(parameter, "hidden", False)
-                 for flag in (*parameter.opts, *parameter.secondary_opts) if flag.startswith("-")]
+        flags = [
+            flag
+            for parameter in command.params
+            if not getattr(parameter, "hidden", False)
+            for flag in (*parameter.opts, *parameter.secondary_opts)
+            if flag.startswith("-")
+        ]
         for flag in flags:
             assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), f"charlm {name} --help: {flag}"
     assert "--no-test-every-epoch" in cli("train", "--help").stdout

@@ -156,7 +156,10 @@ CASES = [
     Case("zero evaluation window", "eval RUN --bptt 0"),
     Case("more evaluation streams than the split has symbols", "eval RUN --batch-size 100000"),
     Case("more dynamic-evaluation streams than the split", "eval RUN --dynamic sgd --batch-size 100000"),
-    Case("search prefix with fewer symbols than streams", "eval RUN --dynamic sgd --dyn-search --search-prefix 10 --batch-size 16"),
+    Case(
+        "search prefix with fewer symbols than streams",
+        "eval RUN --dynamic sgd --dyn-search --search-prefix 10 --batch-size 16",
+    ),
     Case("more scoring streams than the text has symbols", "score RUN FILES/short.txt --batch-size 100"),
     Case("unknown dynamic method", "eval RUN --dynamic adam"),
     Case("dynamic method left out", "eval RUN --dynamic --dyn-lr 0.1"),
@@ -193,8 +196,11 @@ CASES = [
     Case("plan with a bad value in its last point", "sweep FILES/late-bad-value.toml --data-dir DATA"),
     Case("plan setting misspelled", "sweep FILES/misspelled-plan.toml"),
     Case("plan evaluation wider than the split", "sweep FILES/wide-eval-plan.toml --data-dir DATA --dir FILES/sweep"),
-    Case("plan naming a device this machine lacks", "sweep FILES/absent-device-plan.toml --data-dir DATA --dir FILES/sweep",
-         cpu_only=True),
+    Case(
+        "plan naming a device this machine lacks",
+        "sweep FILES/absent-device-plan.toml --data-dir DATA --dir FILES/sweep",
+        cpu_only=True,
+    ),
     Case("torchrun timeout of zero", "train --dist-timeout 0"),
     Case("benchmark zero steps", "bench --steps 0"),
     Case("benchmark an unknown cell", "bench --cells nope"),
@@ -239,7 +245,7 @@ def places(trained_run, tiny_corpus, tmp_path_factory) -> dict[str, Path]:
     (files / "unknown-key.json").write_text('{"hidden_size": 64}', encoding="utf-8")
     (files / "wrong-type.json").write_text('{"epochs": "many"}', encoding="utf-8")
     (files / "module-cell.json").write_text('{"cell": "evilmod:Nope"}', encoding="utf-8")
-    (files / "huge-number.json").write_text('{"lr": 1' + "0" * 400 + '}', encoding="utf-8")
+    (files / "huge-number.json").write_text('{"lr": 1' + "0" * 400 + "}", encoding="utf-8")
     (files / "nul-path.json").write_text('{"init_from": "runs/a\\u0000b"}', encoding="utf-8")
     (files / "latin-1.txt").write_bytes("café".encode("latin-1"))
     (files / "chinese.txt").write_text("中文", encoding="utf-8")
@@ -282,13 +288,25 @@ def _damaged_checkpoints(files: Path, trained_run: Path) -> None:
     best = trained_run / "best.pt"
     tampered(best, files / "short-vocab.pt", shorter)
     tampered(best, files / "long-symbol.pt", lambda payload: payload["tokenizer"]["vocab"].__setitem__(1, "ab"))
-    tampered(best, files / "tensor-vocab.pt", lambda payload: payload["tokenizer"].__setitem__("vocab", torch.arange(5)))
+    tampered(
+        best, files / "tensor-vocab.pt", lambda payload: payload["tokenizer"].__setitem__("vocab", torch.arange(5))
+    )
     tampered(best, files / "huge-vocab.pt", lambda payload: payload["model_config"].__setitem__("vocab_size", 10**9))
-    tampered(best, files / "fractional-hidden.pt", lambda payload: payload["model_config"].__setitem__("hidden_size", 2.5))
-    tampered(best, files / "wrong-shape.pt", lambda payload: payload["weights"].__setitem__("layers.0.gate_weight",
-                                                                                              torch.zeros(3, 5)))
-    for name, change in (("wrong-optimizer-run", lambda payload: payload["training"]["optimizer"]["state"][0].__setitem__(
-            "exp_avg", torch.zeros(7, 3))), ("other-cell-run", other_cell)):
+    tampered(
+        best, files / "fractional-hidden.pt", lambda payload: payload["model_config"].__setitem__("hidden_size", 2.5)
+    )
+    tampered(
+        best,
+        files / "wrong-shape.pt",
+        lambda payload: payload["weights"].__setitem__("layers.0.gate_weight", torch.zeros(3, 5)),
+    )
+    for name, change in (
+        (
+            "wrong-optimizer-run",
+            lambda payload: payload["training"]["optimizer"]["state"][0].__setitem__("exp_avg", torch.zeros(7, 3)),
+        ),
+        ("other-cell-run", other_cell),
+    ):
         shutil.copytree(trained_run, files / name)
         tampered(files / name / "last.pt", files / name / "last.pt", change)
 
@@ -368,7 +386,9 @@ def test_bad_input_is_one_line_and_writes_nothing(case, places):
 
 def _snapshot(places) -> dict[str, int]:
     """Every file under the places, with its size."""
-    return {str(path): path.stat().st_size for root in places.values() for path in sorted(root.rglob("*")) if path.is_file()}
+    return {
+        str(path): path.stat().st_size for root in places.values() for path in sorted(root.rglob("*")) if path.is_file()
+    }
 
 
 def test_there_are_at_least_forty_distinct_cases():
@@ -432,8 +452,10 @@ def test_errors_tables_are_current(places):
     if torch.cuda.is_available() or torch.backends.mps.is_available():
         pytest.skip("the tables show the messages of a machine without a GPU")
     rows = render_rows(places)
-    tables = {ERRORS_PAGE: render_table([row for _, row in rows]),
-              README: render_table([row for case, row in rows if case.what in README_CASES])}
+    tables = {
+        ERRORS_PAGE: render_table([row for _, row in rows]),
+        README: render_table([row for case, row in rows if case.what in README_CASES]),
+    }
     stale = []
     for path, table in tables.items():
         text = path.read_text(encoding="utf-8")

@@ -27,35 +27,98 @@ from charlm.tasks.training import TaskConfig
 from helpers import assert_one_line_error, cli
 
 EDGES = ("0", "-1", str(2**31), str(2**63), str(2**64), "1e308", "inf", "nan")
-INT64 = (-2**63, 2**63 - 1)
+INT64 = (-(2**63), 2**63 - 1)
 
 # How each command is run: its arguments before the option tried (DATA, RUN, TEXT and NEW stand
 # for a prepared corpus, a copy of a trained run, a text file and a directory not yet made).
 COMMANDS = {
     "": ["cells"],  # the options of `charlm` itself go before a command
-    "train": ["train", "--corpus", "tiny", "--data-dir", "DATA", "--run-dir", "NEW", "--cell", "rnn", "--hidden", "4",
-              "--batch-size", "4", "--bptt", "8", "--epochs", "1", "--max-tokens", "32", "--eval-batch-size", "2",
-              "--eval-fraction", "0.05", "--train-fraction", "0.1"],
+    "train": [
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        "DATA",
+        "--run-dir",
+        "NEW",
+        "--cell",
+        "rnn",
+        "--hidden",
+        "4",
+        "--batch-size",
+        "4",
+        "--bptt",
+        "8",
+        "--epochs",
+        "1",
+        "--max-tokens",
+        "32",
+        "--eval-batch-size",
+        "2",
+        "--eval-fraction",
+        "0.05",
+        "--train-fraction",
+        "0.1",
+    ],
     "sample": ["sample", "RUN", "--length", "3", "--seed", "1"],
     "eval": ["eval", "RUN", "--data-dir", "DATA"],
     "score": ["score", "RUN", "TEXT"],
     "runs": ["runs", "RUN", "--prune", "--dry-run"],
-    "bench": ["bench", "--cells", "rnn", "--params", "1k", "--batch-size", "2", "--bptt", "2", "--steps", "1",
-              "--repeat", "1", "--sample-length", "1", "--device", "cpu"],
+    "bench": [
+        "bench",
+        "--cells",
+        "rnn",
+        "--params",
+        "1k",
+        "--batch-size",
+        "2",
+        "--bptt",
+        "2",
+        "--steps",
+        "1",
+        "--repeat",
+        "1",
+        "--sample-length",
+        "1",
+        "--device",
+        "cpu",
+    ],
     "serve": ["serve", "RUN"],
     "demo": ["demo", "--data-dir", "NEW", "--run-dir", "NEW"],
     "prepare": ["prepare", "pydoc", "--data-dir", "NEW", "--quiet"],
     "check": ["check", "--full", "--device", "cpu", "--cells", "rnn", "--out", "NEW"],
-    "task": ["task", "parity", "--bits", "4", "--hidden", "4", "--max-samples", "20", "--eval-every", "20",
-             "--eval-samples", "4", "--run-dir", "NEW", "--device", "cpu"],
+    "task": [
+        "task",
+        "parity",
+        "--bits",
+        "4",
+        "--hidden",
+        "4",
+        "--max-samples",
+        "20",
+        "--eval-every",
+        "20",
+        "--eval-samples",
+        "4",
+        "--run-dir",
+        "NEW",
+        "--device",
+        "cpu",
+    ],
 }
 # Options that only apply together with others.
 CONTEXT = {
     ("eval", "--search-prefix"): ["--dynamic", "sgd", "--dyn-search"],
     **{("eval", flag): ["--dynamic", "sgd"] for flag in ("--dyn-lr", "--segment")},
-    **{("eval", flag): ["--dynamic", "rms"] for flag in ("--dyn-decay", "--dyn-eps", "--dyn-stat-batch-size", "--dyn-stat-batches")},
+    **{
+        ("eval", flag): ["--dynamic", "rms"]
+        for flag in ("--dyn-decay", "--dyn-eps", "--dyn-stat-batch-size", "--dyn-stat-batches")
+    },
     **{("score", flag): ["--dynamic", "sgd"] for flag in ("--dyn-lr", "--segment")},
-    **{("score", flag): ["--dynamic", "rms"] for flag in ("--dyn-decay", "--dyn-eps", "--dyn-stat-batch-size", "--dyn-stat-batches")},
+    **{
+        ("score", flag): ["--dynamic", "rms"]
+        for flag in ("--dyn-decay", "--dyn-eps", "--dyn-stat-batch-size", "--dyn-stat-batches")
+    },
     ("sample", "--length-penalty"): ["--beam", "2", "--stop", "e"],
     ("sample", "--seed"): ["--num-samples", "2"],
     ("prepare", "--vocab-size"): ["--subword", "bpe"],
@@ -68,7 +131,8 @@ STOP_AT = {
     "serve": "charlm.cli.serve._listen",
     "demo": "charlm.tools.demo.run_demo",
     "prepare": "charlm.corpora.prepare.prepare_corpus",
-    "task": "charlm.tasks.training.build_task_model",  # after the settings, the task and its memory estimate are checked
+    # after the settings, the task and its memory estimate are checked
+    "task": "charlm.tasks.training.build_task_model",
     "bench": "charlm.tools.benchmark.benchmark_cells",  # after its memory estimate
     "check": "charlm.tools.full_check.FullCheck.run",
     "eval": "charlm.cli.evaluate.load_model",
@@ -76,12 +140,28 @@ STOP_AT = {
     **{("sample", flag): "charlm.cli.sample.load_model" for flag in ("--length", "--num-samples", "--beam")},
 }
 REAL = {("eval", "--bptt"), ("score", "--batch-size")}  # run for real although their command stops early
-SETTINGS = [configs.TrainConfig, configs.SampleConfig, configs.EvalConfig, configs.ScoreConfig, configs.DynamicOptions,
-            configs.ServeConfig, configs.BenchmarkConfig, configs.DemoConfig, configs.PrepareConfig]
-OWNERS = {"train": [configs.TrainConfig], "sample": [configs.SampleConfig], "eval": [configs.EvalConfig, configs.DynamicOptions],
-          "score": [configs.ScoreConfig, configs.DynamicOptions], "serve": [configs.ServeConfig],
-          "bench": [configs.BenchmarkConfig], "demo": [configs.DemoConfig], "prepare": [configs.PrepareConfig],
-          "task": [TaskConfig]}
+SETTINGS = [
+    configs.TrainConfig,
+    configs.SampleConfig,
+    configs.EvalConfig,
+    configs.ScoreConfig,
+    configs.DynamicOptions,
+    configs.ServeConfig,
+    configs.BenchmarkConfig,
+    configs.DemoConfig,
+    configs.PrepareConfig,
+]
+OWNERS = {
+    "train": [configs.TrainConfig],
+    "sample": [configs.SampleConfig],
+    "eval": [configs.EvalConfig, configs.DynamicOptions],
+    "score": [configs.ScoreConfig, configs.DynamicOptions],
+    "serve": [configs.ServeConfig],
+    "bench": [configs.BenchmarkConfig],
+    "demo": [configs.DemoConfig],
+    "prepare": [configs.PrepareConfig],
+    "task": [TaskConfig],
+}
 
 
 class Started(BaseException):
@@ -207,13 +287,23 @@ def test_charlm_data_that_is_a_file_is_said_as_data_dir_is(monkeypatch, tmp_path
 
 # --- the Python facade: the same checks, named by the setting -----------------------------------------
 
+
 def python_value(kind: type, text: str):
-    return int(text) if kind is int and text.lstrip("-").isdigit() else float(text) if "." in text or text.isalpha() or "e" in text else int(text)
+    return (
+        int(text)
+        if kind is int and text.lstrip("-").isdigit()
+        else float(text)
+        if "." in text or text.isalpha() or "e" in text
+        else int(text)
+    )
 
 
-TRAIN_FIELDS = [(field.name, kind) for field in dataclasses.fields(configs.TrainConfig)
-                for kind in [typing.get_type_hints(configs.TrainConfig).get(field.name)]
-                if {int, float} & set(typing.get_args(kind) or (kind,))]
+TRAIN_FIELDS = [
+    (field.name, kind)
+    for field in dataclasses.fields(configs.TrainConfig)
+    for kind in [typing.get_type_hints(configs.TrainConfig).get(field.name)]
+    if {int, float} & set(typing.get_args(kind) or (kind,))
+]
 
 
 def refused_in_python(kind: type, value, field) -> bool:
@@ -233,12 +323,22 @@ def test_train_from_python_takes_the_same_checks(name, tmp_path, monkeypatch, ti
     received = []
     monkeypatch.setattr(trainer, "Trainer", lambda config: received.append(config) or _started())  # the work
     field = {f.name: f for f in dataclasses.fields(configs.TrainConfig)}[name]
-    kind = next(k for k in (typing.get_args(typing.get_type_hints(configs.TrainConfig)[name]) or ()) + (typing.get_type_hints(configs.TrainConfig)[name],) if k in (int, float))
+    kind = next(
+        k
+        for k in (typing.get_args(typing.get_type_hints(configs.TrainConfig)[name]) or ())
+        + (typing.get_type_hints(configs.TrainConfig)[name],)
+        if k in (int, float)
+    )
     for text in EDGES:
         value = python_value(kind, text)
         try:
-            charlm.train(corpus="tiny", data_dir=str(tiny_corpus), run_dir=str(tmp_path / "new"),
-                         **({"optimizer": "sgd"} if name == "momentum" else {}), **{name: value})
+            charlm.train(
+                corpus="tiny",
+                data_dir=str(tiny_corpus),
+                run_dir=str(tmp_path / "new"),
+                **({"optimizer": "sgd"} if name == "momentum" else {}),
+                **{name: value},
+            )
         except charlm.CharlmError as error:
             assert refused_in_python(kind, value, field), f"{name}={value!r} refused: {error}"
             assert str(error).startswith(f"{name} must be") and getattr(error, "field", name) == name, str(error)
@@ -249,8 +349,13 @@ def test_train_from_python_takes_the_same_checks(name, tmp_path, monkeypatch, ti
 
 
 API_OWNERS = {"stream": configs.SampleConfig, "score": configs.ScoreConfig, "evaluate": configs.EvalConfig}
-API_CALLS = {"stream": dict(prime="The"), "score": dict(text="The quick brown fox. " * 3), "evaluate": {},
-             ("stream", "length_penalty"): dict(prime="The", beam=2), ("evaluate", "search_prefix"): dict(dynamic="sgd")}
+API_CALLS = {
+    "stream": dict(prime="The"),
+    "score": dict(text="The quick brown fox. " * 3),
+    "evaluate": {},
+    ("stream", "length_penalty"): dict(prime="The", beam=2),
+    ("evaluate", "search_prefix"): dict(dynamic="sgd"),
+}
 
 
 def api_parameters():
@@ -260,7 +365,9 @@ def api_parameters():
     for method in API_OWNERS:
         hints = typing.get_type_hints(getattr(Model, method))
         for name in inspect.signature(getattr(Model, method)).parameters:
-            kinds = [kind for kind in (typing.get_args(hints.get(name)) or (hints.get(name),)) if kind is not type(None)]
+            kinds = [
+                kind for kind in (typing.get_args(hints.get(name)) or (hints.get(name),)) if kind is not type(None)
+            ]
             if kinds and kinds[0] in (int, float):
                 found.append((method, name, kinds[0]))
     return found
@@ -278,7 +385,9 @@ def test_model_methods_take_the_same_checks(method, name, kind, places, tmp_path
     field = {f.name: f for f in dataclasses.fields(API_OWNERS[method])}.get(name)
     for text in EDGES:
         value = python_value(kind, text)
-        refused = refused_in_python(kind, value, field) or (name == "search_prefix" and refused_by_type(int, text) is False and value < 2)
+        refused = refused_in_python(kind, value, field) or (
+            name == "search_prefix" and refused_by_type(int, text) is False and value < 2
+        )
         try:
             result = getattr(model, method)(**API_CALLS.get((method, name), API_CALLS[method]), **{name: value})
         except charlm.CharlmError as error:  # refused by its type or bounds, or later by a check of its own
@@ -289,10 +398,13 @@ def test_model_methods_take_the_same_checks(method, name, kind, places, tmp_path
             result = None
         assert not refused, f"{method}({name}={value!r}) was not refused"
         if method == "score":
-            assert result.tokens == len("The quick brown fox. " * 3) - 1  # every symbol after the first, whatever the streams
+            assert (
+                result.tokens == len("The quick brown fox. " * 3) - 1
+            )  # every symbol after the first, whatever the streams
 
 
 # --- what an accepted extreme does, worked out by hand ---------------------------------------------------
+
 
 def test_a_huge_temperature_draws_uniformly_over_the_allowed_symbols(places):
     """logits / 1e308 are all 0 (the unknown entry stays banned): each symbol is the one whose
@@ -335,7 +447,9 @@ def test_the_largest_seed_samples_and_the_next_sample_goes_past_it(places):
     import charlm
 
     model = charlm.load(places["RUN"], device="cpu")
-    result = cli("sample", places["RUN"], "--prime", "The", "--length", "8", "--seed", str(2**63 - 2), "--num-samples", "2")
+    result = cli(
+        "sample", places["RUN"], "--prime", "The", "--length", "8", "--seed", str(2**63 - 2), "--num-samples", "2"
+    )
     assert result.returncode == 0, result.stderr
     first, second = (model.sample("The", length=8, seed=seed) for seed in (2**63 - 2, 2**63 - 1))
     assert result.stdout == f"{first}\n\n{second}\n"  # sample i uses seed + i
@@ -346,13 +460,17 @@ def test_the_largest_seed_samples_and_the_next_sample_goes_past_it(places):
 
 # --- exit codes and output -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("error, code", [
-    (FileNotFoundError(2, "No such file or directory", "in.pt"), 2),
-    (IsADirectoryError(21, "Is a directory", "in.pt"), 2),
-    (PermissionError(13, "Permission denied", "in.pt"), 2),
-    (OSError(5, "Input/output error", "in.pt"), 1),
-    (OSError(28, "No space left on device", "in.pt"), 1),
-])
+
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (FileNotFoundError(2, "No such file or directory", "in.pt"), 2),
+        (IsADirectoryError(21, "Is a directory", "in.pt"), 2),
+        (PermissionError(13, "Permission denied", "in.pt"), 2),
+        (OSError(5, "Input/output error", "in.pt"), 1),
+        (OSError(28, "No space left on device", "in.pt"), 1),
+    ],
+)
 def test_an_oserror_is_bad_input_unless_the_machine_failed(error, code, places, monkeypatch):
     def fail(*args, **kwargs):
         raise error
@@ -361,8 +479,15 @@ def test_an_oserror_is_bad_input_unless_the_machine_failed(error, code, places, 
     assert_one_line_error(cli("sample", places["RUN"]), f"cannot access in.pt: {error.strerror}", code=code)
 
 
-@pytest.mark.parametrize("words", [["score", "RUN", "TEXT", "--unknown", "skip"], ["runs", "RUN"], ["report", "RUN"],
-                                   ["sample", "RUN", "--prime", "The", "--length", "3", "--seed", "1"]])
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["score", "RUN", "TEXT", "--unknown", "skip"],
+        ["runs", "RUN"],
+        ["report", "RUN"],
+        ["sample", "RUN", "--prime", "The", "--length", "3", "--seed", "1"],
+    ],
+)
 def test_a_stdout_that_cannot_encode_a_character_gets_a_replacement(words, places, tmp_path):
     import contextlib
     import io
@@ -375,7 +500,9 @@ def test_a_stdout_that_cannot_encode_a_character_gets_a_replacement(words, place
     buffer = io.BytesIO()
     stream = io.TextIOWrapper(buffer, encoding="ascii", errors="strict")
     with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(io.StringIO()) as errors:
-        code = run([str(named) if word == "RUN" else str(tmp_path / "té.txt") if word == "TEXT" else word for word in words])
+        code = run(
+            [str(named) if word == "RUN" else str(tmp_path / "té.txt") if word == "TEXT" else word for word in words]
+        )
     stream.flush()
     assert code == 0, errors.getvalue()
     shown = buffer.getvalue().decode("ascii")

@@ -19,8 +19,11 @@ HEAVY = {"torch", "numpy"}
 def imported(*args, env=None) -> tuple[set, str]:
     """The top-level packages a real `charlm ARGS` imports (Python's -X importtime), and its stdout."""
     result = run_cli(*args, env={"PYTHONPROFILEIMPORTTIME": "1", **(env or {})}, check_code=0)
-    names = {line.rpartition("|")[2].strip().split(".")[0] for line in result.stderr.splitlines()
-             if line.startswith("import time:")}
+    names = {
+        line.rpartition("|")[2].strip().split(".")[0]
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    }
     assert "charlm" in names  # the profile was read
     return names, result.stdout
 
@@ -28,8 +31,9 @@ def imported(*args, env=None) -> tuple[set, str]:
 def complete(words: str, **env) -> list[str]:
     """What bash completion offers for the command line ``words`` (the last word is being typed)."""
     parts = words.split(" ")
-    names, out = imported(env={"_CHARLM_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(len(parts) - 1),
-                               **env})
+    names, out = imported(
+        env={"_CHARLM_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(len(parts) - 1), **env}
+    )
     assert names.isdisjoint(HEAVY), words
     return out.split()
 
@@ -54,7 +58,8 @@ codes = {{}}
 for command in {command_names()!r}:
     with contextlib.redirect_stdout(io.StringIO()) as out:
         codes[command] = (run([command, "--help"]), "Usage" in out.getvalue())
-print(json.dumps({{"codes": codes, "heavy": sorted(name for name in sys.modules if name.split(".")[0] in {sorted(HEAVY)!r})}}))
+heavy = sorted(name for name in sys.modules if name.split(".")[0] in {sorted(HEAVY)!r})
+print(json.dumps({{"codes": codes, "heavy": heavy}}))
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -6,8 +6,7 @@ from charlm.cli import output
 from helpers import assert_fits, table_header, table_lines, terminal_of
 
 COLUMNS = ["name", "figure", "extra", "notes"]
-ROWS = [["a-long-row-name", "12,345,678", "x" * 30, "some free text that wraps " * 4],
-        ["b", "1.2345", "y", "short"]]
+ROWS = [["a-long-row-name", "12,345,678", "x" * 30, "some free text that wraps " * 4], ["b", "1.2345", "y", "short"]]
 
 
 def printed(capsys, monkeypatch, columns: int, **options) -> str:

@@ -21,23 +21,30 @@ FAKE_WP = b"Not War and Peace at all.\n" * 1000
 ERROR_CASES = {
     "unknown corpus": (["prepare", "nope"], "unknown corpus 'nope': known corpora are ptb"),
     "missing source": (["prepare", "wp", "--source", "{tmp}/nowhere.txt"], "nowhere.txt does not exist"),
-    "checksum mismatch": (["prepare", "wp", "--url", "{server}/warpeace_input.txt"],
-                          "does not match: size: expected 3258246, got 26000; sha256: expected fb66ba99"),
+    "checksum mismatch": (
+        ["prepare", "wp", "--url", "{server}/warpeace_input.txt"],
+        "does not match: size: expected 3258246, got 26000; sha256: expected fb66ba99",
+    ),
     "not found": (["prepare", "wp", "--url", "{server}/missing.txt"], "HTTP 404"),
     "unreachable": (["prepare", "text8", "--url", "http://127.0.0.1:{closed}/text8.zip"], "cannot reach 127.0.0.1"),
     "not utf-8": (["prepare", "text", "{tmp}/latin1.txt", "--name", "bad"], "latin1.txt is not UTF-8 text"),
     "split of a built-in": (["prepare", "ptb", "--split", "0.8,0.1,0.1"], "ptb has a fixed split"),
     "bad split": (["prepare", "text", "{tmp}/prose.txt", "--name", "x", "--split", "a,b"], "--split wants"),
-    "split of nan": (["prepare", "text", "{tmp}/prose.txt", "--name", "x", "--split", "nan,0.5,0.5"],
-                     "--split wants three positive fractions that sum to 1 (train,valid,test), not (nan, 0.5, 0.5)"),
-    "name of a built-in": (["prepare", "text", "{tmp}/prose.txt", "--name", "pydoc"],
-                           "'pydoc' is a built-in corpus (Python's own documentation, offline): choose another --name, "
-                           "or pass --force"),
+    "split of nan": (
+        ["prepare", "text", "{tmp}/prose.txt", "--name", "x", "--split", "nan,0.5,0.5"],
+        "--split wants three positive fractions that sum to 1 (train,valid,test), not (nan, 0.5, 0.5)",
+    ),
+    "name of a built-in": (
+        ["prepare", "text", "{tmp}/prose.txt", "--name", "pydoc"],
+        "'pydoc' is a built-in corpus (Python's own documentation, offline): choose another --name, or pass --force",
+    ),
     "built-in under another's name": (["prepare", "pydoc", "--name", "wp"], "'wp' is a built-in corpus"),
     "text without name": (["prepare", "text", "{tmp}/prose.txt"], "needs --name NAME"),
     "corrupt archive": (["prepare", "ptb", "--source", "{tmp}/simple-examples.tgz"], "corrupt or truncated archive"),
-    "unknown symbols": (["prepare", "text", "{tmp}/novel.txt", "--name", "novel"],
-                        "the test split has symbols that the training split lacks: '!'"),
+    "unknown symbols": (
+        ["prepare", "text", "{tmp}/novel.txt", "--name", "novel"],
+        "the test split has symbols that the training split lacks: '!'",
+    ),
 }
 SUBPROCESS_CASES = ("checksum mismatch", "not utf-8")
 ENVIRONMENT = {"CHARLM_DOWNLOAD_ATTEMPTS": "1", "CHARLM_DOWNLOAD_BACKOFF": "0"}
@@ -78,8 +85,13 @@ def run_in_process(arguments, monkeypatch, capsys):
 
 
 def run_subprocess(arguments):
-    result = subprocess.run([sys.executable, "-m", "charlm", *arguments], capture_output=True, text=True,
-                            env={**os.environ, **ENVIRONMENT, "COLUMNS": "160"}, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "charlm", *arguments],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENVIRONMENT, "COLUMNS": "160"},
+        timeout=120,
+    )
     return result.returncode, result.stdout, result.stderr
 
 
@@ -103,8 +115,17 @@ def test_error_from_a_subprocess(case, setting, tmp_path):
 
 def test_force_prepares_text_under_a_built_in_name_and_the_listing_describes_it(setting, tmp_path, monkeypatch, capsys):
     """Issue 34: `--name pydoc` silently replaced the built-in corpus, still listed as Python's documentation."""
-    arguments = ["prepare", "text", f"{setting['tmp']}/prose.txt", "--name", "pydoc", "--force", "--quiet",
-                 "--data-dir", str(tmp_path)]
+    arguments = [
+        "prepare",
+        "text",
+        f"{setting['tmp']}/prose.txt",
+        "--name",
+        "pydoc",
+        "--force",
+        "--quiet",
+        "--data-dir",
+        str(tmp_path),
+    ]
     code, out, err = run_in_process(arguments, monkeypatch, capsys)
     assert code == 0 and out.startswith("pydoc: "), err
     code, listing, err = run_in_process(["corpora", "--data-dir", str(tmp_path)], monkeypatch, capsys)
@@ -119,8 +140,16 @@ def test_checksum_mismatch_moves_the_download_aside(setting, tmp_path, monkeypat
 
 
 def test_no_verify_uses_a_modified_download_with_a_warning(setting, tmp_path, monkeypatch, capsys):
-    arguments = ["prepare", "wp", "--url", f"{setting['server']}/warpeace_input.txt", "--no-verify", "--quiet",
-                 "--data-dir", str(tmp_path)]
+    arguments = [
+        "prepare",
+        "wp",
+        "--url",
+        f"{setting['server']}/warpeace_input.txt",
+        "--no-verify",
+        "--quiet",
+        "--data-dir",
+        str(tmp_path),
+    ]
     code, out, err = run_in_process(arguments, monkeypatch, capsys)
     assert code == 0 and "warning: --no-verify" in err and out.startswith("wp: ")
 
@@ -131,8 +160,10 @@ def test_prepare_then_again_then_list_as_subprocesses(tmp_path):
     prepare = ["prepare", "ptb", "--source", str(SHARED_CORPORA_DIR / "ptb"), "--data-dir", str(tmp_path)]
     code, out, err = run_subprocess(prepare)
     assert code == 0, err
-    assert out == f"ptb: 5,017,482 / 393,042 / 442,423 tokens (train / valid / test), char vocabulary 50, " \
-                  f"in {tmp_path / 'ptb'}\n"
+    assert (
+        out == f"ptb: 5,017,482 / 393,042 / 442,423 tokens (train / valid / test), char vocabulary 50, "
+        f"in {tmp_path / 'ptb'}\n"
+    )
     assert "ptb: reading" in err
     code, again, err = run_subprocess(prepare)
     assert code == 0 and again == out and "already prepared" in err and "nothing to do" in err

@@ -109,8 +109,7 @@ def test_no_verify_uses_the_file_with_a_warning(corpus_server, tmp_path):
 
 def test_url_override_downloads_from_the_mirror(corpus_server, tmp_path):
     remote = remote_for(corpus_server, path="mirror/payload.bin")
-    canonical = RemoteFile(f"http://127.0.0.1:{closed_port()}/payload.bin", "payload.bin",
-                           remote.size, remote.sha256)
+    canonical = RemoteFile(f"http://127.0.0.1:{closed_port()}/payload.bin", "payload.bin", remote.size, remote.sha256)
     path = fetch(canonical, tmp_path, url=remote.url, policy=FAST, progress=False)
     assert path.read_bytes() == PAYLOAD
 
@@ -127,8 +126,13 @@ def test_unreachable_host_says_how_to_pass_a_local_copy(tmp_path):
     remote = RemoteFile(f"http://127.0.0.1:{closed_port()}/text8.zip", "text8.zip")
     messages = []
     with pytest.raises(CharlmError) as error:
-        fetch(remote, tmp_path, policy=DownloadPolicy(attempts=2, backoff=0.0, timeout=2.0),
-              progress=False, log=messages.append)
+        fetch(
+            remote,
+            tmp_path,
+            policy=DownloadPolicy(attempts=2, backoff=0.0, timeout=2.0),
+            progress=False,
+            log=messages.append,
+        )
     message = str(error.value)
     assert message.startswith("cannot reach 127.0.0.1:") and "--source PATH" in message and "\n" not in message
     assert len(messages) == 1 and "retrying" in messages[0]
@@ -139,11 +143,14 @@ def test_policy_from_environment():
     assert policy.attempts == 2 and policy.backoff == 0.5 and policy.timeout == DownloadPolicy().timeout
 
 
-@pytest.mark.parametrize("name, value", [
-    *[("CHARLM_DOWNLOAD_ATTEMPTS", value) for value in ("0", "-1", "101", "1e3", "nan", "", "many", str(2**64))],
-    *[("CHARLM_DOWNLOAD_BACKOFF", value) for value in ("-1", "nan", "inf", "1e308", "3601", "")],
-    *[("CHARLM_DOWNLOAD_TIMEOUT", value) for value in ("0", "-1", "nan", "inf", "1e308", "86401", "")],
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        *[("CHARLM_DOWNLOAD_ATTEMPTS", value) for value in ("0", "-1", "101", "1e3", "nan", "", "many", str(2**64))],
+        *[("CHARLM_DOWNLOAD_BACKOFF", value) for value in ("-1", "nan", "inf", "1e308", "3601", "")],
+        *[("CHARLM_DOWNLOAD_TIMEOUT", value) for value in ("0", "-1", "nan", "inf", "1e308", "86401", "")],
+    ],
+)
 def test_policy_from_environment_is_bounded(name, value):
     """Each is a number of its kind within bounds (time.sleep and socket timeouts refuse NaN, negative
     and huge values with a traceback), refused in one line naming the variable; 0 attempts is no longer 1."""
@@ -159,6 +166,11 @@ def test_the_wait_between_attempts_doubles_up_to_an_hour(monkeypatch, tmp_path):
     monkeypatch.setattr(download.time, "sleep", waits.append)
     remote = RemoteFile(f"http://127.0.0.1:{closed_port()}/text8.zip", "text8.zip")
     with pytest.raises(CharlmError):
-        fetch(remote, tmp_path, policy=DownloadPolicy(attempts=100, backoff=3600.0, timeout=2.0), progress=False,
-              log=lambda message: None)
+        fetch(
+            remote,
+            tmp_path,
+            policy=DownloadPolicy(attempts=100, backoff=3600.0, timeout=2.0),
+            progress=False,
+            log=lambda message: None,
+        )
     assert waits[:2] == [3600.0, 3600.0] and len(waits) == 99 and max(waits) == 3600.0

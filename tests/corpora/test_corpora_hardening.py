@@ -63,6 +63,7 @@ def with_limits(recipe, member, total):
 
 # --- building archives ---------------------------------------------------------------------------
 
+
 def tar_gz(entries) -> bytes:
     """A .tar.gz of ``entries``: (TarInfo, data or None) pairs, the TarInfo's size set from the data."""
     buffer = io.BytesIO()
@@ -102,20 +103,23 @@ def zip_declaring(member: str, data: bytes, declared: int) -> bytes:
         archive.writestr(member, data)
     raw = bytearray(buffer.getvalue())
     central = raw.index(b"PK\x01\x02")
-    raw[central + 24:central + 28] = struct.pack("<I", declared)
+    raw[central + 24 : central + 28] = struct.pack("<I", declared)
     raw[22:26] = struct.pack("<I", declared)
     return bytes(raw)
 
 
 # --- 1. archives: sizes ---------------------------------------------------------------------------
 
+
 def test_tar_header_declaring_1e11_bytes_is_refused_before_reading(corpus_server, tmp_path):
     corpus_server.files["simple-examples.tgz"] = tar_header_declaring(PTB_DIR + "ptb.char.train.txt", 10**11)
-    result = cli("prepare", "ptb", "--url", corpus_server.url("simple-examples.tgz"), "--quiet",
-                 "--data-dir", tmp_path)
-    assert_one_line_error(result, "member simple-examples/data/ptb.char.train.txt is 100,000,000,000 bytes long, "
-                                  "more than the 20,069,928 this corpus allows; refused without reading it",
-                          "moved aside")
+    result = cli("prepare", "ptb", "--url", corpus_server.url("simple-examples.tgz"), "--quiet", "--data-dir", tmp_path)
+    assert_one_line_error(
+        result,
+        "member simple-examples/data/ptb.char.train.txt is 100,000,000,000 bytes long, "
+        "more than the 20,069,928 this corpus allows; refused without reading it",
+        "moved aside",
+    )
     assert_nothing_prepared(tmp_path)
     assert len(list((tmp_path / "downloads").glob("simple-examples.tgz.bad-*"))) == 1
 
@@ -125,8 +129,11 @@ def test_zip_bomb_declaring_4_gib_is_refused_before_reading(tmp_path):
     bomb.write_bytes(zip_declaring("simple-examples/data/ptb.char.train.txt", b"a \n " * 100, 4 * GIB - 16))
     assert bomb.stat().st_size < 1000
     result = cli("prepare", "ptb", "--source", bomb, "--quiet", "--data-dir", tmp_path / "data")
-    assert_one_line_error(result, f"{bomb}: member simple-examples/data/ptb.char.train.txt is 4,294,967,280 bytes "
-                                  "long, more than the 20,069,928 this corpus allows; refused without reading it")
+    assert_one_line_error(
+        result,
+        f"{bomb}: member simple-examples/data/ptb.char.train.txt is 4,294,967,280 bytes "
+        "long, more than the 20,069,928 this corpus allows; refused without reading it",
+    )
     assert_nothing_prepared(tmp_path / "data")
 
 
@@ -136,10 +143,14 @@ def test_compressible_member_over_the_limit_is_refused(tmp_path):
         archive.writestr("text8", b"a " * 1_000_000)
     assert bomb.stat().st_size < 10_000
     recipe = with_limits(RECIPES["text8"], member=100_000, total=100_000)
-    with pytest.raises(CharlmError, match="member text8 is 2,000,000 bytes long, more than the 100,000 this corpus "
-                                          "allows; refused without reading it"):
-        prepare_corpus(recipe, source=bomb, verify=False, data_dir=tmp_path / "data", progress=False,
-                       log=lambda message: None)
+    with pytest.raises(
+        CharlmError,
+        match="member text8 is 2,000,000 bytes long, more than the 100,000 this corpus "
+        "allows; refused without reading it",
+    ):
+        prepare_corpus(
+            recipe, source=bomb, verify=False, data_dir=tmp_path / "data", progress=False, log=lambda message: None
+        )
     assert_nothing_prepared(tmp_path / "data")
 
 
@@ -148,8 +159,9 @@ def test_zip_member_inflating_past_its_declared_size_stops_there(tmp_path):
     liar.write_bytes(zip_declaring("text8", bytes(2_000_000), 1000))  # 2 MB of zeros, said to be 1,000 bytes
     corrupt = r"text8.zip is a corrupt or truncated archive \(Bad CRC-32 for file 'text8'\)"
     with pytest.raises(CharlmError, match=corrupt):
-        prepare_corpus("text8", source=liar, verify=False, data_dir=tmp_path / "data", progress=False,
-                       log=lambda message: None)
+        prepare_corpus(
+            "text8", source=liar, verify=False, data_dir=tmp_path / "data", progress=False, log=lambda message: None
+        )
     assert_nothing_prepared(tmp_path / "data")
 
 
@@ -163,15 +175,20 @@ def test_reader_stops_a_stream_that_holds_more_or_less_than_it_declares(tmp_path
 
 
 def test_members_together_over_the_total_limit_are_refused(tmp_path):
-    reviews = [regular(f"aclImdb/{part}/pos/{i}_7.txt", b"A fine film. " * 50)
-               for part in ("train", "test") for i in range(5)]
+    reviews = [
+        regular(f"aclImdb/{part}/pos/{i}_7.txt", b"A fine film. " * 50) for part in ("train", "test") for i in range(5)
+    ]
     archive = tmp_path / "aclImdb_v1.tar.gz"
     archive.write_bytes(tar_gz(reviews))
     recipe = with_limits(RECIPES["imdb-subword"], member=1_000, total=5_000)
-    with pytest.raises(CharlmError, match="the files this corpus reads hold more than the 5,000 bytes it allows in all "
-                                          r"\(at member aclImdb/test/pos/2_7.txt\); refused"):
-        prepare_corpus(recipe, source=archive, verify=False, data_dir=tmp_path / "data", progress=False,
-                       log=lambda message: None)
+    with pytest.raises(
+        CharlmError,
+        match="the files this corpus reads hold more than the 5,000 bytes it allows in all "
+        r"\(at member aclImdb/test/pos/2_7.txt\); refused",
+    ):
+        prepare_corpus(
+            recipe, source=archive, verify=False, data_dir=tmp_path / "data", progress=False, log=lambda message: None
+        )
 
 
 def test_local_file_over_the_limit_is_refused_without_reading(tmp_path):
@@ -180,8 +197,14 @@ def test_local_file_over_the_limit_is_refused_without_reading(tmp_path):
     recipe = with_limits(RECIPES["wp"], member=5_000, total=5_000)
     for source in (tmp_path / "copy", tmp_path / "copy" / "warpeace_input.txt"):
         with pytest.raises(CharlmError, match="file warpeace_input.txt is 10,000 bytes long, more than the 5,000"):
-            prepare_corpus(recipe, source=source, verify=False, data_dir=tmp_path / "data", progress=False,
-                           log=lambda message: None)
+            prepare_corpus(
+                recipe,
+                source=source,
+                verify=False,
+                data_dir=tmp_path / "data",
+                progress=False,
+                log=lambda message: None,
+            )
 
 
 def test_recipe_limits_leave_room_for_the_genuine_corpora():
@@ -193,26 +216,36 @@ def test_recipe_limits_leave_room_for_the_genuine_corpora():
 
 # --- 1. archives: paths and file types ------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["../../escaped/ptb.char.train.txt", "/tmp/escaped/ptb.char.train.txt",
-                                  "simple-examples/../../ptb.char.train.txt"])
+
+@pytest.mark.parametrize(
+    "name",
+    ["../../escaped/ptb.char.train.txt", "/tmp/escaped/ptb.char.train.txt", "simple-examples/../../ptb.char.train.txt"],
+)
 def test_wanted_member_with_an_unsafe_path_is_refused(name, tmp_path):
     archive = tmp_path / "simple-examples.tgz"
     archive.write_bytes(tar_gz([regular(name, PTB_CHAR["ptb.char.train.txt"])]))
     result = cli("prepare", "ptb", "--source", archive, "--quiet", "--data-dir", tmp_path / "data")
-    assert_one_line_error(result, f"member {name!r} has an absolute path or one with '..'; "
-                                  "refused as damaged or malicious")
+    assert_one_line_error(
+        result, f"member {name!r} has an absolute path or one with '..'; refused as damaged or malicious"
+    )
     assert_nothing_prepared(tmp_path / "data")
     assert not (tmp_path.parent / "escaped").exists()
 
 
-@pytest.mark.parametrize("kind, linkname, what", [
-    (tarfile.SYMTYPE, "/etc/passwd", "a symbolic link to '/etc/passwd'"),
-    (tarfile.LNKTYPE, "simple-examples/data/ptb.char.valid.txt",
-     "a hard link to 'simple-examples/data/ptb.char.valid.txt'"),
-    (tarfile.CHRTYPE, "", "a device"),
-    (tarfile.BLKTYPE, "", "a device"),
-    (tarfile.FIFOTYPE, "", "a FIFO"),
-])
+@pytest.mark.parametrize(
+    "kind, linkname, what",
+    [
+        (tarfile.SYMTYPE, "/etc/passwd", "a symbolic link to '/etc/passwd'"),
+        (
+            tarfile.LNKTYPE,
+            "simple-examples/data/ptb.char.valid.txt",
+            "a hard link to 'simple-examples/data/ptb.char.valid.txt'",
+        ),
+        (tarfile.CHRTYPE, "", "a device"),
+        (tarfile.BLKTYPE, "", "a device"),
+        (tarfile.FIFOTYPE, "", "a FIFO"),
+    ],
+)
 def test_wanted_tar_member_that_is_not_a_regular_file_is_refused(kind, linkname, what, tmp_path):
     members = genuine_ptb_members()
     members[0] = special(PTB_DIR + "ptb.char.train.txt", kind, linkname)
@@ -230,15 +263,19 @@ def test_wanted_zip_member_that_is_a_symbolic_link_is_refused(tmp_path):
         link.external_attr = (stat.S_IFLNK | 0o777) << 16
         zip_file.writestr(link, "/etc/passwd")
     with pytest.raises(CharlmError, match="member 'text8' is a symbolic link, not a regular file; refused"):
-        prepare_corpus("text8", source=archive, verify=False, data_dir=tmp_path / "data", progress=False,
-                       log=lambda message: None)
+        prepare_corpus(
+            "text8", source=archive, verify=False, data_dir=tmp_path / "data", progress=False, log=lambda message: None
+        )
 
 
 def test_unwanted_malicious_members_are_never_touched(tmp_path):
-    hostile = [regular("../../escaped.txt", b"outside"), regular("/tmp/escaped-absolute.txt", b"outside"),
-               special("simple-examples/link", tarfile.SYMTYPE, "/etc/passwd"),
-               special("simple-examples/hard", tarfile.LNKTYPE, "../../../etc/passwd"),
-               special("simple-examples/fifo", tarfile.FIFOTYPE)]
+    hostile = [
+        regular("../../escaped.txt", b"outside"),
+        regular("/tmp/escaped-absolute.txt", b"outside"),
+        special("simple-examples/link", tarfile.SYMTYPE, "/etc/passwd"),
+        special("simple-examples/hard", tarfile.LNKTYPE, "../../../etc/passwd"),
+        special("simple-examples/fifo", tarfile.FIFOTYPE),
+    ]
     archive = tmp_path / "simple-examples.tgz"
     archive.write_bytes(tar_gz(hostile + genuine_ptb_members()))
     corpus = prepare_corpus(small_ptb(), source=archive, data_dir=tmp_path / "data", progress=False)
@@ -249,16 +286,23 @@ def test_unwanted_malicious_members_are_never_touched(tmp_path):
 
 # --- 2. --url must be http(s) ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("url", ["file:///etc/passwd", "not a url", "ftp://example.org/text8.zip", "http://",
-                                 "http://127.0.0.1:port/text8.zip"])
+
+@pytest.mark.parametrize(
+    "url",
+    ["file:///etc/passwd", "not a url", "ftp://example.org/text8.zip", "http://", "http://127.0.0.1:port/text8.zip"],
+)
 def test_url_that_is_not_http_is_refused(url, tmp_path):
     result = cli("prepare", "text8", "--url", url, "--quiet", "--data-dir", tmp_path)
-    assert_one_line_error(result, f"cannot download from {url!r}: only http:// and https:// addresses are accepted; "
-                                  "for a file on this machine use --source PATH")
+    assert_one_line_error(
+        result,
+        f"cannot download from {url!r}: only http:// and https:// addresses are accepted; "
+        "for a file on this machine use --source PATH",
+    )
     assert list(tmp_path.iterdir()) == []
 
 
 # --- 3. a failing mirror is named -----------------------------------------------------------------
+
 
 def test_checksum_mismatch_names_the_mirror(corpus_server, tmp_path):
     corpus_server.files["mirror/warpeace_input.txt"] = b"Not War and Peace.\n" * 100
@@ -272,8 +316,11 @@ def test_archive_with_modified_members_names_the_mirror(corpus_server, tmp_path)
     corpus_server.files["mirror/simple-examples.tgz"] = tar_gz(genuine_ptb_members())
     mirror = corpus_server.url("mirror/simple-examples.tgz")
     result = cli("prepare", "ptb", "--url", mirror, "--quiet", "--data-dir", tmp_path)
-    assert_one_line_error(result, f"simple-examples.tgz downloaded from {mirror} holds files that differ from the "
-                                  "published corpus: ptb.char.train.txt sha256: expected e313d914")
+    assert_one_line_error(
+        result,
+        f"simple-examples.tgz downloaded from {mirror} holds files that differ from the "
+        "published corpus: ptb.char.train.txt sha256: expected e313d914",
+    )
     assert "vutbr.cz" not in result.stderr
 
 
@@ -283,8 +330,9 @@ def test_unreachable_mirror_is_named(tmp_path):
         port = probe.getsockname()[1]
     mirror = f"http://127.0.0.1:{port}/mirror/text8.zip"
     result = cli("prepare", "text8", "--url", mirror, "--quiet", "--data-dir", tmp_path)
-    assert_one_line_error(result, f"cannot reach 127.0.0.1:{port}", "after 1 attempt.",
-                          f"Download {mirror} another way")
+    assert_one_line_error(
+        result, f"cannot reach 127.0.0.1:{port}", "after 1 attempt.", f"Download {mirror} another way"
+    )
     assert "mattmahoney" not in result.stderr
 
 
@@ -321,8 +369,9 @@ prepare_corpus("text", paths=[sys.argv[1]], output_name="fox", data_dir=sys.argv
 
 
 def run_killed(script, text, data_dir):
-    result = subprocess.run([sys.executable, "-c", script, str(text), str(data_dir)], capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(text), str(data_dir)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == -signal.SIGKILL, result.stderr
 
 
@@ -364,22 +413,27 @@ def test_prepare_killed_between_the_renames_puts_the_old_version_back(prose, tmp
 def test_only_the_staging_of_dead_processes_on_this_host_is_removed(prose, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True, check=True)
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     dead = int(finished.stdout)
 
     def staging(name, pid, host=None):
         path = staging_path(data, name, "partial")
         parts = STAGING_NAME.fullmatch(path.name)
-        path = path.with_name(path.name.replace(f"-{parts['host']}-{parts['pid']}-",
-                                                f"-{host or parts['host']}-{pid}-"))
+        path = path.with_name(
+            path.name.replace(f"-{parts['host']}-{parts['pid']}-", f"-{host or parts['host']}-{pid}-")
+        )
         path.mkdir()
         (path / "train.npy").write_bytes(b"half written")
         return path
 
     stale = [staging("fox", dead), staging("other", dead)]
-    kept = [staging("fox", os.getpid()), staging("fox", dead, host="another-machine"),
-            data / ".fox.partial-0123abcd"]  # an older charlm's name: its process is unknown
+    kept = [
+        staging("fox", os.getpid()),
+        staging("fox", dead, host="another-machine"),
+        data / ".fox.partial-0123abcd",
+    ]  # an older charlm's name: its process is unknown
     kept[-1].mkdir()
     prepare_corpus("text", paths=[prose], output_name="fox", data_dir=data, progress=False)
     assert not any(path.exists() for path in stale)
@@ -388,6 +442,7 @@ def test_only_the_staging_of_dead_processes_on_this_host_is_removed(prose, tmp_p
 
 
 # --- 5. unverified corpora are marked -------------------------------------------------------------
+
 
 def corpora_row(data_dir, name):
     listing = cli("corpora", "--data-dir", data_dir, check_code=0).stdout

@@ -34,8 +34,9 @@ def test_ptb_reproduces_the_published_counts(prepared):
     assert ptb.vocab_size == 50 == RECIPES["ptb"].vocab_size and ptb.unit == "char"
     assert ptb.characters("valid") == 393_042
     assert ptb.split("train").dtype == np.uint8 and isinstance(ptb.split("train"), np.memmap)
-    assert ptb.meta["sources"]["ptb.char.train.txt"] == \
-        "e313d91425e06c4f0a8fb6e881dcce0c291f2a0e9f4dda54833069b122f91da9"
+    assert (
+        ptb.meta["sources"]["ptb.char.train.txt"] == "e313d91425e06c4f0a8fb6e881dcce0c291f2a0e9f4dda54833069b122f91da9"
+    )
 
 
 def test_ptb_contiguous_is_the_three_files_as_one_text_split_90_5_5(prepared):
@@ -64,7 +65,11 @@ def test_ptb_tokens_are_symbols_with_underscore_for_space_and_newline_per_line(p
 def test_war_and_peace_reproduces_the_published_counts(prepared):
     wp = load_corpus("wp", prepared)
     assert [wp.tokens(s) for s in ("train", "valid", "test")] == [2_876_590, 159_811, 159_811]
-    assert wp.vocab_size == 82 == RECIPES["wp"].vocab_size and "\r" not in wp.tokenizer.vocab and "\ufeff" not in wp.tokenizer.vocab
+    assert (
+        wp.vocab_size == 82 == RECIPES["wp"].vocab_size
+        and "\r" not in wp.tokenizer.vocab
+        and "\ufeff" not in wp.tokenizer.vocab
+    )
     assert wp.tokenizer.decode(wp.split("train")[:30]) == '"Well, Prince, so Genoa and Luc'[:30]
     assert wp.meta["split_rule"] == "contiguous 90/5/5 by characters"
 
@@ -99,8 +104,9 @@ def test_ptb_download_with_a_modified_member_is_refused_and_moved_aside(corpus_s
             tar.addfile(info, io.BytesIO(data))
     corpus_server.files["simple-examples.tgz"] = buffer.getvalue()
     with pytest.raises(CharlmError) as error:
-        prepare_corpus("ptb", url=corpus_server.url("simple-examples.tgz"), data_dir=tmp_path,
-                       download_policy=FAST, progress=False)
+        prepare_corpus(
+            "ptb", url=corpus_server.url("simple-examples.tgz"), data_dir=tmp_path, download_policy=FAST, progress=False
+        )
     assert "ptb.char.test.txt sha256: expected 1ef5607a" in str(error.value)
     assert len(list((tmp_path / "downloads").glob("simple-examples.tgz.bad-*"))) == 1
     assert not (tmp_path / "ptb").exists()
@@ -115,16 +121,18 @@ def test_modified_local_copy_needs_no_verify(shared_corpora, tmp_path):
     with pytest.raises(CharlmError, match="differs from the published corpus.*--no-verify"):
         prepare_corpus("ptb", source=copy, data_dir=tmp_path / "data", progress=False)
     messages = []
-    ptb = prepare_corpus("ptb", source=copy, data_dir=tmp_path / "data", verify=False, progress=False,
-                         log=messages.append)
+    ptb = prepare_corpus(
+        "ptb", source=copy, data_dir=tmp_path / "data", verify=False, progress=False, log=messages.append
+    )
     assert ptb.tokens("valid") == 393_042 + 2
     assert any("modified local copy" in message for message in messages)
     assert ptb.meta["verified"] is False
 
 
 def test_ptb_subword_on_the_word_files(shared_corpora, tmp_path):
-    corpus = prepare_corpus("ptb-subword", source=shared_corpora / "ptb", subword="bpe", vocab_size=500,
-                            data_dir=tmp_path, progress=False)  # sentencepiece, as a user may still ask
+    corpus = prepare_corpus(
+        "ptb-subword", source=shared_corpora / "ptb", subword="bpe", vocab_size=500, data_dir=tmp_path, progress=False
+    )  # sentencepiece, as a user may still ask
     assert corpus.unit == "subword" and corpus.vocab_size == 500
     # words joined by single spaces, one newline per sentence: as many characters as the char files have tokens
     assert [corpus.characters(s) for s in ("train", "valid", "test")] == [5_017_482, 393_042, 442_423]
@@ -140,8 +148,9 @@ def test_wp_checksum_of_the_download(corpus_server, tmp_path):
         pytest.skip("no War and Peace copy")
     data = path.read_bytes()
     corpus_server.files["warpeace_input.txt"] = data
-    wp = prepare_corpus("wp", url=corpus_server.url("warpeace_input.txt"), data_dir=tmp_path,
-                        download_policy=FAST, progress=False)
+    wp = prepare_corpus(
+        "wp", url=corpus_server.url("warpeace_input.txt"), data_dir=tmp_path, download_policy=FAST, progress=False
+    )
     assert wp.tokens("test") == 159_811
     assert wp.meta["sources"]["warpeace_input.txt"] == hashlib.sha256(data).hexdigest()
     assert wp.meta["origin"] == corpus_server.url("warpeace_input.txt")

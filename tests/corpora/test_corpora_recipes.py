@@ -29,12 +29,19 @@ def served_recipe(server, name: str, filename: str, archive: bytes, *, publish_m
     (and, with ``publish_members``, the CRC-32 of its members, as if this archive were the published one)."""
     server.files[filename] = archive
     recipe = RECIPES[name]
-    file = replace(recipe.inputs.file, url=server.url(filename), size=len(archive),
-                   sha256=hashlib.sha256(archive).hexdigest(), md5=None)
+    file = replace(
+        recipe.inputs.file,
+        url=server.url(filename),
+        size=len(archive),
+        sha256=hashlib.sha256(archive).hexdigest(),
+        md5=None,
+    )
     inputs = replace(recipe.inputs, file=file)
     if publish_members and recipe.inputs.member_crc32:
         with zipfile.ZipFile(io.BytesIO(archive)) as members:
-            inputs = replace(inputs, member_crc32={member: zlib.crc32(members.read(member)) for member in inputs.member_crc32})
+            inputs = replace(
+                inputs, member_crc32={member: zlib.crc32(members.read(member)) for member in inputs.member_crc32}
+            )
     return replace(recipe, inputs=inputs)
 
 
@@ -45,6 +52,7 @@ def text8_prefix(shared_corpora) -> bytes:
 
 
 # --- text8, enwik8, imdb ------------------------------------------------------------------------
+
 
 def test_text8_from_a_served_zip(corpus_server, text8_prefix, tmp_path):
     recipe = served_recipe(corpus_server, "text8", "text8.zip", zip_bytes("text8", text8_prefix))
@@ -59,10 +67,13 @@ def test_text8_from_a_served_zip(corpus_server, text8_prefix, tmp_path):
 def test_text8_url_override_with_the_recipe_checksums(corpus_server, text8_prefix, tmp_path):
     archive = zip_bytes("text8", text8_prefix)
     recipe = served_recipe(corpus_server, "text8", "elsewhere.zip", archive)
-    recipe = replace(recipe, inputs=replace(recipe.inputs, file=replace(recipe.inputs.file, url="http://127.0.0.1:9/x")))
+    recipe = replace(
+        recipe, inputs=replace(recipe.inputs, file=replace(recipe.inputs.file, url="http://127.0.0.1:9/x"))
+    )
     corpus_server.files["mirror/text8.zip"] = archive
-    corpus = prepare_corpus(recipe, url=corpus_server.url("mirror/text8.zip"), data_dir=tmp_path,
-                            download_policy=FAST, progress=False)
+    corpus = prepare_corpus(
+        recipe, url=corpus_server.url("mirror/text8.zip"), data_dir=tmp_path, download_policy=FAST, progress=False
+    )
     assert corpus.meta["origin"].endswith("/mirror/text8.zip") and corpus.tokens("valid") == 10_000
 
 
@@ -74,15 +85,18 @@ def test_text8_zip_with_a_bad_crc_is_a_corrupt_archive(text8_prefix, tmp_path):
     with pytest.raises(CharlmError, match="differs from the published corpus: size: expected 31344016"):
         prepare_corpus("text8", source=path, data_dir=tmp_path / "data", progress=False)
     with pytest.raises(CharlmError, match="text8.zip is a corrupt or truncated archive"):
-        prepare_corpus("text8", source=path, data_dir=tmp_path / "data", verify=False, progress=False,
-                       log=lambda message: None)
+        prepare_corpus(
+            "text8", source=path, data_dir=tmp_path / "data", verify=False, progress=False, log=lambda message: None
+        )
     assert not (tmp_path / "data" / "text8").exists()
 
 
 def test_text8_zip_holding_another_text_is_rejected_by_the_member_crc(corpus_server, text8_prefix, tmp_path):
     recipe = served_recipe(corpus_server, "text8", "text8.zip", zip_bytes("text8", text8_prefix), publish_members=False)
     expected = f"text8 CRC-32: expected 0x7d6be66f, got {zlib.crc32(text8_prefix):#010x}"
-    with pytest.raises(CharlmError, match=f"text8.zip holds files that differ from the published corpus: {expected}; moved aside"):
+    with pytest.raises(
+        CharlmError, match=f"text8.zip holds files that differ from the published corpus: {expected}; moved aside"
+    ):
         prepare_corpus(recipe, data_dir=tmp_path, download_policy=FAST, progress=False)
     assert not (tmp_path / "downloads" / "text8.zip").exists()
     assert not (tmp_path / "text8").exists()
@@ -90,12 +104,20 @@ def test_text8_zip_holding_another_text_is_rejected_by_the_member_crc(corpus_ser
 
 def test_text8_from_an_unzipped_local_file(text8_prefix, tmp_path):
     (tmp_path / "text8").write_bytes(text8_prefix)
-    with pytest.raises(CharlmError, match="differs from the published corpus: text8 CRC-32: expected 0x7d6be66f.*--no-verify"):
+    with pytest.raises(
+        CharlmError, match="differs from the published corpus: text8 CRC-32: expected 0x7d6be66f.*--no-verify"
+    ):
         prepare_corpus("text8", source=tmp_path / "text8", data_dir=tmp_path / "data", progress=False)
     assert not (tmp_path / "data" / "text8").exists()
     warnings = []
-    corpus = prepare_corpus("text8", source=tmp_path / "text8", data_dir=tmp_path / "data", verify=False,
-                            progress=False, log=warnings.append)
+    corpus = prepare_corpus(
+        "text8",
+        source=tmp_path / "text8",
+        data_dir=tmp_path / "data",
+        verify=False,
+        progress=False,
+        log=warnings.append,
+    )
     assert corpus.tokens("train") == 180_000
     assert any("warning: using a modified local copy" in message and "CRC-32" in message for message in warnings)
 
@@ -117,8 +139,9 @@ def test_enwik8_byte_missing_from_training_follows_the_unknown_policy(tmp_path):
     (tmp_path / "enwik8").write_bytes(data)
     with pytest.raises(CharlmError, match="the test split has symbols that the training split lacks: 'byte 0xff'"):
         prepare_corpus("enwik8", source=tmp_path / "enwik8", data_dir=tmp_path / "data", progress=False)
-    corpus = prepare_corpus("enwik8", source=tmp_path / "enwik8", data_dir=tmp_path / "data", unknown="unk",
-                            progress=False)
+    corpus = prepare_corpus(
+        "enwik8", source=tmp_path / "enwik8", data_dir=tmp_path / "data", unknown="unk", progress=False
+    )
     unk = corpus.tokenizer.vocab.index("<unk>")
     assert int((np.asarray(corpus.split("test")) == unk).sum()) == 10
 
@@ -139,9 +162,13 @@ def imdb_reviews() -> dict[str, str]:
 
     def review(seed):
         return " ".join(words[(seed * 7 + i * 3) % len(words)] for i in range(40)) + ".<br /><br />The end :) 10/10"
-    return {f"aclImdb/{part}/{label}/{i}_{i % 10}.txt": review(i + len(label) + len(part))
-            for part, labels in (("train", ("pos", "neg", "unsup")), ("test", ("pos", "neg")))
-            for label in labels for i in range(30)}
+
+    return {
+        f"aclImdb/{part}/{label}/{i}_{i % 10}.txt": review(i + len(label) + len(part))
+        for part, labels in (("train", ("pos", "neg", "unsup")), ("test", ("pos", "neg")))
+        for label in labels
+        for i in range(30)
+    }
 
 
 def imdb_lines(reviews, part):
@@ -170,8 +197,9 @@ def test_imdb_subword_is_the_papers_scheme_on_words_and_special_tokens(corpus_se
 def test_imdb_subword_with_sentencepiece_keeps_the_raw_text(corpus_server, tmp_path):
     reviews = imdb_reviews()
     recipe = served_recipe(corpus_server, "imdb-subword", "aclImdb_v1.tar.gz", imdb_archive(reviews))
-    corpus = prepare_corpus(recipe, subword="bpe", vocab_size=120, data_dir=tmp_path, download_policy=FAST,
-                            progress=False)
+    corpus = prepare_corpus(
+        recipe, subword="bpe", vocab_size=120, data_dir=tmp_path, download_policy=FAST, progress=False
+    )
     assert corpus.name == "imdb-subword" and corpus.unit == "subword" and corpus.vocab_size == 120
     test = imdb_lines(reviews, "test").splitlines(keepends=True)
     assert corpus.tokenizer.decode(corpus.split("valid")) == "".join(test[:30])
@@ -182,6 +210,7 @@ def test_imdb_subword_with_sentencepiece_keeps_the_raw_text(corpus_server, tmp_p
 
 
 # --- text and pydoc -----------------------------------------------------------------------------
+
 
 @pytest.fixture
 def prose(tmp_path):
@@ -195,8 +224,9 @@ def test_text_corpus_splits_contiguously(prose, tmp_path):
     n = 45 * 300  # CRLF turned into LF
     assert [corpus.tokens(s) for s in ("train", "valid", "test")] == [n - 2 * 675, 675, 675]
     assert "\r" not in corpus.tokenizer.vocab and corpus.meta["unknown"] == "error"
-    corpus = prepare_corpus("text", paths=[prose], output_name="fox", split=(0.8, 0.1, 0.1),
-                            data_dir=tmp_path / "data", progress=False)
+    corpus = prepare_corpus(
+        "text", paths=[prose], output_name="fox", split=(0.8, 0.1, 0.1), data_dir=tmp_path / "data", progress=False
+    )
     assert corpus.tokens("valid") == n // 10 and corpus.meta["split_rule"] == "contiguous 80/10/10 by characters"
 
 
@@ -206,8 +236,9 @@ def test_text_unknown_symbols_error_or_unk(tmp_path):
     with pytest.raises(CharlmError) as error:
         prepare_corpus("text", paths=[path], output_name="book", data_dir=tmp_path / "data", progress=False)
     assert "split has symbols that the training split lacks" in str(error.value) and "--unknown unk" in str(error.value)
-    corpus = prepare_corpus("text", paths=[path], output_name="book", unknown="unk", data_dir=tmp_path / "data",
-                            progress=False)
+    corpus = prepare_corpus(
+        "text", paths=[path], output_name="book", unknown="unk", data_dir=tmp_path / "data", progress=False
+    )
     tokenizer = corpus.tokenizer
     assert tokenizer.vocab[-1] == "<unk>" and tokenizer.unk == "<unk>"
     assert tokenizer.vocab == [" ", "a", "b", "c", "<unk>"]
@@ -235,22 +266,34 @@ def test_text_reads_directories_in_name_order(tmp_path):
 
 
 def test_text_with_subword_option(prose, tmp_path):
-    corpus = prepare_corpus("text", paths=[prose], output_name="fox", subword="bpe", vocab_size=40,
-                            data_dir=tmp_path / "data", progress=False)
+    corpus = prepare_corpus(
+        "text",
+        paths=[prose],
+        output_name="fox",
+        subword="bpe",
+        vocab_size=40,
+        data_dir=tmp_path / "data",
+        progress=False,
+    )
     assert corpus.name == "fox-bpe40" and corpus.unit == "subword" and corpus.vocab_size == 40
-    assert load_corpus("fox-bpe40", tmp_path / "data").tokenizer.decode(corpus.split("valid")) == \
-        ("The quick brown fox jumps over the lazy dog.\n" * 300)[-1350:-675]
+    assert (
+        load_corpus("fox-bpe40", tmp_path / "data").tokenizer.decode(corpus.split("valid"))
+        == ("The quick brown fox jumps over the lazy dog.\n" * 300)[-1350:-675]
+    )
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(paths=None), "needs at least one PATH"),
-    (dict(output_name=None), "needs --name NAME"),
-    (dict(output_name="../escape"), "must be letters, digits"),
-    (dict(split=(0.5, 0.5, 0.5)), "three positive fractions that sum to 1"),
-    (dict(unknown="ignore"), "--unknown must be one of error, unk"),
-    (dict(subword="wordpiece"), "--subword must be one of bpe, unigram"),
-    (dict(source="x.zip"), "downloads nothing"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(paths=None), "needs at least one PATH"),
+        (dict(output_name=None), "needs --name NAME"),
+        (dict(output_name="../escape"), "must be letters, digits"),
+        (dict(split=(0.5, 0.5, 0.5)), "three positive fractions that sum to 1"),
+        (dict(unknown="ignore"), "--unknown must be one of error, unk"),
+        (dict(subword="wordpiece"), "--subword must be one of bpe, unigram"),
+        (dict(source="x.zip"), "downloads nothing"),
+    ],
+)
 def test_text_option_errors(prose, tmp_path, options, message):
     arguments = {**dict(paths=[prose], output_name="fox", data_dir=tmp_path / "data", progress=False), **options}
     with pytest.raises(CharlmError, match=message):
@@ -264,10 +307,11 @@ def test_pydoc_is_python_documentation_split_90_5_5(tmp_path):
     corpus = prepare_corpus("pydoc", data_dir=tmp_path, progress=False)
     sizes = [corpus.tokens(s) for s in ("train", "valid", "test")]
     assert sum(sizes) == len(text) and sizes[1] == sizes[2] == -(-len(text) // 20)
-    assert corpus.tokenizer.decode(corpus.split("test")) == text[-sizes[2]:]
+    assert corpus.tokenizer.decode(corpus.split("test")) == text[-sizes[2] :]
 
 
 # --- errors, atomic output, idempotence, catalog ------------------------------------------------
+
 
 def test_unknown_corpus_and_missing_corpus_errors(tmp_path):
     # "data" is relative: the directory of this test's own (conftest), never the repository's ./data
@@ -341,5 +385,9 @@ def test_vocabulary_size_prefers_the_prepared_corpus_and_falls_back_to_the_docum
     empty = tmp_path / "nothing-prepared"
     # corpora.md: PTB 49 symbols + end-of-line, War and Peace 82 distinct, text8 27 symbols
     assert [vocabulary_size(name, empty) for name in ("ptb", "ptb-contiguous", "wp", "text8")] == [
-        (50, True), (50, True), (82, True), (27, True)]
+        (50, True),
+        (50, True),
+        (82, True),
+        (27, True),
+    ]
     assert vocabulary_size("text", empty) == (None, True) and vocabulary_size("mine", empty) == (None, True)

@@ -58,11 +58,15 @@ def test_large_text_is_encoded_in_chunks_with_the_narrowest_type():
     assert id_dtype(256) == np.uint8 and id_dtype(257) == np.uint16 and id_dtype(70_000) == np.int32
 
 
-@pytest.mark.parametrize("tokenizer", [
-    CharTokenizer.build(TEXT, unk="<unk>"),
-    CharTokenizer.build(TEXT.replace(" ", "_"), space_symbol="_"),
-    ByteTokenizer.build(TEXT.encode()),
-], ids=["char-unk", "char-space-symbol", "byte"])
+@pytest.mark.parametrize(
+    "tokenizer",
+    [
+        CharTokenizer.build(TEXT, unk="<unk>"),
+        CharTokenizer.build(TEXT.replace(" ", "_"), space_symbol="_"),
+        ByteTokenizer.build(TEXT.encode()),
+    ],
+    ids=["char-unk", "char-space-symbol", "byte"],
+)
 def test_state_round_trip_through_a_weights_only_checkpoint(tokenizer):
     rebuilt = through_checkpoint(tokenizer)
     assert type(rebuilt) is type(tokenizer) and rebuilt.vocab == tokenizer.vocab and rebuilt.unk == tokenizer.unk

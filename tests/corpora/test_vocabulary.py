@@ -22,15 +22,37 @@ BAD_STATES = [  # what is wrong → the words that follow "its" (checkpoint) or 
     ("an empty entry", {**CHAR, "vocab": ["a", ""]}, "vocabulary holds an empty entry, not a symbol"),
     ("a list entry", {**CHAR, "vocab": ["a", ["b"]]}, "vocabulary holds a list (['b']), not a symbol"),
     ("an entry twice", {**CHAR, "vocab": ["a", "b", "a"]}, "vocabulary holds 'a' twice"),
-    ("two characters in a character vocabulary", {**CHAR, "vocab": ["a", "bc"]}, "char vocabulary holds 'bc', not one character"),
-    ("a character beyond a byte", {"kind": "byte", "vocab": ["a", "é", "ĉ"], "unk": None},
-     "byte vocabulary holds 'ĉ', not one byte"),
-    ("a space symbol of two characters", {**CHAR, "space_symbol": "__"}, "vocabulary's space symbol is '__', not one character"),
+    (
+        "two characters in a character vocabulary",
+        {**CHAR, "vocab": ["a", "bc"]},
+        "char vocabulary holds 'bc', not one character",
+    ),
+    (
+        "a character beyond a byte",
+        {"kind": "byte", "vocab": ["a", "é", "ĉ"], "unk": None},
+        "byte vocabulary holds 'ĉ', not one byte",
+    ),
+    (
+        "a space symbol of two characters",
+        {**CHAR, "space_symbol": "__"},
+        "vocabulary's space symbol is '__', not one character",
+    ),
     ("a word vocabulary without <eos>", {**WORD, "vocab": ["<unk>", "the"]}, "word vocabulary lacks '<eos>'"),
-    ("a vowel-linked vocabulary without </w>", {**VOWEL, "vocab": [*LETTERS, "ea"]}, "vowel-linked vocabulary lacks '</w>'"),
-    ("a vowel-linked vocabulary without a letter", {**VOWEL, "vocab": [END_OF_WORD, *LETTERS[1:]]},
-     "vowel-linked vocabulary lacks 'a'"),
-    ("a minimum count that is text", {**VOWEL, "min_count": "2"}, "vowel-linked vocabulary's minimum count is '2', not a count"),
+    (
+        "a vowel-linked vocabulary without </w>",
+        {**VOWEL, "vocab": [*LETTERS, "ea"]},
+        "vowel-linked vocabulary lacks '</w>'",
+    ),
+    (
+        "a vowel-linked vocabulary without a letter",
+        {**VOWEL, "vocab": [END_OF_WORD, *LETTERS[1:]]},
+        "vowel-linked vocabulary lacks 'a'",
+    ),
+    (
+        "a minimum count that is text",
+        {**VOWEL, "min_count": "2"},
+        "vowel-linked vocabulary's minimum count is '2', not a count",
+    ),
 ]
 
 
@@ -39,8 +61,11 @@ def test_each_damaged_vocabulary_is_named(state, problem):
     assert vocabulary_problem(state) == problem
 
 
-@pytest.mark.parametrize("state", [CHAR, WORD, VOWEL, {"kind": "byte", "vocab": ["a", "\xff", "<unk>"], "unk": "<unk>"}],
-                         ids=["char", "word", "vowel-linked", "byte with its unknown entry"])
+@pytest.mark.parametrize(
+    "state",
+    [CHAR, WORD, VOWEL, {"kind": "byte", "vocab": ["a", "\xff", "<unk>"], "unk": "<unk>"}],
+    ids=["char", "word", "vowel-linked", "byte with its unknown entry"],
+)
 def test_sound_vocabularies_pass(state):
     assert vocabulary_problem(state) is None
 

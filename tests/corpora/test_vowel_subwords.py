@@ -9,13 +9,21 @@ import pytest
 
 from charlm.corpora.tokenizer_kinds import tokenizer_from_state
 from charlm.corpora.word_tokenizers import VowelSubwordTokenizer
-from charlm.corpora.vowel_subwords import (END_OF_WORD, LETTERS, cutoff_for, piece_counts, review_words,
-                                           vocabulary_size, vowel_pieces)
+from charlm.corpora.vowel_subwords import (
+    END_OF_WORD,
+    LETTERS,
+    cutoff_for,
+    piece_counts,
+    review_words,
+    vocabulary_size,
+    vowel_pieces,
+)
 from charlm.errors import OutOfVocabulary
 from helpers import cli
 
 # Derived by hand from the rules: split at vowels, link each vowel to the consonant after it, merge
 # single characters right unless the left piece is shorter (or there is no right piece).
+# fmt: off
 SPLITS = {
     "banknote": ["ban", "kn", "ote"],     # b·an·kn·ot·e: b joins an; e, last, joins ot
     "year": ["ye", "ar"],                 # y·e·ar: e has no consonant after it
@@ -29,6 +37,7 @@ SPLITS = {
     "<unk>": ["<unk>"],                   # not all letters: one piece
     "'s": ["'s"],
 }
+# fmt: on
 
 
 @pytest.mark.parametrize("word", SPLITS)
@@ -47,13 +56,14 @@ def test_the_tokenizer_keeps_frequent_pieces_and_spells_the_rest():
     assert tokenizer.decode(ids) == "the rhythm\n"
     assert tokenizer.decode(tokenizer.encode("the 's\n")) == "the <unk>\n"  # rare, and not letters: <unk>
     without_unk = VowelSubwordTokenizer.build(text.replace("<unk>", "a"), min_count=15)
-    with pytest.raises(OutOfVocabulary, match="\"'s\""):  # and without <unk> in the text, no way to write it
+    with pytest.raises(OutOfVocabulary, match='"\'s"'):  # and without <unk> in the text, no way to write it
         without_unk.encode("the 's\n")
     rebuilt = tokenizer_from_state(tokenizer.to_state())
     assert isinstance(rebuilt, VowelSubwordTokenizer) and rebuilt.vocab == tokenizer.vocab
 
 
-@pytest.mark.slow  # about 18 s: prepares real PTB at several cutoffs; the paper's cutoff itself is checked in the default run
+# about 18 s: prepares real PTB at several cutoffs; the paper's cutoff itself is checked in the default run
+@pytest.mark.slow
 def test_on_ptb_the_cutoff_closest_to_the_papers_vocabulary_is_15(shared_corpora):
     train = (shared_corpora / "ptb" / "ptb.train.txt").read_text()
     counts = piece_counts(train)
@@ -71,8 +81,10 @@ def test_on_ptb_the_cutoff_closest_to_the_papers_vocabulary_is_15(shared_corpora
     normalised = "".join(" ".join(line.split()) + "\n" for line in valid.splitlines())
     unknown = set(tokenizer.unknown_words(normalised))  # rare words with a non-letter ("neb."): <unk>
     assert 0 < len(unknown) < 200  # of 6,022 distinct words
-    expected = "".join(" ".join("<unk>" if word in unknown else word for word in line.split()) + "\n"
-                       for line in normalised.splitlines())
+    expected = "".join(
+        " ".join("<unk>" if word in unknown else word for word in line.split()) + "\n"
+        for line in normalised.splitlines()
+    )
     assert tokenizer.decode(tokenizer.encode(normalised)) == expected
 
 

@@ -43,9 +43,21 @@ def word_run(tmp_path_factory):
     result = cli("prepare", "ptb-word", "--data-dir", str(data), "--source", str(SHARED_CORPORA_DIR / "ptb"))
     assert result.returncode == 0, result.stderr
     run = root / "run"
-    charlm.train(charlm.TrainConfig(corpus="ptb-word", cell="lstm", hidden=24, embed_size=16, batch_size=8, bptt=20,
-                                    epochs=1, train_fraction=0.01, eval_batch_size=16, data_dir=str(data),
-                                    run_dir=str(run)))
+    charlm.train(
+        charlm.TrainConfig(
+            corpus="ptb-word",
+            cell="lstm",
+            hidden=24,
+            embed_size=16,
+            batch_size=8,
+            bptt=20,
+            epochs=1,
+            train_fraction=0.01,
+            eval_batch_size=16,
+            data_dir=str(data),
+            run_dir=str(run),
+        )
+    )
     return data, run
 
 
@@ -54,7 +66,10 @@ def test_ptb_word_reproduces_the_standard_counts(word_run):
     corpus = load_corpus("ptb-word", data)
     assert corpus.unit == "word" and corpus.vocab_size == 10_000
     assert {split: corpus.tokens(split) for split in ("train", "valid", "test")} == {
-        "train": 929_589, "valid": 73_760, "test": 82_430}
+        "train": 929_589,
+        "valid": 73_760,
+        "test": 82_430,
+    }
     assert "<unk>" in corpus.tokenizer.vocab and "<eos>" in corpus.tokenizer.vocab
 
 
@@ -84,5 +99,7 @@ def test_a_word_model_evaluates_per_word_samples_and_scores(word_run):
 
 def test_a_word_model_refuses_an_unknown_prime_word_in_one_line(word_run):
     _, run = word_run
-    assert_one_line_error(cli("sample", str(run), "--prime", "the zyzzyva", "--length", "3"),
-                          "the prime has characters outside the model's vocabulary: 'zyzzyva'")
+    assert_one_line_error(
+        cli("sample", str(run), "--prime", "the zyzzyva", "--length", "3"),
+        "the prime has characters outside the model's vocabulary: 'zyzzyva'",
+    )

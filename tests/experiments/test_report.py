@@ -19,14 +19,38 @@ from charlm.experiments.report.write import build_report
 from charlm.training.trainer import Trainer
 from helpers import assert_one_line_error, cli, prepare_tiny_corpus, records
 
-SWEEP_FILES = {"index.md", "table1.md", "table1.csv", "convergence.csv", "convergence.png", "curves.png",
-               "efficiency.md", "efficiency.csv", "efficiency.png", "gradnorms.png", "dynamic.md", "dynamic.csv"}
+SWEEP_FILES = {
+    "index.md",
+    "table1.md",
+    "table1.csv",
+    "convergence.csv",
+    "convergence.png",
+    "curves.png",
+    "efficiency.md",
+    "efficiency.csv",
+    "efficiency.png",
+    "gradnorms.png",
+    "dynamic.md",
+    "dynamic.csv",
+}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def config(data_dir, run_dir, **changes) -> charlm.TrainConfig:
-    values = dict(corpus="tiny", cell="lstm", params="3k", batch_size=8, bptt=16, eval_batch_size=4, epochs=2, lr=3e-3,
-                  log_every=5, test_every_epoch=True, data_dir=str(data_dir), run_dir=str(run_dir))
+    values = dict(
+        corpus="tiny",
+        cell="lstm",
+        params="3k",
+        batch_size=8,
+        bptt=16,
+        eval_batch_size=4,
+        epochs=2,
+        lr=3e-3,
+        log_every=5,
+        test_every_epoch=True,
+        data_dir=str(data_dir),
+        run_dir=str(run_dir),
+    )
     return charlm.TrainConfig(**{**values, **changes})
 
 
@@ -53,11 +77,16 @@ def sweep(tmp_path_factory) -> Path:
     for cell in ("lstm", "gru"):
         for fraction in (0.5, 1.0):
             for seed in (1, 2):
-                Trainer(config(data, runs / f"tiny-{cell}-f{fraction:g}-s{seed}", cell=cell, train_fraction=fraction,
-                               seed=seed)).fit()
+                Trainer(
+                    config(
+                        data, runs / f"tiny-{cell}-f{fraction:g}-s{seed}", cell=cell, train_fraction=fraction, seed=seed
+                    )
+                ).fit()
     for cell in ("lstm", "gru"):
         Trainer(config(data, runs / f"small-{cell}", corpus="small", cell=cell)).fit()
-    keep_records(runs / "small-gru", lambda row: row["event"] != "end" and not (row["event"] == "epoch" and row["epoch"] == 2))
+    keep_records(
+        runs / "small-gru", lambda row: row["event"] != "end" and not (row["event"] == "epoch" and row["epoch"] == 2)
+    )
     shutil.copytree(runs / "small-lstm", runs / "small-lstm-diverged")
     keep_records(runs / "small-lstm-diverged", lambda row: row["event"] == "start")
     with (runs / "small-lstm-diverged" / "metrics.jsonl").open("a") as handle:
@@ -111,7 +140,8 @@ def test_table1_is_the_test_loss_at_the_best_validation_epoch(report, sweep):
         assert float(row["test_bpc"]) == pytest.approx(statistics.fmean(r["test_bpc"] for r in best), rel=1e-12)
     lower = min(("lstm", "gru"), key=lambda cell: float(rows[("tiny", cell)]["test_loss"]))
     assert {cell: rows[("tiny", cell)]["best"] for cell in ("lstm", "gru")} == {
-        cell: "true" if cell == lower else "false" for cell in ("lstm", "gru")}
+        cell: "true" if cell == lower else "false" for cell in ("lstm", "gru")
+    }
     table = (out / "table1.md").read_text()
     assert f"**{float(rows[('tiny', lower)]['test_loss']):.4f} ±" in table and "(2 runs)" in table
 
@@ -120,7 +150,10 @@ def test_unfinished_runs_are_shown_with_their_status(report, sweep):
     out, stdout = report
     rows = {(row["corpus"], row["cell"]): row for row in read_csv(out / "table1.csv")}
     gru = rows[("small", "gru")]
-    assert gru["status"] == "interrupted" and float(gru["test_loss"]) == best_epoch_record(sweep / "small-gru")["test_loss"]
+    assert (
+        gru["status"] == "interrupted"
+        and float(gru["test_loss"]) == best_epoch_record(sweep / "small-gru")["test_loss"]
+    )
     lstm = rows[("small", "lstm")]
     assert lstm["runs"] == "2" and lstm["status"] == "1 finished, 1 diverged" and lstm["test_loss_std"] == ""
     assert float(lstm["test_loss"]) == best_epoch_record(sweep / "small-lstm")["test_loss"]
@@ -129,7 +162,10 @@ def test_unfinished_runs_are_shown_with_their_status(report, sweep):
     assert re.search(r"bpc(\*\*)? \(2 runs; 1 finished, 1 diverged\) \|", table)
     assert "(interrupted)" in stdout
     convergence = {row["run"]: row for row in read_csv(out / "convergence.csv")}
-    assert convergence["small-lstm-diverged"]["status"] == "diverged" and convergence["small-lstm-diverged"]["best_epoch"] == ""
+    assert (
+        convergence["small-lstm-diverged"]["status"] == "diverged"
+        and convergence["small-lstm-diverged"]["best_epoch"] == ""
+    )
     assert convergence["small-gru"]["epochs"] == "1"
 
 
@@ -222,11 +258,19 @@ def test_one_run_gets_its_summary_curves_and_gradient_norms(sweep, tmp_path):
     shutil.copytree(sweep / "tiny-gru-f1-s1", run)
     result = cli("report", run, check_code=0)
     out = run / "report"
-    assert {path.name for path in out.iterdir()} == {"index.md", "summary.md", "summary.csv", "curves.png", "gradnorms.png"}
+    assert {path.name for path in out.iterdir()} == {
+        "index.md",
+        "summary.md",
+        "summary.csv",
+        "curves.png",
+        "gradnorms.png",
+    }
     summary = {row["setting"]: row["value"] for row in read_csv(out / "summary.csv")}
     best = best_epoch_record(run)
     assert summary["run"] == "run" and summary["cell"] == "gru" and summary["status"] == "finished"
-    assert float(summary["test loss (nats) at best"]) == best["test_loss"] and int(summary["best epoch"]) == best["epoch"]
+    assert (
+        float(summary["test loss (nats) at best"]) == best["test_loss"] and int(summary["best epoch"]) == best["epoch"]
+    )
     assert png_size(out / "curves.png") == (1000, 350) and png_size(out / "gradnorms.png") == (800, 250)
     assert "test bpc at best" in result.stdout and f"{best['test_bpc']:.6g}" in result.stdout
     assert "no dynamic table" in (out / "index.md").read_text()
@@ -244,12 +288,18 @@ def test_a_run_without_gradient_norms_says_so_and_stale_files_go(sweep, tmp_path
     assert "No step record holds per-layer gradient norms" in (out / "index.md").read_text()
 
 
-@pytest.mark.parametrize("arguments, fragments", [
-    (["{missing}", "--out", "{out}"], ["no such directory: ", "missing"]),
-    (["{empty}", "--out", "{out}"], ["no runs under ", "empty"]),
-    (["{sweep}", "--out", "{out}", "--reference", "lru"], ["reference cell lru has no run here (cells: gru, lstm)"]),
-    (["{sweep}", "{empty}"], ["several directories: say where the report goes with --out REPORT_DIR"]),
-])
+@pytest.mark.parametrize(
+    "arguments, fragments",
+    [
+        (["{missing}", "--out", "{out}"], ["no such directory: ", "missing"]),
+        (["{empty}", "--out", "{out}"], ["no runs under ", "empty"]),
+        (
+            ["{sweep}", "--out", "{out}", "--reference", "lru"],
+            ["reference cell lru has no run here (cells: gru, lstm)"],
+        ),
+        (["{sweep}", "{empty}"], ["several directories: say where the report goes with --out REPORT_DIR"]),
+    ],
+)
 def test_bad_input_is_one_line(arguments, fragments, sweep, tmp_path):
     (tmp_path / "empty").mkdir()
     places = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "sweep": sweep, "out": tmp_path / "out"}
@@ -278,10 +328,15 @@ def test_a_comparison_of_runs_that_saw_different_data_is_marked(report, sweep):
     assert "| small † |" in table and "| tiny |" in table
     tokens = {run: records(sweep / run, "epoch")[-1]["tokens_seen"] for run in ("small-lstm", "small-gru")}
     assert tokens["small-lstm"] == 2 * tokens["small-gru"]
-    assert (f"† small: the runs saw different amounts of training data ({tokens['small-gru']:,}, "
-            f"{tokens['small-lstm']:,} tokens)") in table
-    assert re.search(r"- tiny: (lstm leads gru|gru leads lstm) by \d\.\d{4} nats, (larger than|within) their seed "
-                     r"spread \(±\d\.\d{4}, ±\d\.\d{4}\)", table)
+    assert (
+        f"† small: the runs saw different amounts of training data ({tokens['small-gru']:,}, "
+        f"{tokens['small-lstm']:,} tokens)"
+    ) in table
+    assert re.search(
+        r"- tiny: (lstm leads gru|gru leads lstm) by \d\.\d{4} nats, (larger than|within) their seed "
+        r"spread \(±\d\.\d{4}, ±\d\.\d{4}\)",
+        table,
+    )
     index = (out / "index.md").read_text()
     assert "| tokens | stopped by |" in index
     rows = {line.split(" | ")[0].strip("| "): line for line in index.splitlines() if line.startswith("| ")}

@@ -61,8 +61,12 @@ def weights_of(run_dir):
 
 def test_sweep_survives_kill_9_and_a_rerun_skips_finished_and_resumes_interrupted(plan_file, tiny_corpus, tmp_path):
     killed = tmp_path / "killed"
-    process = subprocess.Popen([sys.executable, "-m", "charlm", *map(str, sweep_args(plan_file, killed, tiny_corpus))],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "charlm", *map(str, sweep_args(plan_file, killed, tiny_corpus))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     second = killed / "cell-gru_train_fraction-0.1"
 
     def second_run_saved_mid_epoch():
@@ -102,7 +106,10 @@ def test_shards_cover_every_point_exactly_once(plan_file):
         shares = [select(points, shard=(index, count)) for index in range(count)]
         names = sorted(point.name for share in shares for point in share)
         assert names == sorted(point.name for point in points)
-    assert [p.name for p in select(points, ["cell=lstm"])] == ["cell-lstm_train_fraction-0.05", "cell-lstm_train_fraction-0.1"]
+    assert [p.name for p in select(points, ["cell=lstm"])] == [
+        "cell-lstm_train_fraction-0.05",
+        "cell-lstm_train_fraction-0.1",
+    ]
     assert [p.name for p in select(points, ["cell=lstm", "train_fraction=0.1"])] == ["cell-lstm_train_fraction-0.1"]
 
 
@@ -121,7 +128,8 @@ def test_dry_run_lists_sizes_without_training(plan_file, tiny_corpus, tmp_path):
 
 def test_diverged_run_is_recorded_and_the_sweep_goes_on(tiny_corpus, tmp_path):
     plan = tmp_path / "diverging.toml"
-    plan.write_text("""
+    plan.write_text(
+        """
 [base]
 corpus = "tiny"
 hidden = 12
@@ -132,7 +140,9 @@ eval_batch_size = 8
 
 [axes]
 lr_decay = [1e38, 0.9]
-""", encoding="utf-8")
+""",
+        encoding="utf-8",
+    )
     result = cli(*sweep_args(plan, tmp_path / "sweep", tiny_corpus), check_code=0)
     assert "1 diverged, 1 finished" in result.stdout
     assert Run(tmp_path / "sweep" / "lr_decay-1e+38").status() == "diverged"
@@ -141,15 +151,28 @@ lr_decay = [1e38, 0.9]
 
 
 LONG_DRY_RUNS = {("grid-lstm-parity", None)}  # 144 task points sized at up to 150 layers: about 10 s
-DRY_RUNS = [pytest.param(name, profile, id=f"{profile}-{name}",
-                         marks=[pytest.mark.slow] if (name, profile) in LONG_DRY_RUNS else [])
-            for profile in (None, "small") for name in sorted(shipped_plans())]
+DRY_RUNS = [
+    pytest.param(
+        name, profile, id=f"{profile}-{name}", marks=[pytest.mark.slow] if (name, profile) in LONG_DRY_RUNS else []
+    )
+    for profile in (None, "small")
+    for name in sorted(shipped_plans())
+]
 
 
 @pytest.mark.parametrize("name, profile", DRY_RUNS)
 def test_shipped_plans_pass_a_dry_run(name, profile, tmp_path):
-    result = cli("sweep", name, *(["--profile", profile] if profile else []), "--dir", tmp_path / "sweep",
-                 "--data-dir", tmp_path / "data", "--dry-run", check_code=0)
+    result = cli(
+        "sweep",
+        name,
+        *(["--profile", profile] if profile else []),
+        "--dir",
+        tmp_path / "sweep",
+        "--data-dir",
+        tmp_path / "data",
+        "--dry-run",
+        check_code=0,
+    )
     plan = load_plan(name, profile)
     sweep = Sweep(plan, tmp_path / "sweep", data_dir=tmp_path / "data")
     for point in plan.points():
@@ -158,8 +181,13 @@ def test_shipped_plans_pass_a_dry_run(name, profile, tmp_path):
         assert row["parameters"] is not None
         budget = point.settings.get("params")
         if budget:  # sized to the budget: within 1% of it at paper scale
-            reference = ModelConfig(point.settings["cell"], vocab_size=row["vocabulary"], hidden_size=1,
-                                    layers=point.settings.get("layers", 1), embed_size=point.settings.get("embed_size"))
+            reference = ModelConfig(
+                point.settings["cell"],
+                vocab_size=row["vocabulary"],
+                hidden_size=1,
+                layers=point.settings.get("layers", 1),
+                embed_size=point.settings.get("embed_size"),
+            )
             count = budget_of(budget, reference)
             assert abs(row["parameters"] - count) < 0.01 * count + 2_000, point.name
     assert not (tmp_path / "sweep").exists() and not (tmp_path / "data").exists()
@@ -171,8 +199,12 @@ def test_shipped_plans_match_the_papers():
     assert {p.settings["corpus"] for p in table1.points()} == {"ptb-contiguous", "wp", "enwik8", "text8"}
     depth = Sweep(load_plan("lru-depth"), "unused")
     hidden = {(row["cell"], row["layers"]): row["hidden"] for row in map(depth.describe, depth.plan.points())}
-    assert {cell: hidden[(cell, 2)] for cell in ("gru", "lstm", "grid-lstm", "rg-lru")} == \
-        {"gru": 387, "lstm": 335, "grid-lstm": 237, "rg-lru": 300}
+    assert {cell: hidden[(cell, 2)] for cell in ("gru", "lstm", "grid-lstm", "rg-lru")} == {
+        "gru": 387,
+        "lstm": 335,
+        "grid-lstm": 237,
+        "rg-lru": 300,
+    }
     for cell, gates in (("gru", 3), ("lstm", 4)):  # about 0.9M recurrent weights per layer
         n = hidden[(cell, 2)]
         assert abs(gates * n * 2 * n - 0.9e6) < 0.01e6
@@ -208,26 +240,32 @@ def test_dry_run_and_list_fit_80_columns(tmp_path, monkeypatch):
     assert [line[0] for line in table_lines(listing) if line[0]] == list(shipped_plans())
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ('[base]\ncorpus = "tiny"\n[axes]\ncell = ["gru"]\n[extra]\nx = 1\n', "unknown key 'extra'"),
-    ('[base]\nlearning_rate = 0.1\n[axes]\ncell = ["gru"]\n', "unknown setting 'learning_rate'"),
-    ('[axes]\ncell = ["gru", "nope"]\n', "unknown cell 'nope'"),
-    ('[axes]\ncorpus = ["../etc"]\n', "'../etc' is not a corpus name"),
-    ('[axes]\ncell = []\n', "axes.cell must be a non-empty list"),
-    ('[axes]\nlr = [0.001, -1.0]\n', "axes.lr[1] must be positive, not -1.0 (run lr--1.0)"),
-    ('[axes]\ncell = ["mycells:Cell"]\n', "asks to import module 'mycells'"),
-    ('[axes\n', "is not valid TOML"),
-    ("[base]\nhidden = " + "9" * 5000 + "\n", "is not valid TOML: Exceeds the limit (4300 digits)"),
-    ("[axes]\ncell = " + "[" * 50_000 + "]" * 50_000 + "\n", "is not valid TOML: its values are nested too deeply"),
-    ("", "has no axes: a plan names its runs with [axes] NAME = [values, ...]"),  # empty, or cut short before its axes
-    ('name = "cut"\n[base]\nhidden = 8\n', "has no axes"),
-    ('[base]\nrun_dir = "x"\n', "base.run_dir: a plan cannot set 'run_dir'"),
-    ('[[eval]]\nsplit = "train"\n', "eval[0].split must be valid or test"),
-    ('base = 3\n', "base must be a table"),
-    ('[base]\ncell_options = 3\n', "cell_options must be a table"),
-    ('eval = [1]\n', "eval[0] must be a table"),
-    ('budget = 3\n[axes]\ncell = ["gru"]\n', "budget must be a label"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ('[base]\ncorpus = "tiny"\n[axes]\ncell = ["gru"]\n[extra]\nx = 1\n', "unknown key 'extra'"),
+        ('[base]\nlearning_rate = 0.1\n[axes]\ncell = ["gru"]\n', "unknown setting 'learning_rate'"),
+        ('[axes]\ncell = ["gru", "nope"]\n', "unknown cell 'nope'"),
+        ('[axes]\ncorpus = ["../etc"]\n', "'../etc' is not a corpus name"),
+        ("[axes]\ncell = []\n", "axes.cell must be a non-empty list"),
+        ("[axes]\nlr = [0.001, -1.0]\n", "axes.lr[1] must be positive, not -1.0 (run lr--1.0)"),
+        ('[axes]\ncell = ["mycells:Cell"]\n', "asks to import module 'mycells'"),
+        ("[axes\n", "is not valid TOML"),
+        ("[base]\nhidden = " + "9" * 5000 + "\n", "is not valid TOML: Exceeds the limit (4300 digits)"),
+        ("[axes]\ncell = " + "[" * 50_000 + "]" * 50_000 + "\n", "is not valid TOML: its values are nested too deeply"),
+        (
+            "",
+            "has no axes: a plan names its runs with [axes] NAME = [values, ...]",
+        ),  # empty, or cut short before its axes
+        ('name = "cut"\n[base]\nhidden = 8\n', "has no axes"),
+        ('[base]\nrun_dir = "x"\n', "base.run_dir: a plan cannot set 'run_dir'"),
+        ('[[eval]]\nsplit = "train"\n', "eval[0].split must be valid or test"),
+        ("base = 3\n", "base must be a table"),
+        ("[base]\ncell_options = 3\n", "cell_options must be a table"),
+        ("eval = [1]\n", "eval[0] must be a table"),
+        ('budget = 3\n[axes]\ncell = ["gru"]\n', "budget must be a label"),
+    ],
+)
 def test_bad_plans_are_one_line_errors(text, fragment, tmp_path, tiny_corpus):
     plan = tmp_path / "bad.toml"
     plan.write_text(text, encoding="utf-8")
@@ -240,10 +278,14 @@ def test_other_bad_sweep_input_is_one_line(plan_file, tiny_corpus, tmp_path):
     assert_one_line_error(cli("sweep", "nope"), "no plan 'nope'", "lru-table1")
     assert_one_line_error(cli("sweep"), "give a plan")
     assert_one_line_error(cli("sweep", tmp_path / "absent.toml"), "plan file", "does not exist")
-    assert_one_line_error(cli("sweep", "lru-table1", "--profile", "huge", "--dry-run"), "has no profile 'huge'", "small")
+    assert_one_line_error(
+        cli("sweep", "lru-table1", "--profile", "huge", "--dry-run"), "has no profile 'huge'", "small"
+    )
     assert_one_line_error(cli(*sweep_args(plan_file, directory, tiny_corpus, "--shard", "2/2")), "--shard 2/2")
     assert_one_line_error(cli(*sweep_args(plan_file, directory, tiny_corpus, "--shard", "x")), "--shard must be I/N")
-    assert_one_line_error(cli(*sweep_args(plan_file, directory, tiny_corpus, "--only", "cell=rhn")), "no run of the plan matches")
+    assert_one_line_error(
+        cli(*sweep_args(plan_file, directory, tiny_corpus, "--only", "cell=rhn")), "no run of the plan matches"
+    )
     directory.mkdir()
     (directory / "sweep.json").write_text('{"plan": "other", "profile": "paper", "fingerprint": "0"}', encoding="utf-8")
     assert_one_line_error(cli(*sweep_args(plan_file, directory, tiny_corpus)), "holds runs of another plan (other")
@@ -251,23 +293,34 @@ def test_other_bad_sweep_input_is_one_line(plan_file, tiny_corpus, tmp_path):
     assert "warning: sweep directory" in dry.stderr and "holds runs of another plan (other" in dry.stderr
     for record in ("{}", '{"plan": "other", "fingerprint": 7}', "[" * 100_000 + "]" * 100_000):  # no plan, damage
         (directory / "sweep.json").write_text(record, encoding="utf-8")
-        assert_one_line_error(cli(*sweep_args(plan_file, directory, tiny_corpus)),
-                              f"{directory / 'sweep.json'} is damaged: remove it to start the sweep afresh")
+        assert_one_line_error(
+            cli(*sweep_args(plan_file, directory, tiny_corpus)),
+            f"{directory / 'sweep.json'} is damaged: remove it to start the sweep afresh",
+        )
 
 
 def test_a_point_that_cannot_run_is_reported_and_the_sweep_goes_on(tiny_corpus, tmp_path):
     plan = tmp_path / "partly.toml"
-    plan.write_text('[base]\nhidden = 8\nbatch_size = 8\nepochs = 1\neval_batch_size = 8\n'
-                    '[axes]\ncorpus = ["absent", "tiny"]\n', encoding="utf-8")
+    plan.write_text(
+        '[base]\nhidden = 8\nbatch_size = 8\nepochs = 1\neval_batch_size = 8\n[axes]\ncorpus = ["absent", "tiny"]\n',
+        encoding="utf-8",
+    )
     dry = cli(*sweep_args(plan, tmp_path / "sweep", tiny_corpus, "--dry-run"), check_code=0)
     assert "warning: corpus 'absent' is not prepared" in dry.stderr and "fail on its 1 run(s)" in dry.stderr
     assert "corpus 'tiny'" not in dry.stderr and dry.stderr.count("warning:") == 1  # prepared: no warning
     result = cli(*sweep_args(plan, tmp_path / "sweep", tiny_corpus))
     assert "[1/2] corpus-absent: not run: corpus 'absent' is not prepared" in result.stderr
     assert "1 failed, 1 finished" in result.stdout
-    assert_one_line_error(result, "1 of 2 runs did not finish: corpus-absent (not run); why: "
-                                  f"{tmp_path / 'sweep' / 'sweep.log'} (and each run's train.log)", code=1)
-    assert "[1/2] corpus-absent: not run: corpus 'absent' is not prepared" in (tmp_path / "sweep" / "sweep.log").read_text()
+    assert_one_line_error(
+        result,
+        "1 of 2 runs did not finish: corpus-absent (not run); why: "
+        f"{tmp_path / 'sweep' / 'sweep.log'} (and each run's train.log)",
+        code=1,
+    )
+    assert (
+        "[1/2] corpus-absent: not run: corpus 'absent' is not prepared"
+        in (tmp_path / "sweep" / "sweep.log").read_text()
+    )
     assert Run(tmp_path / "sweep" / "corpus-tiny").status() == "finished"
 
 
@@ -278,13 +331,19 @@ def test_the_delta_rnn_plans_follow_the_paper_and_the_dry_run_shows_its_counts(t
     for name in ("delta-rnn-ptb", "delta-rnn-ptb-word"):
         plan = load_plan(name)
         settings = plan.points()[0].settings
-        assert (settings["batch_size"], settings["epochs"], settings["clip"], settings["schedule"],
-                settings["patience"]) == (64, 100, 5.0, "plateau-halving", 10)
+        assert (
+            settings["batch_size"],
+            settings["epochs"],
+            settings["clip"],
+            settings["schedule"],
+            settings["patience"],
+        ) == (64, 100, 5.0, "plateau-halving", 10)
         lstm = [p.settings for p in plan.points() if p.settings["cell"] == "lstm"]
         assert lstm and all(s["cell_options"] == {"peephole": "full"} for s in lstm)
         small = load_plan(name, "small")
-        assert all("max_minutes" not in p.settings and p.settings["patience"] >= p.settings["epochs"]
-                   for p in small.points())
+        assert all(
+            "max_minutes" not in p.settings and p.settings["patience"] >= p.settings["epochs"] for p in small.points()
+        )
         assert len({p.settings["seed"] for p in small.points()}) >= 2
     for name in shipped_plans():
         assert all("max_minutes" not in p.settings for p in load_plan(name, "small").points()), name
@@ -298,7 +357,10 @@ def test_a_plan_of_ones_own_is_not_labelled_a_paper(plan_file, tiny_corpus, tmp_
     monkeypatch.chdir(tmp_path)
     plan = load_plan(plan_file)
     assert plan.profile is None and plan.label == "tiny"
-    assert load_plan("lru-table1").label == "lru-table1-paper" and load_plan("lru-table1", "small").label == "lru-table1-small"
+    assert (
+        load_plan("lru-table1").label == "lru-table1-paper"
+        and load_plan("lru-table1", "small").label == "lru-table1-small"
+    )
     dry = cli("sweep", plan_file, "--data-dir", tiny_corpus, "--dry-run", check_code=0)
     assert dry.stdout.startswith(f"4 run(s) of tiny in {Path('sweeps') / 'tiny'}\n")
     assert "paper" not in dry.stdout
@@ -306,8 +368,10 @@ def test_a_plan_of_ones_own_is_not_labelled_a_paper(plan_file, tiny_corpus, tmp_
     assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["profile"] is None
     other = tmp_path / "other.toml"
     other.write_text('[base]\ncorpus = "tiny"\n[axes]\ncell = ["rnn"]\n', encoding="utf-8")
-    assert_one_line_error(cli("sweep", other, "--dir", tmp_path / "sweep", "--data-dir", tiny_corpus),
-                          "holds runs of another plan (tiny): choose another --dir")
+    assert_one_line_error(
+        cli("sweep", other, "--dir", tmp_path / "sweep", "--data-dir", tiny_corpus),
+        "holds runs of another plan (tiny): choose another --dir",
+    )
 
 
 def test_the_plans_budget_label_is_recorded_in_sweep_json(plan_file, tmp_path):
@@ -339,7 +403,9 @@ split = "valid"
 """
 
 
-def test_a_failed_evaluation_exits_1_naming_the_point_and_the_log_and_a_rerun_evaluates_it(tiny_corpus, tmp_path, monkeypatch):
+def test_a_failed_evaluation_exits_1_naming_the_point_and_the_log_and_a_rerun_evaluates_it(
+    tiny_corpus, tmp_path, monkeypatch
+):
     import charlm.api
 
     plan, directory = tmp_path / "one.toml", tmp_path / "sweep"
@@ -351,8 +417,9 @@ def test_a_failed_evaluation_exits_1_naming_the_point_and_the_log_and_a_rerun_ev
     with monkeypatch.context() as patched:
         patched.setattr(charlm.api.Model, "evaluate", failing)
         result = cli(*sweep_args(plan, directory, tiny_corpus))
-    assert_one_line_error(result, f"1 of 1 runs did not finish: cell-gru (evaluation failed); why: {directory / 'sweep.log'}",
-                          code=1)
+    assert_one_line_error(
+        result, f"1 of 1 runs did not finish: cell-gru (evaluation failed); why: {directory / 'sweep.log'}", code=1
+    )
     line = "[1/1] cell-gru: trained, but its evaluation failed: the valid split vanished; the run is kept"
     assert line in result.stderr and line in (directory / "sweep.log").read_text()
     assert "sweep " in result.stdout and "1 failed" in result.stdout
@@ -394,15 +461,21 @@ def test_damaged_runs_are_reported_and_skipped_and_the_others_are_kept(trained_r
             damage(directory / f"seed-{seed}")
     result = cli(*sweep_args(plan, directory, tmp_path / "no-data"))
     assert "[1/4] seed-1: finished earlier; skipped" in result.stderr
-    reasons = {2: f"{directory / 'seed-2' / 'config.json'} must hold a JSON object, not a list",
-               3: f"{directory / 'seed-3' / 'metrics.jsonl'} line",
-               4: f"{directory / 'seed-4' / 'best.pt'} is cut short or is not a checkpoint"}
+    reasons = {
+        2: f"{directory / 'seed-2' / 'config.json'} must hold a JSON object, not a list",
+        3: f"{directory / 'seed-3' / 'metrics.jsonl'} line",
+        4: f"{directory / 'seed-4' / 'best.pt'} is cut short or is not a checkpoint",
+    }
     for seed, reason in reasons.items():
         line = next(line for line in result.stderr.splitlines() if line.startswith(f"[{seed}/4] seed-{seed}: "))
         assert line.startswith(f"[{seed}/4] seed-{seed}: damaged, skipped: {reason}"), line
-        assert line.endswith(f"move {directory / f'seed-{seed}'} away and run the same command again to train it afresh")
+        assert line.endswith(
+            f"move {directory / f'seed-{seed}'} away and run the same command again to train it afresh"
+        )
     assert "3 damaged, 1 finished" in result.stdout
-    assert_one_line_error(result, "3 of 4 runs did not finish: seed-2 (damaged), seed-3 (damaged), seed-4 (damaged)", code=1)
+    assert_one_line_error(
+        result, "3 of 4 runs did not finish: seed-2 (damaged), seed-3 (damaged), seed-4 (damaged)", code=1
+    )
     dry = cli(*sweep_args(plan, directory, tmp_path / "no-data", "--dry-run"), check_code=0)
     states = [line.split("│")[-2].strip() for line in dry.stdout.splitlines() if line.startswith("│ seed-")]
     assert states == ["finished", "damaged", "damaged", "damaged"]
@@ -411,15 +484,26 @@ def test_damaged_runs_are_reported_and_skipped_and_the_others_are_kept(trained_r
 def test_a_plan_cannot_make_a_sweep_write_outside_its_directory(tmp_path):
     """Names from a plan are plain names; values that are paths become parts of one directory name."""
     plan = tmp_path / "climbing.toml"
-    plan.write_text('[axes]\nwandb_project = ["../../../escape", "/etc/passwd", "..", "a\\\\..\\\\b"]\n', encoding="utf-8")
+    plan.write_text(
+        '[axes]\nwandb_project = ["../../../escape", "/etc/passwd", "..", "a\\\\..\\\\b"]\n', encoding="utf-8"
+    )
     sweep = Sweep(load_plan(plan), tmp_path / "sweep")
     runs = [sweep.config(point).run_dir for point in sweep.plan.points()]
-    assert [name.rpartition("/")[2] for name in runs] == ["wandb_project-..-..-..-escape", "wandb_project--etc-passwd",
-                                                         "wandb_project-..", "wandb_project-a-..-b"]
+    assert [name.rpartition("/")[2] for name in runs] == [
+        "wandb_project-..-..-..-escape",
+        "wandb_project--etc-passwd",
+        "wandb_project-..",
+        "wandb_project-a-..-b",
+    ]
     assert all(Path(run).resolve().parent == (tmp_path / "sweep").resolve() for run in runs)
-    for text, refused in (('name = "../up"\n', "its name '../up'"), ('[base]\nrun_dir = "/tmp/x"\n', "a plan cannot set 'run_dir'"),
-                          ('[base]\ninit_from = "/tmp/x.pt"\n', "a plan cannot set 'init_from'"),
-                          ('[base]\ndata_dir = "/tmp"\n', "a plan cannot set 'data_dir'"),
-                          ('[profiles."../up"]\n', "profile name '../up'")):
-        plan.write_text(text + '[axes]\ncell = ["gru"]\n' if "profiles" not in text else '[axes]\ncell = ["gru"]\n' + text)
+    for text, refused in (
+        ('name = "../up"\n', "its name '../up'"),
+        ('[base]\nrun_dir = "/tmp/x"\n', "a plan cannot set 'run_dir'"),
+        ('[base]\ninit_from = "/tmp/x.pt"\n', "a plan cannot set 'init_from'"),
+        ('[base]\ndata_dir = "/tmp"\n', "a plan cannot set 'data_dir'"),
+        ('[profiles."../up"]\n', "profile name '../up'"),
+    ):
+        plan.write_text(
+            text + '[axes]\ncell = ["gru"]\n' if "profiles" not in text else '[axes]\ncell = ["gru"]\n' + text
+        )
         assert_one_line_error(cli("sweep", plan, "--dry-run"), refused)

@@ -54,8 +54,8 @@ def exhaustive_best(network, prime_ids, length, alpha, vocab_size, banned=(), en
     tokens = torch.tensor([list(prime_ids) + list(sequence) for sequence in sequences])
     with torch.no_grad():
         logits, _ = network(tokens[:, :-1], network.initial_state(len(sequences)))
-    log_probs = torch.log_softmax(logits.double(), dim=-1)[:, len(prime_ids) - 1:]
-    per_symbol = log_probs.gather(2, tokens[:, len(prime_ids):, None]).squeeze(2).tolist()
+    log_probs = torch.log_softmax(logits.double(), dim=-1)[:, len(prime_ids) - 1 :]
+    per_symbol = log_probs.gather(2, tokens[:, len(prime_ids) :, None]).squeeze(2).tolist()
     scored = {}
     for sequence, values in zip(sequences, per_symbol):
         cut = next((n for n in range(1, length + 1) if ended is not None and ended(list(sequence[:n]))), length)
@@ -68,9 +68,11 @@ def exhaustive_best(network, prime_ids, length, alpha, vocab_size, banned=(), en
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 def test_a_beam_as_wide_as_every_sequence_is_exhaustive_search(cell):
     network = tiny_network(cell, vocab_size=3)
-    best = beam_search(network, [0, 1], length=4, width=3 ** 4)
+    best = beam_search(network, [0, 1], length=4, width=3**4)
     assert best.ids == exhaustive_best(network, [0, 1], 4, 1.0, 3)
-    assert best.log_probs == pytest.approx(stepped_log_probs(network, [0, 1], best.ids), abs=1e-5)  # each beam's own state
+    assert best.log_probs == pytest.approx(
+        stepped_log_probs(network, [0, 1], best.ids), abs=1e-5
+    )  # each beam's own state
 
 
 def test_a_beam_of_one_is_greedy_decoding():
@@ -90,14 +92,14 @@ def test_stopped_beams_compete_by_length_normalised_score(alpha):
     network = tiny_network("gru", vocab_size=3, seed=2)
     ended = lambda ids: ids[-2:] == [2, 2] or ids[-1:] == [0]  # noqa: E731  two "stop strings"
     expected = exhaustive_best(network, [1], 4, alpha, 3, ended=ended)
-    best = beam_search(network, [1], length=4, width=3 ** 4, length_penalty=alpha, finished=ended)
+    best = beam_search(network, [1], length=4, width=3**4, length_penalty=alpha, finished=ended)
     assert best.ids == expected
 
 
 def test_the_unknown_entry_is_never_part_of_a_beam():
     network = tiny_network("gru", vocab_size=3, seed=3)
     expected = exhaustive_best(network, [0], 4, 1.0, 3, banned=(2,))
-    assert beam_search(network, [0], length=4, width=2 ** 4, banned_ids=[2]).ids == expected
+    assert beam_search(network, [0], length=4, width=2**4, banned_ids=[2]).ids == expected
 
 
 def test_beam_search_edge_cases():
@@ -110,6 +112,7 @@ def test_beam_search_edge_cases():
 
 
 # --- stop strings ----------------------------------------------------------------------------------
+
 
 def test_stop_strings_cut_the_text_after_the_first_one_even_across_pieces():
     assert stop_end("abcXYde", ["XY"]) == 5
@@ -130,8 +133,15 @@ def test_stop_strings_cut_the_text_after_the_first_one_even_across_pieces():
 @pytest.fixture(scope="module")
 def model() -> Model:
     network = tiny_network("gru", vocab_size=len(VOCABULARY), seed=4)
-    return Model(Checkpoint(network.config, TrainConfig(corpus="tiny"), CharTokenizer(VOCABULARY).to_state(),
-                            network.state_dict(), kind="export"))
+    return Model(
+        Checkpoint(
+            network.config,
+            TrainConfig(corpus="tiny"),
+            CharTokenizer(VOCABULARY).to_state(),
+            network.state_dict(),
+            kind="export",
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -155,13 +165,13 @@ def test_a_sample_ends_with_the_first_stop_string_it_generates(model):
 def test_beam_search_from_the_api_is_exhaustive_and_stops(model):
     prime = model.tokenizer.encode("ab")
     expected = exhaustive_best(model.network, prime, 4, 1.0, len(VOCABULARY))
-    generation = model.stream("ab", 4, beam=4 ** 4)
+    generation = model.stream("ab", 4, beam=4**4)
     assert "".join(generation) == model.tokenizer.decode(expected)
     assert generation.log_prob == pytest.approx(sum(stepped_log_probs(model.network, prime, expected)), abs=1e-5)
     ended = lambda ids: "\n" in model.tokenizer.decode(ids)  # noqa: E731
     for alpha, stopped in [(0.0, True), (1.0, False)]:  # a short stopped continuation wins only on total probability
         expected = exhaustive_best(model.network, prime, 4, alpha, len(VOCABULARY), ended=ended)
-        text = model.sample("ab", 4, beam=4 ** 4, length_penalty=alpha, stop="\n")
+        text = model.sample("ab", 4, beam=4**4, length_penalty=alpha, stop="\n")
         assert text == "ab" + model.tokenizer.decode(expected) and text.endswith("\n") == stopped
 
 
@@ -177,16 +187,19 @@ def test_the_log_probability_is_the_models_own_given_the_prime(model):
     assert generation.log_prob == pytest.approx(-scored, abs=1e-4)
 
 
-@pytest.mark.parametrize("settings, message", [
-    (dict(beam=2, temperature=0.5), "temperature does not apply to beam search"),
-    (dict(beam=2, top_k=2), "top_k does not apply to beam search"),
-    (dict(beam=2, top_p=0.9), "top_p does not apply to beam search"),
-    (dict(beam=2, seed=1), "seed does not apply to beam search, which draws nothing at random"),
-    (dict(length_penalty=0.5), "length_penalty applies only to beam search"),
-    (dict(beam=-1), "beam must be zero or positive"),
-    (dict(beam=2, length_penalty=-1.0), "length_penalty must be zero or positive"),
-    (dict(stop=["a", ""]), "stop must be a non-empty string, not ''"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(beam=2, temperature=0.5), "temperature does not apply to beam search"),
+        (dict(beam=2, top_k=2), "top_k does not apply to beam search"),
+        (dict(beam=2, top_p=0.9), "top_p does not apply to beam search"),
+        (dict(beam=2, seed=1), "seed does not apply to beam search, which draws nothing at random"),
+        (dict(length_penalty=0.5), "length_penalty applies only to beam search"),
+        (dict(beam=-1), "beam must be zero or positive"),
+        (dict(beam=2, length_penalty=-1.0), "length_penalty must be zero or positive"),
+        (dict(stop=["a", ""]), "stop must be a non-empty string, not ''"),
+    ],
+)
 def test_settings_that_make_no_sense_are_refused(model, settings, message):
     with pytest.raises(CharlmError, match=re.escape(message)):
         model.stream("ab", 5, **settings)
@@ -200,9 +213,12 @@ def test_a_beam_the_machine_cannot_hold_is_refused_before_the_search(model, monk
 
     monkeypatch.setattr(memory, "available_memory", lambda device: 2**30)  # 1 GiB free, whatever the machine
     assert (live_beams(2**63, 4, 3), live_beams(10, 4, 3), live_beams(2**63, 1, 2**62)) == (64, 10, 1)
-    with pytest.raises(CharlmError, match=r"^beam search of width 9,223,372,036,854,775,807 over 100 symbols needs "
-                                          r"about .* \(9,223,372,036,854,775,807 live beams, .* but cpu has 1.0 GiB free: use a smaller "
-                                          r"--beam or --length$"):
+    with pytest.raises(
+        CharlmError,
+        match=r"^beam search of width 9,223,372,036,854,775,807 over 100 symbols needs "
+        r"about .* \(9,223,372,036,854,775,807 live beams, .* but cpu has 1.0 GiB free: use a smaller "
+        r"--beam or --length$",
+    ):
         model.stream("ab", 100, beam=2**63 - 1)
     assert len(model.sample("ab", 3, beam=2**63 - 1)) == 5  # 64 continuations: exhaustive, and cheap
 
@@ -215,7 +231,9 @@ LOG_PROB = re.compile(r"log probability (\S+) nats = (\S+) bits over (\d+) symbo
 def test_cli_beam_search_prints_the_best_continuation_and_its_log_probability(model, checkpoint_file):
     prime = model.tokenizer.encode("ab")
     expected = exhaustive_best(model.network, prime, 4, 1.0, len(VOCABULARY))
-    result = cli("sample", checkpoint_file, "--prime", "ab", "--length", "4", "--beam", "256", "--logprob", check_code=0)
+    result = cli(
+        "sample", checkpoint_file, "--prime", "ab", "--length", "4", "--beam", "256", "--logprob", check_code=0
+    )
     assert result.stdout == "ab" + model.tokenizer.decode(expected) + "\n"
     assert "seed" not in result.stderr  # nothing is drawn, so no seed is said
     nats, bits, symbols, per_symbol = LOG_PROB.search(result.stderr).groups()
@@ -228,10 +246,26 @@ def test_cli_beam_search_prints_the_best_continuation_and_its_log_probability(mo
 def test_cli_stop_strings_and_log_probability_per_sample(model, checkpoint_file):
     continuations = [model.sample("ab", 40, seed=seed)[2:] for seed in (5, 6)]
     stop = "aab"
-    expected = [text[:text.find(stop) + 3] if stop in text else text for text in continuations]
+    expected = [text[: text.find(stop) + 3] if stop in text else text for text in continuations]
     assert expected[0] != continuations[0] and expected[1] == continuations[1]  # stopped in the first only
-    result = cli("sample", checkpoint_file, "--prime", "ab", "--length", "40", "--seed", "5", "--num-samples", "2",
-                 "--stop", stop, "--stop", "never", "--logprob", check_code=0)
+    result = cli(
+        "sample",
+        checkpoint_file,
+        "--prime",
+        "ab",
+        "--length",
+        "40",
+        "--seed",
+        "5",
+        "--num-samples",
+        "2",
+        "--stop",
+        stop,
+        "--stop",
+        "never",
+        "--logprob",
+        check_code=0,
+    )
     assert result.stdout == "ab" + expected[0] + "\n\nab" + expected[1] + "\n"
     lines = [line for line in result.stderr.splitlines() if "log probability" in line]
     assert [line.split(":")[0] for line in lines] == ["sample 1", "sample 2"]
@@ -242,23 +276,29 @@ def test_cli_stop_strings_and_log_probability_per_sample(model, checkpoint_file)
 
 def test_cli_prime_file_dash_reads_standard_input(checkpoint_file, monkeypatch):
     given = cli("sample", checkpoint_file, "--prime", "b a", "--length", "10", "--seed", "2", check_code=0).stdout
-    piped = cli("sample", checkpoint_file, "--prime-file", "-", "--length", "10", "--seed", "2", stdin="b a", check_code=0)
+    piped = cli(
+        "sample", checkpoint_file, "--prime-file", "-", "--length", "10", "--seed", "2", stdin="b a", check_code=0
+    )
     assert piped.stdout == given and given.startswith("b a")
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a\xffb"), encoding="utf-8"))
-    assert_one_line_error(cli("sample", checkpoint_file, "--prime-file", "-"),
-                          "the prime on standard input is not UTF-8 text (byte 1)")
+    assert_one_line_error(
+        cli("sample", checkpoint_file, "--prime-file", "-"), "the prime on standard input is not UTF-8 text (byte 1)"
+    )
     assert_one_line_error(cli("sample", checkpoint_file, "--prime-file", "-", stdin=""), "the prime is empty")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--beam", "2", "--temperature", "0.5"], "--temperature does not apply to beam search"),
-    (["--beam", "2", "--top-k", "2"], "--top-k does not apply to beam search"),
-    (["--beam", "2", "--seed", "3"], "--seed does not apply to beam search"),
-    (["--beam", "2", "--num-samples", "2"], "--num-samples must be 1 with beam search"),
-    (["--length-penalty", "0.7"], "--length-penalty applies only to beam search"),
-    (["--beam", "-1"], "--beam must be zero or positive"),
-    (["--stop", ""], "--stop must be a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--beam", "2", "--temperature", "0.5"], "--temperature does not apply to beam search"),
+        (["--beam", "2", "--top-k", "2"], "--top-k does not apply to beam search"),
+        (["--beam", "2", "--seed", "3"], "--seed does not apply to beam search"),
+        (["--beam", "2", "--num-samples", "2"], "--num-samples must be 1 with beam search"),
+        (["--length-penalty", "0.7"], "--length-penalty applies only to beam search"),
+        (["--beam", "-1"], "--beam must be zero or positive"),
+        (["--stop", ""], "--stop must be a non-empty string"),
+    ],
+)
 def test_cli_refuses_settings_that_make_no_sense(checkpoint_file, args, message):
     result = cli("sample", checkpoint_file, "--length", "5", *args)
     assert_one_line_error(result, message)

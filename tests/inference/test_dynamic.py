@@ -33,8 +33,20 @@ def trained_run(tiny_corpus, tmp_path_factory):
     each). Not the session's `trained_run`: this one is trained further (dynamic evaluation must
     gain clearly on it), is several times faster to evaluate, and these tests append to its metrics."""
     run = tmp_path_factory.mktemp("dynamic") / "run"
-    train(TrainConfig(corpus="tiny", cell="lstm", hidden=48, batch_size=16, bptt=25, epochs=3, lr=1e-2,
-                      eval_batch_size=4, data_dir=str(tiny_corpus), run_dir=str(run)))
+    train(
+        TrainConfig(
+            corpus="tiny",
+            cell="lstm",
+            hidden=48,
+            batch_size=16,
+            bptt=25,
+            epochs=3,
+            lr=1e-2,
+            eval_batch_size=4,
+            data_dir=str(tiny_corpus),
+            run_dir=str(run),
+        )
+    )
     return run
 
 
@@ -89,7 +101,7 @@ def test_each_segment_is_scored_by_the_weights_updated_on_the_previous_segments_
     state = reference.initial_state(1)
     expected = []
     for start in range(0, 120, segment):
-        window_inputs, window_targets = inputs[:, start:start + segment], targets[:, start:start + segment]
+        window_inputs, window_targets = inputs[:, start : start + segment], targets[:, start : start + segment]
         with torch.no_grad():
             expected.append(window_nats(reference(window_inputs, state)[0], window_targets).item())
         reference.zero_grad()
@@ -137,12 +149,12 @@ def test_gradient_statistics_are_the_root_mean_square_of_the_batch_gradients():
     streams = torch.tensor(tokens[:80].reshape(2, 40)), torch.tensor(tokens[1:81].reshape(2, 40))
     state, squares = model.initial_state(2), [torch.zeros_like(p) for p in model.parameters()]
     for start in (0, 10, 20):
-        inputs, targets = (stream[:, start:start + 10] for stream in streams)
+        inputs, targets = (stream[:, start : start + 10] for stream in streams)
         model.zero_grad()
         logits, state = model(inputs, state)
         state = detach_state(state)
         torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1)).backward()  # in float64
-        squares = [square + p.grad ** 2 for square, p in zip(squares, model.parameters())]
+        squares = [square + p.grad**2 for square, p in zip(squares, model.parameters())]
     for root, square in zip(rms, squares):
         torch.testing.assert_close(root, torch.sqrt(square / 3), rtol=1e-12, atol=0)
 
@@ -215,7 +227,9 @@ def test_adapt_on_valid_starts_the_test_pass_from_the_adapted_weights(method):
 
 
 def rms_statistics_like(model, corpus, options):
-    rms, _ = collect_gradient_statistics(model, corpus.split("train"), segment=options.segment, batch_size=options.stat_batch_size)
+    rms, _ = collect_gradient_statistics(
+        model, corpus.split("train"), segment=options.segment, batch_size=options.stat_batch_size
+    )
     return rms
 
 
@@ -223,7 +237,9 @@ def rms_statistics_like(model, corpus, options):
 def test_both_methods_lower_bpc_on_a_trained_model(trained_run, method, lr):
     model = load(trained_run, "cpu")
     corpus = model.corpus()
-    report = evaluate_dynamic(model.network, corpus, "test", DynamicOptions(method, lr=lr, stat_batches=20), device="cpu")
+    report = evaluate_dynamic(
+        model.network, corpus, "test", DynamicOptions(method, lr=lr, stat_batches=20), device="cpu"
+    )
     assert report.static.tokens == report.dynamic.tokens == corpus.tokens("test") - 1
     assert report.dynamic.bpc < report.static.bpc - 0.02, (report.static.bpc, report.dynamic.bpc)
 
@@ -253,7 +269,9 @@ def test_every_cell_adapts_and_reproduces_static_at_learning_rate_zero(cell):
 def test_grid_search_restores_the_weights_and_abandons_divergent_points():
     model = random_model()
     before = weights(model)
-    result = grid_search(model, random_tokens(201), DynamicOptions("sgd", segment=10), lrs=(0.0, 0.05, 1e4), decays=(0.0,))
+    result = grid_search(
+        model, random_tokens(201), DynamicOptions("sgd", segment=10), lrs=(0.0, 0.05, 1e4), decays=(0.0,)
+    )
     assert all(torch.equal(a, b) for a, b in zip(before, weights(model)))
     assert [point.lr for point in result.points] == [0.0, 0.05, 1e4]
     assert result.points[0].bpc == result.static_bpc
@@ -273,7 +291,8 @@ def test_a_best_value_at_an_edge_of_its_grid_is_said_with_the_way_to_extend_it()
         "the best η, 1e-05, is the smallest the search tried (1e-05 to 3e-05): a smaller one may do better; "
         "try --dyn-lr smaller than 1e-05",
         "the best λ, 0.1, is the largest the search tried (0 to 0.1): a larger one may do better; try --dyn-decay "
-        "larger than 0.1"]
+        "larger than 0.1",
+    ]
     assert "largest" in result((0.001, 0.0, 2.0), (0.1, 0.0, 1.5)).edge_notes()[0]
     assert result((0.001, 0.0, 2.0), (0.01, 0.0, 1.5), (0.1, 0.0, 1.7)).edge_notes() == []  # inside the grid
     assert result((1e-5, 0.0, 1.5), (1e-5, 0.1, 1.7)).edge_notes() == []  # λ = 0: nothing below; one η: no grid
@@ -286,11 +305,18 @@ def test_eval_warns_when_the_search_chose_an_edge(trained_run, tmp_path, monkeyp
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)  # eval records its figures in the run
     monkeypatch.setitem(protocol.SEARCH_LRS, "sgd", (1e-9, 1e-8))
-    monkeypatch.setattr(protocol, "grid_search", lambda model, tokens, options, rms, **rest: protocol.SearchResult(
-        [protocol.SearchPoint(1e-9, 0.0, 4.0), protocol.SearchPoint(1e-8, 0.0, 4.1)], 4.2, len(tokens)))
+    monkeypatch.setattr(
+        protocol,
+        "grid_search",
+        lambda model, tokens, options, rms, **rest: protocol.SearchResult(
+            [protocol.SearchPoint(1e-9, 0.0, 4.0), protocol.SearchPoint(1e-8, 0.0, 4.1)], 4.2, len(tokens)
+        ),
+    )
     result = cli("eval", run, "--dynamic", "sgd", "--dyn-search", "--search-prefix", "300", check_code=0)
-    assert ("warning: --dyn-search: the best η, 1e-09, is the smallest the search tried (1e-09 to 1e-08): a smaller "
-            "one may do better; try --dyn-lr smaller than 1e-09") in result.stderr
+    assert (
+        "warning: --dyn-search: the best η, 1e-09, is the smallest the search tried (1e-09 to 1e-08): a smaller "
+        "one may do better; try --dyn-lr smaller than 1e-09"
+    ) in result.stderr
 
 
 def table_row(stdout, name):
@@ -305,7 +331,18 @@ def last_event(run):
 def test_cli_sgd_search_reports_both_figures_and_saves_adapted_weights(trained_run, tmp_path):
     run = trained_run
     adapted = tmp_path / "adapted.pt"
-    result = cli("eval", run, "--dynamic", "sgd", "--dyn-search", "--search-prefix", "300", "--save-adapted", adapted, check_code=0)
+    result = cli(
+        "eval",
+        run,
+        "--dynamic",
+        "sgd",
+        "--dyn-search",
+        "--search-prefix",
+        "300",
+        "--save-adapted",
+        adapted,
+        check_code=0,
+    )
     static, dynamic = table_row(result.stdout, "static"), table_row(result.stdout, "dynamic sgd")
     assert float(dynamic[1]) < float(static[1])
     assert "search on the first 300 valid predictions" in result.stdout
@@ -329,19 +366,46 @@ def test_cli_sgd_search_reports_both_figures_and_saves_adapted_weights(trained_r
 
 def test_cli_rms_adapted_on_valid(trained_run):
     run = trained_run
-    result = cli("eval", run, "--dynamic", "rms", "--adapt-on", "valid", "--dyn-stat-batches", "5",
-                     "--dyn-lr", "0.0003", "--dyn-decay", "0.05", "--segment", "10", check_code=0)
+    result = cli(
+        "eval",
+        run,
+        "--dynamic",
+        "rms",
+        "--adapt-on",
+        "valid",
+        "--dyn-stat-batches",
+        "5",
+        "--dyn-lr",
+        "0.0003",
+        "--dyn-decay",
+        "0.05",
+        "--segment",
+        "10",
+        check_code=0,
+    )
     assert "adapted on      valid" in result.stdout and "statistics      5 training batches" in result.stdout
     static, dynamic = table_row(result.stdout, "static"), table_row(result.stdout, "dynamic rms")
     assert float(dynamic[1]) < float(static[1])
     event = last_event(run)
     assert event["adapt_on"] == "valid" and event["statistics_batches"] == 5
-    assert event["hyperparameters"] == {"method": "rms", "lr": 0.0003, "segment": 10, "batch_size": 1, "decay": 0.05,
-                                        "eps": 1e-5, "stat_batch_size": 100, "stat_batches": 5}
+    assert event["hyperparameters"] == {
+        "method": "rms",
+        "lr": 0.0003,
+        "segment": 10,
+        "batch_size": 1,
+        "decay": 0.05,
+        "eps": 1e-5,
+        "stat_batch_size": 100,
+        "stat_batches": 5,
+    }
 
 
 def test_cli_error_is_one_line(trained_run):
-    assert_one_line_error(cli("eval", trained_run, "--dynamic", "sgd", "--adapt-on", "valid", "--split", "valid"), "--adapt-on valid", "--split test")
+    assert_one_line_error(
+        cli("eval", trained_run, "--dynamic", "sgd", "--adapt-on", "valid", "--split", "valid"),
+        "--adapt-on valid",
+        "--split test",
+    )
 
 
 @pytest.mark.parametrize(
@@ -353,8 +417,10 @@ def test_cli_error_is_one_line(trained_run):
         (["--dyn-search"], "--dyn-search applies to dynamic evaluation"),
         (["--dynamic", "adam"], "--dynamic must be sgd or rms"),
         (["--dynamic", "--dyn-lr", "0.1"], "--dynamic must be sgd or rms, not '--dyn-lr': it takes a method first"),
-        (["--dynamic", "sgd", "--dyn-search", "--search-prefix", "0"], "--search-prefix must be a whole number of characters "
-                                                                         "from 2"),  # not the default of 50,000
+        (
+            ["--dynamic", "sgd", "--dyn-search", "--search-prefix", "0"],
+            "--search-prefix must be a whole number of characters from 2",
+        ),  # not the default of 50,000
         (["--dynamic", "sgd", "--dyn-lr", "-0.1"], "--dyn-lr must be zero or positive, not -0.1"),
         (["--dynamic", "rms", "--dyn-decay", "1.5"], "--dyn-decay must be in [0, 1], not 1.5"),
         (["--dynamic", "rms", "--dyn-decay", "-0.1"], "--dyn-decay must be in [0, 1], not -0.1"),
@@ -406,11 +472,25 @@ def test_save_adapted_replaces_a_file_only_with_force(trained_run, tiny_corpus, 
     scored = []
     monkeypatch.setattr(charlm.api.Model, "evaluate", lambda *args, **kwargs: scored.append(1))
     result = cli("eval", trained_run, "--dynamic", "sgd", "--save-adapted", target, "--data-dir", tiny_corpus)
-    assert_one_line_error(result, f"--save-adapted {target} exists: pass --force to replace it, or give another file name")
+    assert_one_line_error(
+        result, f"--save-adapted {target} exists: pass --force to replace it, or give another file name"
+    )
     assert target.read_bytes() == b"an earlier file" and scored == []
     monkeypatch.undo()
-    cli("eval", trained_run, "--dynamic", "sgd", "--segment", "50", "--save-adapted", target, "--force",
-        "--data-dir", tiny_corpus, check_code=0)
+    cli(
+        "eval",
+        trained_run,
+        "--dynamic",
+        "sgd",
+        "--segment",
+        "50",
+        "--save-adapted",
+        target,
+        "--force",
+        "--data-dir",
+        tiny_corpus,
+        check_code=0,
+    )
     assert Checkpoint.load(target).dynamic is not None
     assert_one_line_error(cli("eval", trained_run, "--force"), "--force")  # without --dynamic it does nothing
 
@@ -428,8 +508,11 @@ def test_help_states_the_library_defaults():
     from charlm.config import DEFAULT_DYNAMIC_LR
     from charlm.config import DEFAULT_SEARCH_PREFIX
 
-    helps = {parameter.default.param_decls[0]: parameter.default.help
-             for parameter in inspect.signature(evaluate).parameters.values() if getattr(parameter.default, "param_decls", None)}
+    helps = {
+        parameter.default.param_decls[0]: parameter.default.help
+        for parameter in inspect.signature(evaluate).parameters.values()
+        if getattr(parameter.default, "param_decls", None)
+    }
     defaults = DynamicOptions()
     assert f"(default: {DEFAULT_DYNAMIC_LR['sgd']:g} sgd, {DEFAULT_DYNAMIC_LR['rms']:g} rms)" in helps["--dyn-lr"]
     assert f"(default: {defaults.decay:g})" in helps["--dyn-decay"]

@@ -63,10 +63,14 @@ def test_the_check_counts_the_model_it_is_given_and_the_larger_rms_window():
         check_evaluation_fits(model, torch.device("cpu"), **options, available=needed - 1)
     assert str(refused.value).endswith(f"but cpu has {memory._gib(needed - 1)} free: use less")
     # the statistics' window: 100 streams (1,001 training tokens hold 166 of 5 + 1) × 5 steps, the larger
-    with pytest.raises(charlm.CharlmError, match=f"for a window of 100 streams × 5 steps, .* for 6 float32 copies of "
-                                                 f"the model's {parameters:,} parameters"):
-        check_evaluation_fits(model, torch.device("cpu"), **options, stat_batch_size=100, train_predictions=1000,
-                              available=needed)
+    with pytest.raises(
+        charlm.CharlmError,
+        match=f"for a window of 100 streams × 5 steps, .* for 6 float32 copies of "
+        f"the model's {parameters:,} parameters",
+    ):
+        check_evaluation_fits(
+            model, torch.device("cpu"), **options, stat_batch_size=100, train_predictions=1000, available=needed
+        )
 
 
 @pytest.fixture
@@ -87,16 +91,22 @@ class Stages(NoProgress):
 
 
 def test_evaluate_refuses_a_window_that_does_not_fit_naming_batch_size_and_bptt(starved_model):
-    with pytest.raises(charlm.CharlmError, match=r"^scoring needs about 2 MiB \(2 MiB for a window of 16 streams × "
-                                                 r"25 steps\) but cpu has 1 MiB free: use a smaller --batch-size or --bptt$"):
+    with pytest.raises(
+        charlm.CharlmError,
+        match=r"^scoring needs about 2 MiB \(2 MiB for a window of 16 streams × "
+        r"25 steps\) but cpu has 1 MiB free: use a smaller --batch-size or --bptt$",
+    ):
         starved_model.evaluate("test", batch_size=16, record=False)
     assert starved_model.evaluate("test", batch_size=1, record=False).tokens == 2000  # a smaller window fits
 
 
 def test_score_refuses_a_window_that_does_not_fit_naming_batch_size(starved_model):
     text = pydoc_text(1000)
-    with pytest.raises(charlm.CharlmError, match=r"window of 16 streams × 25 steps.*use a smaller --batch-size "
-                                                 r"\(the windows are the training bptt, 25 steps\)$"):
+    with pytest.raises(
+        charlm.CharlmError,
+        match=r"window of 16 streams × 25 steps.*use a smaller --batch-size "
+        r"\(the windows are the training bptt, 25 steps\)$",
+    ):
         starved_model.score(text, batch_size=16)
     assert starved_model.score(text).tokens == 999
 
@@ -104,8 +114,11 @@ def test_score_refuses_a_window_that_does_not_fit_naming_batch_size(starved_mode
 def test_dynamic_scoring_refuses_before_adapting(starved_model):
     text = pydoc_text(1000)
     before = {name: tensor.clone() for name, tensor in starved_model.network.state_dict().items()}
-    with pytest.raises(charlm.CharlmError, match=r"^dynamic evaluation \(sgd\) needs about .* 2 float32 copies of the "
-                                                 r"model's 18,460 parameters\) .*: use a smaller --batch-size or --segment$"):
+    with pytest.raises(
+        charlm.CharlmError,
+        match=r"^dynamic evaluation \(sgd\) needs about .* 2 float32 copies of the "
+        r"model's 18,460 parameters\) .*: use a smaller --batch-size or --segment$",
+    ):
         starved_model.score(text, dynamic="sgd", batch_size=16)
     assert all(torch.equal(before[name], tensor) for name, tensor in starved_model.network.state_dict().items())
     assert starved_model.score(text, dynamic="sgd").tokens == 999
@@ -113,8 +126,11 @@ def test_dynamic_scoring_refuses_before_adapting(starved_model):
 
 def test_dynamic_evaluation_refuses_the_statistics_window_before_anything_is_scored(starved_model):
     stages = Stages()
-    with pytest.raises(charlm.CharlmError, match=r"^dynamic evaluation \(rms\) needs about 12 MiB \(12 MiB for a window "
-                                                 r"of 100 streams × 20 steps.*--segment, or a smaller --dyn-stat-batch-size$"):
+    with pytest.raises(
+        charlm.CharlmError,
+        match=r"^dynamic evaluation \(rms\) needs about 12 MiB \(12 MiB for a window "
+        r"of 100 streams × 20 steps.*--segment, or a smaller --dyn-stat-batch-size$",
+    ):
         starved_model.evaluate("test", dynamic="rms", progress=stages, record=False)
     assert stages.entered == []
     options = DynamicOptions(method="rms", stat_batch_size=1, stat_batches=2)
@@ -125,8 +141,11 @@ def test_dynamic_evaluation_refuses_the_statistics_window_before_anything_is_sco
 def test_the_cli_refuses_in_one_line_and_writes_nothing(trained_run, tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "available_memory", lambda device: STARVED)
     metrics = (trained_run / "metrics.jsonl").read_bytes()
-    assert_one_line_error(cli("eval", trained_run, "--batch-size", "16"), "scoring needs about 2 MiB",
-                          "use a smaller --batch-size or --bptt")
+    assert_one_line_error(
+        cli("eval", trained_run, "--batch-size", "16"),
+        "scoring needs about 2 MiB",
+        "use a smaller --batch-size or --bptt",
+    )
     text = tmp_path / "text.txt"
     text.write_text(pydoc_text(1000), encoding="utf-8")
     result = cli("score", trained_run, text, "--dynamic", "rms")

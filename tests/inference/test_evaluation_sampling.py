@@ -67,8 +67,19 @@ def test_sample_without_a_seed_says_the_seed_it_drew(trained_run):
     drawn = cli("sample", trained_run, "--length", "60", "--prime", "The ", "--num-samples", "2", check_code=0)
     seed = re.search(r"seed (\d+) \(pass --seed \1 to draw the same text again\)", drawn.stderr)
     assert seed, drawn.stderr
-    again = cli("sample", trained_run, "--length", "60", "--prime", "The ", "--num-samples", "2", "--seed", seed[1],
-                check_code=0)
+    again = cli(
+        "sample",
+        trained_run,
+        "--length",
+        "60",
+        "--prime",
+        "The ",
+        "--num-samples",
+        "2",
+        "--seed",
+        seed[1],
+        check_code=0,
+    )
     assert again.stdout == drawn.stdout and "seed" not in again.stderr
 
 
@@ -76,8 +87,25 @@ def test_sample_num_samples_prime_file_and_filters(trained_run, tmp_path):
     run = trained_run
     prime = tmp_path / "prime.txt"
     prime.write_text("def ", encoding="utf-8")
-    result = cli("sample", run, "--prime-file", prime, "--length", "30", "--num-samples", "2",
-                     "--top-k", "5", "--top-p", "0.9", "--temperature", "0.7", "--seed", "1", check_code=0)
+    result = cli(
+        "sample",
+        run,
+        "--prime-file",
+        prime,
+        "--length",
+        "30",
+        "--num-samples",
+        "2",
+        "--top-k",
+        "5",
+        "--top-p",
+        "0.9",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "1",
+        check_code=0,
+    )
     assert result.stdout.startswith("def ")
     assert "\n\ndef " in result.stdout  # the second sample starts after a blank line
 
@@ -174,7 +202,9 @@ def test_sampling_through_the_graph_path_draws_the_same_text(monkeypatch):
     model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8)).eval()
     config = SampleConfig(length=40, seed=3)
     eager = list(generate(model, [1, 2, 3], config))
-    monkeypatch.setattr(charlm.inference.sampling, "graphed_step", lambda m, s, enabled=True: GraphedStep(m, s, graph=ReplayByCalling()))
+    monkeypatch.setattr(
+        charlm.inference.sampling, "graphed_step", lambda m, s, enabled=True: GraphedStep(m, s, graph=ReplayByCalling())
+    )
     assert list(generate(model, [1, 2, 3], config)) == eager
 
 
@@ -227,5 +257,6 @@ def test_graphed_step_is_only_for_cuda_and_falls_back_with_a_warning(monkeypatch
     monkeypatch.setattr(charlm.runtime.cuda_graphs, "GraphedStep", capture_fails)
     monkeypatch.setattr(charlm.runtime.cuda_graphs, "get_logger", Recorder)
     assert charlm.runtime.cuda_graphs.graphed_step(model, [(FakeCudaTensor(),)]) == model.step
-    assert Recorder.messages == ["warning: sampling without a CUDA graph (RuntimeError: operation not permitted when "
-                                 "stream is capturing)"]
+    assert Recorder.messages == [
+        "warning: sampling without a CUDA graph (RuntimeError: operation not permitted when stream is capturing)"
+    ]

@@ -49,7 +49,9 @@ def assert_matches_charlm(model, run, batch=4, steps=4):
     tokens = torch.randint(VOCAB, (batch, steps), generator=torch.Generator().manual_seed(5))
     layout = StateLayout.of(model)
     state = layout.flatten(model.initial_state(batch))
-    for column, (expected_logits, expected_state) in zip(tokens.T, steps_of_charlm(model, tokens, model.initial_state(batch))):
+    for column, (expected_logits, expected_state) in zip(
+        tokens.T, steps_of_charlm(model, tokens, model.initial_state(batch))
+    ):
         logits, state = run(column, state)
         assert logits.shape == (batch, VOCAB)
         torch.testing.assert_close(logits, expected_logits, rtol=0, atol=1e-5)
@@ -72,7 +74,9 @@ def test_torchscript_step_equals_charlms_step(case, tmp_path):
     assert_matches_charlm(model, run)
 
 
-ONNX_CASES = [case if "[" not in case.id else pytest.param(case, marks=pytest.mark.slow) for case in CASES]  # options: slow
+ONNX_CASES = [
+    case if "[" not in case.id else pytest.param(case, marks=pytest.mark.slow) for case in CASES
+]  # options: slow
 
 
 @pytest.mark.parametrize("case", ONNX_CASES, ids=[case.id for case in CASES])
@@ -102,7 +106,9 @@ def test_state_layout_names_every_layers_tensors():
     assert layout.names == ("layer0_state0", "layer0_state1", "layer1_state0", "layer1_state1")
     state = lstm.initial_state(3)
     assert [t is u for t, u in zip(layout.flatten(state), (*state[0], *state[1]))] == [True] * 4
-    assert [tuple(map(id, layer)) for layer in layout.nest(layout.flatten(state))] == [tuple(map(id, layer)) for layer in state]
+    assert [tuple(map(id, layer)) for layer in layout.nest(layout.flatten(state))] == [
+        tuple(map(id, layer)) for layer in state
+    ]
     scrn = tiny(next(case for case in CASES if case.id == "scrn[context_size=3]"))
     assert StateLayout.of(scrn).widths == (8, 3, 8, 3)  # h, then the context s
 
@@ -150,8 +156,11 @@ class CubeStateCell(BesselCell):
 
 def test_what_cannot_be_exported_is_refused_in_one_line(tmp_path, capfd):
     cube = LanguageModel(ModelConfig("cube", vocab_size=5, hidden_size=3), CubeStateCell)
-    with pytest.raises(CharlmError, match=r"cannot export cell 'cube': its state tensor 0 of layer 0 is not "
-                                          r"\[batch, width\] but has shape \[1, 2, 3\]"):
+    with pytest.raises(
+        CharlmError,
+        match=r"cannot export cell 'cube': its state tensor 0 of layer 0 is not "
+        r"\[batch, width\] but has shape \[1, 2, 3\]",
+    ):
         write_step(cube, tmp_path / "cube.pt", "torchscript")
     with pytest.raises(CharlmError, match="--format must be one of charlm, torchscript, onnx, not 'tflite'"):
         write_step(cube, tmp_path / "cube.tflite", "tflite")
@@ -168,13 +177,15 @@ def test_what_cannot_be_exported_is_refused_in_one_line(tmp_path, capfd):
 
 def test_a_step_of_another_shape_is_refused(tmp_path, monkeypatch):
     real_runner = export_step.runner
-    monkeypatch.setattr(export_step, "runner", lambda *args: (lambda tokens, state: (
-        real_runner(*args)(tokens, state)[0][:, :-1], state)))
+    monkeypatch.setattr(
+        export_step, "runner", lambda *args: lambda tokens, state: (real_runner(*args)(tokens, state)[0][:, :-1], state)
+    )
     with pytest.raises(CharlmError, match=r"gives shape \[3, 10\] where charlm's gives \[3, 11\]: not written"):
         write_step(tiny(CASES[0]), tmp_path / "step.pt", "torchscript")
 
 
 # --- the command line on a trained run ------------------------------------------------------------
+
 
 def onnx_score(onnx_file, text: str) -> float:
     """Nats of ``text`` (every symbol after the first) from the exported file and its JSON alone:
@@ -208,8 +219,15 @@ def test_onnx_export_from_the_command_line_scores_text_as_charlm_does(trained_ru
     info = json.loads((tmp_path / "model.onnx.json").read_text(encoding="utf-8"))
     assert info["vocabulary"] == model.vocabulary and info["file"] == "model.onnx" and info["format"] == "onnx"
     assert info["inputs"] == ["tokens", "layer0_state0"] and info["outputs"] == ["logits", "layer0_state0_out"]
-    assert info["state"] == [{"name": "layer0_state0", "output": "layer0_state0_out", "dtype": "float32",
-                              "shape": ["batch", 32], "initial": "zeros"}]
+    assert info["state"] == [
+        {
+            "name": "layer0_state0",
+            "output": "layer0_state0_out",
+            "dtype": "float32",
+            "shape": ["batch", 32],
+            "initial": "zeros",
+        }
+    ]
     assert info["model"]["cell"] == "lru" and info["unit"] == "char" and info["tokenizer"]["unk"] == model.tokenizer.unk
     assert info["normalisation"]["newlines_to_lf"] and info["normalisation"]["strip_leading_bom"]
     assert onnx_score(output, TEXT) == pytest.approx(model.score(TEXT).nats, rel=1e-5)

@@ -18,26 +18,69 @@ WRITTEN = {  # one record of every event, with the fields charlm's writers give 
     "start": dict(parameters=6204, hidden_size=16, device="cpu", resumed_at={"epoch": 0, "window": 0}),
     "step": dict(epoch=1, step=5, loss=3.1, bpc=4.4, lr=0.003, grad_norm={"embedding": 0.1, "layer0": 0.7}),
     "valid": dict(epoch=1, step=10, **{f"valid_{k}": v for k, v in SCORE.items()}),
-    "epoch": dict(epoch=1, partial=False, lr=0.003, train_loss=3.0, train_bits=4.3, train_bpc=4.3,
-                  **{f"valid_{k}": v for k, v in SCORE.items()}, grad_norm={"layer0": 0.5}, chars_per_second=30000.0,
-                  train_seconds=1.5, step=20, best=True),
+    "epoch": dict(
+        epoch=1,
+        partial=False,
+        lr=0.003,
+        train_loss=3.0,
+        train_bits=4.3,
+        train_bpc=4.3,
+        **{f"valid_{k}": v for k, v in SCORE.items()},
+        grad_norm={"layer0": 0.5},
+        chars_per_second=30000.0,
+        train_seconds=1.5,
+        step=20,
+        best=True,
+    ),
     "checkpoint": dict(epoch=1, window=12, step=12),
     "interrupted": dict(epoch=2, window=3, step=23),
     "diverged": dict(epoch=2, step=24, loss=float("inf")),
     "test": dict(epoch=1, **{f"test_{k}": v for k, v in SCORE.items()}),
-    "end": dict(run_dir="runs/x", epochs=1, partial_epoch=False, best_epoch=1, best_valid_bpc=3.6, test_bpc_at_best=None,
-                parameters=6204, hidden_size=16, wall_seconds={"train": 1.5, "valid": 0.2, "test": 0.1}),
+    "end": dict(
+        run_dir="runs/x",
+        epochs=1,
+        partial_epoch=False,
+        best_epoch=1,
+        best_valid_bpc=3.6,
+        test_bpc_at_best=None,
+        parameters=6204,
+        hidden_size=16,
+        wall_seconds={"train": 1.5, "valid": 0.2, "test": 0.1},
+    ),
     "compile": dict(active=False, seconds=0.5, backend="inductor", failure="RuntimeError: no compiler"),
-    "cuda_graph": dict(active=True, seconds=0.2, failure=None, checked=True, max_difference=3e-7, tolerance=1e-4,
-                       check_seconds=0.05),
-    "fast_path": dict(path="scoring graph", active=False, failure="FastPathMismatch: it differs from eager by 0.3",
-                      checked=True, max_difference=0.3, tolerance=1e-4, check_seconds=0.01),
-    "eval": dict(checkpoint="runs/x/best.pt", split="test", mode="static", **SCORE, chars_per_s=90000.0,
-                 fast_path={"path": "scoring graph", "active": True, "checked": True}),
-    "task_eval": dict(samples=3000, steps=200, train_loss=0.3, loss=0.25, accuracy=0.89, sequence_accuracy=0.72,
-                      seconds=9.5),
-    "task_end": dict(samples=3000, stopped_by="samples", reached={"0.5": 1005, "0.8": 2010}, accuracy=0.89,
-                     sequence_accuracy=0.72, parameters=17285, seconds=9.5, run_dir="runs/t"),
+    "cuda_graph": dict(
+        active=True, seconds=0.2, failure=None, checked=True, max_difference=3e-7, tolerance=1e-4, check_seconds=0.05
+    ),
+    "fast_path": dict(
+        path="scoring graph",
+        active=False,
+        failure="FastPathMismatch: it differs from eager by 0.3",
+        checked=True,
+        max_difference=0.3,
+        tolerance=1e-4,
+        check_seconds=0.01,
+    ),
+    "eval": dict(
+        checkpoint="runs/x/best.pt",
+        split="test",
+        mode="static",
+        **SCORE,
+        chars_per_s=90000.0,
+        fast_path={"path": "scoring graph", "active": True, "checked": True},
+    ),
+    "task_eval": dict(
+        samples=3000, steps=200, train_loss=0.3, loss=0.25, accuracy=0.89, sequence_accuracy=0.72, seconds=9.5
+    ),
+    "task_end": dict(
+        samples=3000,
+        stopped_by="samples",
+        reached={"0.5": 1005, "0.8": 2010},
+        accuracy=0.89,
+        sequence_accuracy=0.72,
+        parameters=17285,
+        seconds=9.5,
+        run_dir="runs/t",
+    ),
 }
 
 
@@ -69,7 +112,9 @@ def test_a_record_reads_back_to_the_same_json():
 def test_a_file_from_before_versions_reads_as_version_1():
     history = RunHistory.read(OLD_RUN / "metrics.jsonl")
     assert {record.schema for record in history.records} == {1}
-    assert [record.epoch for record in history.epochs] == [1, 2] and all(isinstance(r, EpochRecord) for r in history.epochs)
+    assert [record.epoch for record in history.epochs] == [1, 2] and all(
+        isinstance(r, EpochRecord) for r in history.epochs
+    )
     assert history.best.epoch == 2 and history.best.valid_bpc == pytest.approx(4.012109790990014)
     assert history.test_bpc_at_best == pytest.approx(3.9679005416415967)  # from its ``test`` record
     assert history.test_loss_at_best == pytest.approx(2.7503390731811526) and history.best_test.event == "test"
@@ -80,8 +125,10 @@ def test_a_file_from_before_versions_reads_as_version_1():
 
 
 def test_events_and_fields_of_a_newer_release_are_kept(tmp_path):
-    rows = [{"event": "start", "time": 1.0, "schema": 3, "parameters": 10, "accelerator": "tpu"},
-            {"event": "warmup", "time": 2.0, "schema": 3, "steps": 100}]
+    rows = [
+        {"event": "start", "time": 1.0, "schema": 3, "parameters": 10, "accelerator": "tpu"},
+        {"event": "warmup", "time": 2.0, "schema": 3, "steps": 100},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     history = Run(tmp_path).history()
     start, warmup = history.records
@@ -93,8 +140,9 @@ def test_events_and_fields_of_a_newer_release_are_kept(tmp_path):
 
 def test_a_line_cut_short_and_a_line_that_is_no_object_are_skipped(tmp_path):
     nested = "[" * 100_000 + "]" * 100_000  # JSON, but nested deeper than Python's parser goes
-    (tmp_path / "metrics.jsonl").write_text('{"event": "start", "parameters": 3}\n[1, 2]\n' + nested + '\n{"event": "ep',
-                                            encoding="utf-8")
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"event": "start", "parameters": 3}\n[1, 2]\n' + nested + '\n{"event": "ep', encoding="utf-8"
+    )
     history = Run(tmp_path).history()
     assert [record.event for record in history.records] == ["start"] and history.status == "interrupted"
 
@@ -105,13 +153,16 @@ def test_a_time_that_is_nan_is_damage_and_a_loss_that_is_nan_is_a_record(tmp_pat
     from charlm.errors import CharlmError
 
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text('{"event": "start", "parameters": 3}\n{"event": "diverged", "epoch": 1, "step": 2, "loss": NaN}\n',
-                       encoding="utf-8")
+    metrics.write_text(
+        '{"event": "start", "parameters": 3}\n{"event": "diverged", "epoch": 1, "step": 2, "loss": NaN}\n',
+        encoding="utf-8",
+    )
     assert math.isnan(Run(tmp_path).history().of("diverged")[0].loss)
     with metrics.open("a", encoding="utf-8") as file:
         file.write('{"event": "epoch", "epoch": 1, "valid_bpc": 2.0, "train_seconds": Infinity}\n')
-    with pytest.raises(CharlmError, match=f"{metrics} line 3: the epoch record's train_seconds must be a finite number, "
-                                          "not Infinity"):
+    with pytest.raises(
+        CharlmError, match=f"{metrics} line 3: the epoch record's train_seconds must be a finite number, not Infinity"
+    ):
         Run(tmp_path).history()
 
 

@@ -24,9 +24,23 @@ def kept_run(tmp_path_factory) -> Path:
     """A tiny LRU trained for 3 short epochs with --keep-checkpoints 2. Tests copy it before changing it."""
     root = tmp_path_factory.mktemp("retention")
     prepare_tiny_corpus(root / "data", characters=8_000)
-    charlm.train(charlm.TrainConfig(corpus="tiny", cell="lru", hidden=8, batch_size=8, bptt=16, epochs=3, lr=3e-3,
-                                    train_fraction=0.25, eval_batch_size=4, save_every="0", keep_checkpoints=2,
-                                    data_dir=str(root / "data"), run_dir=str(root / "run")))
+    charlm.train(
+        charlm.TrainConfig(
+            corpus="tiny",
+            cell="lru",
+            hidden=8,
+            batch_size=8,
+            bptt=16,
+            epochs=3,
+            lr=3e-3,
+            train_fraction=0.25,
+            eval_batch_size=4,
+            save_every="0",
+            keep_checkpoints=2,
+            data_dir=str(root / "data"),
+            run_dir=str(root / "run"),
+        )
+    )
     return root / "run"
 
 
@@ -47,13 +61,16 @@ def freed_bytes(stdout: str) -> int:
 
 # --- best.pt ---------------------------------------------------------------------------------------
 
+
 def test_best_keeps_no_optimizer_state_and_scores_as_training_recorded(trained_run):
     best = torch.load(trained_run / "best.pt", weights_only=True)
     last = torch.load(trained_run / "last.pt", weights_only=True)
     assert best["training"]["optimizer"] is None and last["training"]["optimizer"]["state"]
     assert best["training"]["progress"]["epoch"] >= 1  # what a resumption from it needs besides the weights
     parameters = sum(tensor.numel() for tensor in best["weights"].values())
-    assert (trained_run / "last.pt").stat().st_size - (trained_run / "best.pt").stat().st_size >= 2 * 4 * parameters  # Adam's two moments
+    assert (trained_run / "last.pt").stat().st_size - (
+        trained_run / "best.pt"
+    ).stat().st_size >= 2 * 4 * parameters  # Adam's two moments
 
     epochs = records(trained_run, "epoch")
     best_epoch = max(row["epoch"] for row in epochs if row["best"])
@@ -70,7 +87,9 @@ def test_resume_falls_back_to_best_with_a_fresh_optimizer(kept_run, tmp_path):
     (run / "previous.pt").write_bytes(b"garbage")
     assert Checkpoint.load(run / "best.pt").scores["epoch"] == 3
     result = cli("train", "--resume", run, "--epochs", "4", check_code=0)
-    assert f"resuming from {run / 'best.pt'} (it keeps no optimizer state: the optimizer starts afresh)" in result.stderr
+    assert (
+        f"resuming from {run / 'best.pt'} (it keeps no optimizer state: the optimizer starts afresh)" in result.stderr
+    )
     resumed = Checkpoint.load(run / "last.pt").training
     assert resumed.progress["epoch"] == 4 and resumed.optimizer["state"]
     fourth = records(run, "epoch")[-1]  # trained at the rate the schedule had reached: 3e-3 · 0.9³
@@ -78,6 +97,7 @@ def test_resume_falls_back_to_best_with_a_fresh_optimizer(kept_run, tmp_path):
 
 
 # --- epoch checkpoints -------------------------------------------------------------------------------
+
 
 def test_keep_checkpoints_2_over_3_epochs_leaves_the_two_latest_named_by_valid_bpc(kept_run):
     valid = {row["epoch"]: row["valid_bpc"] for row in records(kept_run, "epoch")}
@@ -100,6 +120,7 @@ def test_epoch_checkpoint_names():
 
 # --- charlm runs: the disk column ---------------------------------------------------------------------
 
+
 def test_runs_shows_the_disk_each_run_uses(kept_run, monkeypatch):
     from charlm.cli import output
 
@@ -116,11 +137,18 @@ def test_runs_shows_the_disk_each_run_uses(kept_run, monkeypatch):
 
 
 def test_human_bytes():
-    assert [human_bytes(n) for n in (0, 512, 1023, 1024, 12_900_000, 3 * 1024**3)] == \
-        ["0B", "512B", "1023B", "1.0K", "12.3M", "3.0G"]
+    assert [human_bytes(n) for n in (0, 512, 1023, 1024, 12_900_000, 3 * 1024**3)] == [
+        "0B",
+        "512B",
+        "1023B",
+        "1.0K",
+        "12.3M",
+        "3.0G",
+    ]
 
 
 # --- charlm runs --prune -------------------------------------------------------------------------------
+
 
 def test_prune_frees_exactly_what_it_says_and_the_run_still_resumes(kept_run, tmp_path):
     run = copy_of(kept_run, tmp_path)
@@ -138,13 +166,29 @@ def test_prune_frees_exactly_what_it_says_and_the_run_still_resumes(kept_run, tm
 
     done = cli("runs", run, "--prune", "--keep", "1", check_code=0)
     after = files(run)
-    assert sorted(after) == ["best.pt", "config.json", epoch03, "last.pt", "lock", "metrics.jsonl", "provenance.json", "train.log"]
+    assert sorted(after) == [
+        "best.pt",
+        "config.json",
+        epoch03,
+        "last.pt",
+        "lock",
+        "metrics.jsonl",
+        "provenance.json",
+        "train.log",
+    ]
     slimmed = before["best.pt"] - after["best.pt"]
     assert slimmed >= 2 * 4 * sum(tensor.numel() for tensor in best.weights.values())  # Adam's two moments
-    assert freed_bytes(done.stdout) == removed + slimmed == sum(before.values()) - sum(after.values()) == freed_bytes(dry.stdout)
+    assert (
+        freed_bytes(done.stdout)
+        == removed + slimmed
+        == sum(before.values()) - sum(after.values())
+        == freed_bytes(dry.stdout)
+    )
     assert f"rewrote {run / 'best.pt'} without its optimizer state" in done.stdout and "in 1 of 1 run(s)" in done.stdout
     pruned = Checkpoint.load(run / "best.pt")
-    assert pruned.training.optimizer is None and all(torch.equal(pruned.weights[k], best.weights[k]) for k in best.weights)
+    assert pruned.training.optimizer is None and all(
+        torch.equal(pruned.weights[k], best.weights[k]) for k in best.weights
+    )
     assert freed_bytes(cli("runs", run, "--prune", check_code=0).stdout) == 0  # nothing left to free
 
     cli("train", "--resume", run, "--epochs", "4", "--keep-checkpoints", "1", check_code=0)
@@ -177,16 +221,21 @@ def test_prune_leaves_a_run_being_trained_alone(kept_run, tmp_path):
     assert {name: (run / name).read_bytes() for name in files(run)} == before
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["--dry-run"], "--dry-run goes with --prune"),
-    (["--keep", "1"], "--keep goes with --prune"),
-    (["--prune", "--json"], "--json lists runs; --prune prints what it frees"),
-    (["--prune", "--keep", "-1"], "--keep must be zero or positive, not -1"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--dry-run"], "--dry-run goes with --prune"),
+        (["--keep", "1"], "--keep goes with --prune"),
+        (["--prune", "--json"], "--json lists runs; --prune prints what it frees"),
+        (["--prune", "--keep", "-1"], "--keep must be zero or positive, not -1"),
+    ],
+)
 def test_prune_option_errors(kept_run, arguments, message):
     assert_one_line_error(cli("runs", kept_run, *arguments), message)
 
 
 def test_keep_checkpoints_must_not_be_negative():
-    assert_one_line_error(cli("train", "--corpus", "tiny", "--keep-checkpoints", "-1"),
-                          "--keep-checkpoints must be zero or positive, not -1")
+    assert_one_line_error(
+        cli("train", "--corpus", "tiny", "--keep-checkpoints", "-1"),
+        "--keep-checkpoints must be zero or positive, not -1",
+    )

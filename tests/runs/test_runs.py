@@ -20,13 +20,37 @@ from charlm.runs.directory import Run
 from charlm.training.trainer import Trainer, TrainingDiverged, TrainingInterrupted
 from helpers import assert_fits, assert_one_line_error, cli, prepare_tiny_corpus, records, run_cli, table_header
 
-PROVENANCE_KEYS = {"command", "charlm_version", "git_commit", "python", "torch", "cuda", "device", "device_name",
-                   "threads", "host", "pid", "corpus", "corpus_fingerprint", "started"}
+PROVENANCE_KEYS = {
+    "command",
+    "charlm_version",
+    "git_commit",
+    "python",
+    "torch",
+    "cuda",
+    "device",
+    "device_name",
+    "threads",
+    "host",
+    "pid",
+    "corpus",
+    "corpus_fingerprint",
+    "started",
+}
 
 
 def small_config(data_dir, run_dir, **changes) -> charlm.TrainConfig:
-    values = dict(corpus="tiny", cell="lru", hidden=16, batch_size=8, bptt=16, eval_batch_size=4, epochs=1,
-                  lr=3e-3, data_dir=str(data_dir), run_dir=str(run_dir))
+    values = dict(
+        corpus="tiny",
+        cell="lru",
+        hidden=16,
+        batch_size=8,
+        bptt=16,
+        eval_batch_size=4,
+        epochs=1,
+        lr=3e-3,
+        data_dir=str(data_dir),
+        run_dir=str(run_dir),
+    )
     return charlm.TrainConfig(**{**values, **changes})
 
 
@@ -87,7 +111,9 @@ def runs_root(tmp_path_factory):
 
     shutil.copytree(runs / "finished", runs / "running")
     append_records(runs / "running", {"event": "start", "parameters": 1, "resumed_at": {"epoch": 1, "window": 0}})
-    (runs / "running" / "running.json").write_text(json.dumps({"pid": os.getpid(), "host": platform.node(), "since": 0}))
+    (runs / "running" / "running.json").write_text(
+        json.dumps({"pid": os.getpid(), "host": platform.node(), "since": 0})
+    )
     training = Run(runs / "running")
     training.acquire()  # as a training process holds its run directory's lock
     HELD_LOCKS.append(training)
@@ -97,8 +123,14 @@ def runs_root(tmp_path_factory):
 HELD_LOCKS = []  # run directories whose lock this test process holds for the module's tests
 
 
-STATUSES = {"finished": "finished", "longer": "finished", "interrupted": "interrupted", "crashed": "interrupted",
-            "diverged": "diverged", "running": "running"}
+STATUSES = {
+    "finished": "finished",
+    "longer": "finished",
+    "interrupted": "interrupted",
+    "crashed": "interrupted",
+    "diverged": "diverged",
+    "running": "running",
+}
 
 
 def table_rows(stdout: str) -> list[list[str]]:
@@ -115,7 +147,9 @@ def test_runs_table_shows_every_status(runs_root, monkeypatch):
     assert {name: row["status"] for name, row in rows.items()} == STATUSES
     finished = Checkpoint.load(runs_root / "runs" / "finished")
     assert rows["finished"]["test bpc"] == f"{finished.scores['test_bpc']:.4f}"
-    assert rows["finished"]["size"] == "1×16" and rows["finished"]["cell"] == "lru" and rows["finished"]["epochs"] == "1"
+    assert (
+        rows["finished"]["size"] == "1×16" and rows["finished"]["cell"] == "lru" and rows["finished"]["epochs"] == "1"
+    )
     assert rows["longer"]["epochs"] == "2" and rows["longer"]["dynamic bpc"].startswith("sgd test ")
     assert rows["diverged"]["test bpc"] == "-" and rows["interrupted"]["epochs"] == "0"
 
@@ -145,7 +179,7 @@ def test_runs_sort_by_test_bpc(runs_root, monkeypatch, reverse):
     rows = json.loads(cli("runs", ".", "--json", *flags, check_code=0).stdout)
     values = [row["test_bpc"] for row in rows]
     scored = [value for value in values if value is not None]
-    assert len(set(scored)) >= 2 and values[len(scored):] == [None] * (len(values) - len(scored))  # blanks last
+    assert len(set(scored)) >= 2 and values[len(scored) :] == [None] * (len(values) - len(scored))  # blanks last
     assert scored == sorted(scored, reverse=reverse)
     table = [row[0] for row in table_rows(cli("runs", ".", *flags, check_code=0).stdout)]
     assert table == [os.path.basename(row["run"]) for row in rows]
@@ -159,6 +193,7 @@ def test_runs_of_empty_and_missing_directories(tmp_path):
 
 
 # --- provenance ------------------------------------------------------------------------------------
+
 
 def test_provenance_of_a_run(runs_root):
     run = runs_root / "runs" / "finished"
@@ -183,9 +218,28 @@ def test_provenance_of_a_run(runs_root):
 
 def test_command_line_records_its_command(runs_root, tmp_path):
     run = tmp_path / "run"
-    run_cli("train", "--corpus", "tiny", "--data-dir", runs_root / "data", "--run-dir", run, "--hidden", "8",
-            "--batch-size", "8", "--bptt", "16", "--epochs", "1", "--eval-batch-size", "4", "--train-fraction", "0.1",
-            check_code=0)
+    run_cli(
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        runs_root / "data",
+        "--run-dir",
+        run,
+        "--hidden",
+        "8",
+        "--batch-size",
+        "8",
+        "--bptt",
+        "16",
+        "--epochs",
+        "1",
+        "--eval-batch-size",
+        "4",
+        "--train-fraction",
+        "0.1",
+        check_code=0,
+    )
     provenance = json.loads((run / "provenance.json").read_text(encoding="utf-8"))
     assert provenance["command"].startswith("charlm train --corpus tiny --data-dir ")
     assert provenance["command"].endswith("--eval-batch-size 4 --train-fraction 0.1")
@@ -193,6 +247,7 @@ def test_command_line_records_its_command(runs_root, tmp_path):
 
 
 # --- metrics.jsonl ---------------------------------------------------------------------------------
+
 
 def test_record_survives_a_half_written_line(tmp_path):
     run = Run(tmp_path)
@@ -235,8 +290,19 @@ def test_second_train_into_a_run_directory_is_refused(runs_root, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(runs_root / "runs" / "finished", run)
     before = {path.name: path.read_bytes() for path in run.iterdir()}
-    result = cli("train", "--corpus", "tiny", "--data-dir", runs_root / "data", "--run-dir", run, "--hidden", "8",
-                 "--epochs", "1")
+    result = cli(
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        runs_root / "data",
+        "--run-dir",
+        run,
+        "--hidden",
+        "8",
+        "--epochs",
+        "1",
+    )
     assert_one_line_error(result, "already holds a run", f"--resume {run}")
     assert {path.name: path.read_bytes() for path in run.iterdir()} == before
     assert_one_line_error(cli("train", "--resume", tmp_path / "absent"), "no run directory")

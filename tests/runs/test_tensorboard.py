@@ -17,8 +17,28 @@ def data_dir(tmp_path_factory):
 
 
 def train_args(data_dir, run, *extra):
-    return ("train", "--corpus", "tiny", "--data-dir", data_dir, "--run-dir", run, "--cell", "lru", "--hidden", "16",
-            "--batch-size", "8", "--bptt", "16", "--eval-batch-size", "4", "--log-every", "10", *extra)
+    return (
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        data_dir,
+        "--run-dir",
+        run,
+        "--cell",
+        "lru",
+        "--hidden",
+        "16",
+        "--batch-size",
+        "8",
+        "--bptt",
+        "16",
+        "--eval-batch-size",
+        "4",
+        "--log-every",
+        "10",
+        *extra,
+    )
 
 
 def test_without_tensorboard_the_run_is_refused_before_it_starts(data_dir, tmp_path, monkeypatch):
@@ -47,8 +67,15 @@ def test_tensorboard_scalars_match_the_metrics(data_dir, tmp_path):
     accumulator = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
     accumulator.Reload()
     tags = set(accumulator.Tags()["scalars"])
-    assert {"epoch/valid_bpc", "epoch/test_bpc", "epoch/train_bpc", "epoch/lr", "step/bpc", "start/parameters",
-            "epoch/grad_norm/layer0"} <= tags
+    assert {
+        "epoch/valid_bpc",
+        "epoch/test_bpc",
+        "epoch/train_bpc",
+        "epoch/lr",
+        "step/bpc",
+        "start/parameters",
+        "epoch/grad_norm/layer0",
+    } <= tags
     assert not any(tag.endswith(("/best", "/partial", "/time")) for tag in tags)  # flags and clocks are not scalars
 
     epochs = records(run, "epoch")

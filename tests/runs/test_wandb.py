@@ -21,8 +21,28 @@ def data_dir(tmp_path_factory):
 
 
 def train_args(data_dir, run, *extra):
-    return ("train", "--corpus", "tiny", "--data-dir", data_dir, "--run-dir", run, "--cell", "lru", "--hidden", "16",
-            "--batch-size", "8", "--bptt", "16", "--eval-batch-size", "4", "--log-every", "10", *extra)
+    return (
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        data_dir,
+        "--run-dir",
+        run,
+        "--cell",
+        "lru",
+        "--hidden",
+        "16",
+        "--batch-size",
+        "8",
+        "--bptt",
+        "16",
+        "--eval-batch-size",
+        "4",
+        "--log-every",
+        "10",
+        *extra,
+    )
 
 
 def wandb_records(path) -> list:
@@ -38,7 +58,7 @@ def wandb_records(path) -> list:
             position += block - position % block
             continue
         length, kind = struct.unpack_from("<HB", data, position + 4)
-        chunk = data[position + 7:position + 7 + length]
+        chunk = data[position + 7 : position + 7 + length]
         position += 7 + length
         if kind == 0:
             break
@@ -51,8 +71,11 @@ def wandb_records(path) -> list:
 
 
 def logged_rows(wandb_file) -> list[dict]:
-    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-            for record in wandb_records(wandb_file) if record.WhichOneof("record_type") == "history"]
+    return [
+        {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+        for record in wandb_records(wandb_file)
+        if record.WhichOneof("record_type") == "history"
+    ]
 
 
 def test_without_wandb_the_run_is_refused_before_it_starts(data_dir, tmp_path, monkeypatch):
@@ -98,7 +121,8 @@ def test_offline_wandb_run_holds_every_record_and_resumes_the_same_run(data_dir,
     logged_epoch = next(row for row in rows if "epoch/valid_bpc" in row)
     assert logged_epoch["epoch/valid_bpc"] == pytest.approx(epoch["valid_bpc"], rel=1e-9)
     assert logged_epoch["step"] == epoch["step"] and logged_epoch["epoch/grad_norm/layer0"] == pytest.approx(
-        epoch["grad_norm"]["layer0"], rel=1e-9)
+        epoch["grad_norm"]["layer0"], rel=1e-9
+    )
     assert any("start/parameters" in row for row in rows) and any("test/test_bpc" in row for row in rows)
 
     cli("train", "--resume", run, "--epochs", "2", "--wandb", check_code=0)
@@ -108,7 +132,9 @@ def test_offline_wandb_run_holds_every_record_and_resumes_the_same_run(data_dir,
     resumed = next(record.run for record in wandb_records(second) if record.WhichOneof("record_type") == "run")
     assert resumed.run_id == run_id and resumed.project == "tests"  # the stored project, not WANDB_PROJECT's default
     second_epoch = records(run, "epoch")[1]
-    assert any(row.get("epoch/valid_bpc") == pytest.approx(second_epoch["valid_bpc"], rel=1e-9) for row in logged_rows(second))
+    assert any(
+        row.get("epoch/valid_bpc") == pytest.approx(second_epoch["valid_bpc"], rel=1e-9) for row in logged_rows(second)
+    )
 
 
 def test_a_wandb_run_that_cannot_start_is_one_line_before_any_training(data_dir, tmp_path, monkeypatch):

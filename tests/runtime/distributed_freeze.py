@@ -12,6 +12,7 @@ from charlm.cli.app import run
 from charlm.training.step import TrainingStep
 
 if os.environ.get("RANK") == "1":
+
     def frozen(self, *args, **kwargs):
         time.sleep(600)  # a frozen process: alive, holding its connections, answering nothing
 

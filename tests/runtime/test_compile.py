@@ -38,14 +38,39 @@ def test_no_compiler_falls_back_in_one_line_and_trains_the_same(tiny_corpus, tmp
 
     monkeypatch.setattr(charlm.runtime.compiling, "BACKEND", missing_toolchain)
     Trainer(tiny_config(tiny_corpus, tmp_path / "eager", epochs=1)).fit()
-    result = cli("train", "--corpus", "tiny", "--data-dir", str(tiny_corpus), "--cell", "lstm", "--hidden", "24",
-                 "--batch-size", "8", "--bptt", "16", "--epochs", "1", "--log-every", "5", "--eval-batch-size", "4",
-                 "--lr", "1e-3", "--run-dir", str(tmp_path / "compiled"), "--compile")
+    result = cli(
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        str(tiny_corpus),
+        "--cell",
+        "lstm",
+        "--hidden",
+        "24",
+        "--batch-size",
+        "8",
+        "--bptt",
+        "16",
+        "--epochs",
+        "1",
+        "--log-every",
+        "5",
+        "--eval-batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--run-dir",
+        str(tmp_path / "compiled"),
+        "--compile",
+    )
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "--compile" in line]
     assert len(warnings) == 1
-    assert warnings[0] == ("warning: --compile: torch.compile does not work here (RuntimeError: no working C++ compiler "
-                           "found in PATH); training continues without it (the same results at eager speed)")
+    assert warnings[0] == (
+        "warning: --compile: torch.compile does not work here (RuntimeError: no working C++ compiler "
+        "found in PATH); training continues without it (the same results at eager speed)"
+    )
     assert_same_weights(weights(tmp_path / "eager"), weights(tmp_path / "compiled"))
     (record,) = records(tmp_path / "compiled", "compile")
     assert not record["active"] and "no working C++ compiler" in record["failure"]

@@ -30,15 +30,36 @@ TOLERANCE = 1e-10
 
 def settings(corpus_dir, run_dir, **changes) -> dict:
     # 5 streams over 2 processes (shares 3 and 2), 3 evaluation streams (2 and 1): uneven on purpose
-    values = dict(corpus="tiny", cell="gru", hidden=12, batch_size=5, bptt=10, epochs=2, train_fraction=0.08,
-                  eval_batch_size=3, log_every=5, save_every="0", device="cpu", data_dir=str(corpus_dir), run_dir=str(run_dir))
+    values = dict(
+        corpus="tiny",
+        cell="gru",
+        hidden=12,
+        batch_size=5,
+        bptt=10,
+        epochs=2,
+        train_fraction=0.08,
+        eval_batch_size=3,
+        log_every=5,
+        save_every="0",
+        device="cpu",
+        data_dir=str(corpus_dir),
+        run_dir=str(run_dir),
+    )
     values.update(changes)
     return values
 
 
 def torchrun(processes: int, values: dict) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
-               str(WORKER), json.dumps(values)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(processes),
+        str(WORKER),
+        json.dumps(values),
+    ]
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -97,7 +118,9 @@ def test_two_processes_train_the_weights_of_one(tiny_corpus, tmp_path, one_proce
     assert abs(ours.scores["test_bpc"] - reference.scores["test_bpc"]) < TOLERANCE
     events = [row["event"] for row in records(run)]
     assert events.count("start") == 1 and events.count("end") == 1 and events.count("epoch") == 2  # rank 0 alone wrote
-    assert len((run / "train.log").read_text().splitlines()) == len((one_process / "train.log").read_text().splitlines())
+    assert len((run / "train.log").read_text().splitlines()) == len(
+        (one_process / "train.log").read_text().splitlines()
+    )
 
 
 @pytest.mark.slow  # about 30 s or more on 2 cores: `pytest -m slow`
@@ -147,12 +170,44 @@ def test_a_killed_process_stops_the_attempt_and_torchrun_restarts_it_from_the_ch
     """SIGKILL of rank 1: rank 0 stops with one line naming the intact checkpoint; torchrun
     --max-restarts 1 reruns the command, which goes on from that checkpoint to the end."""
     run = tmp_path / "killed"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-               "-m", "charlm", "train", "--corpus", "tiny", "--data-dir", str(tiny_corpus), "--cell", "gru", "--hidden", "16",
-               "--batch-size", "4", "--bptt", "10", "--epochs", "2", "--train-fraction", "0.3", "--save-every", "5",
-               "--device", "cpu", "--run-dir", str(run)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "-m",
+        "charlm",
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        str(tiny_corpus),
+        "--cell",
+        "gru",
+        "--hidden",
+        "16",
+        "--batch-size",
+        "4",
+        "--bptt",
+        "10",
+        "--epochs",
+        "2",
+        "--train-fraction",
+        "0.3",
+        "--save-every",
+        "5",
+        "--device",
+        "cpu",
+        "--run-dir",
+        str(run),
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     try:
         deadline = time.monotonic() + 120
         while not (run / "last.pt").exists() and time.monotonic() < deadline and process.poll() is None:
@@ -175,10 +230,35 @@ def test_a_killed_process_stops_the_attempt_and_torchrun_restarts_it_from_the_ch
 
 @pytest.mark.slow  # about 30 s or more on 2 cores: `pytest -m slow`
 def test_bench_under_torchrun_reports_scaling(tmp_path):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "charlm",
-               "bench", "--cells", "gru", "--params", "20k", "--batch-size", "9", "--bptt", "5", "--steps", "1",
-               "--repeat", "2", "--device", "cpu", "--json"]
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "charlm",
+        "bench",
+        "--cells",
+        "gru",
+        "--params",
+        "20k",
+        "--batch-size",
+        "9",
+        "--bptt",
+        "5",
+        "--steps",
+        "1",
+        "--repeat",
+        "2",
+        "--device",
+        "cpu",
+        "--json",
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)  # rank 0 alone printed
     assert report["processes"] == 2
@@ -205,8 +285,27 @@ def test_a_restarted_command_goes_on_with_its_run(tiny_corpus, tmp_path, monkeyp
     from helpers import cli
 
     run = tmp_path / "restarted"
-    command = ["train", "--corpus", "tiny", "--data-dir", str(tiny_corpus), "--cell", "gru", "--hidden", "12",
-               "--batch-size", "4", "--bptt", "10", "--train-fraction", "0.1", "--device", "cpu", "--run-dir", str(run)]
+    command = [
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        str(tiny_corpus),
+        "--cell",
+        "gru",
+        "--hidden",
+        "12",
+        "--batch-size",
+        "4",
+        "--bptt",
+        "10",
+        "--train-fraction",
+        "0.1",
+        "--device",
+        "cpu",
+        "--run-dir",
+        str(run),
+    ]
     assert cli(*command, "--epochs", "1").returncode == 0
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     result = cli(*command, "--epochs", "2")

@@ -66,13 +66,17 @@ def test_a_group_the_others_never_join_is_one_line_naming_the_option(fake_group)
         world_from_environment(torch.device("cpu"), timeout_minutes=1)
 
 
-@pytest.mark.parametrize("rank, size, local_rank", [("0", "0", "0"), ("0", "-1", "0"), ("2", "2", "0"), ("-1", "2", "0"),
-                                                    ("0", "2", "-1"), ("5", "1", "0")])
+@pytest.mark.parametrize(
+    "rank, size, local_rank",
+    [("0", "0", "0"), ("0", "-1", "0"), ("2", "2", "0"), ("-1", "2", "0"), ("0", "2", "-1"), ("5", "1", "0")],
+)
 def test_ranks_that_name_no_process_are_one_line(rank, size, local_rank, monkeypatch):
     """A WORLD_SIZE of 0 or a RANK beyond it used to reach torch's rendezvous and end in a traceback."""
     for name, value in (("RANK", rank), ("WORLD_SIZE", size), ("LOCAL_RANK", local_rank)):
         monkeypatch.setenv(name, value)
-    with pytest.raises(CharlmError, match=rf"^RANK {rank}, WORLD_SIZE {size} and LOCAL_RANK {local_rank} name no process"):
+    with pytest.raises(
+        CharlmError, match=rf"^RANK {rank}, WORLD_SIZE {size} and LOCAL_RANK {local_rank} name no process"
+    ):
         world_from_environment(torch.device("cpu"))
 
 
@@ -89,7 +93,9 @@ def test_training_passes_its_setting_to_the_world(monkeypatch):
     from charlm.training import setup
 
     asked = []
-    monkeypatch.setattr(setup, "world_from_environment", lambda device, timeout_minutes: asked.append(timeout_minutes) or World())
+    monkeypatch.setattr(
+        setup, "world_from_environment", lambda device, timeout_minutes: asked.append(timeout_minutes) or World()
+    )
     setup.placement(TrainConfig(device="cpu", dist_timeout=2.5))
     setup.placement(TrainConfig(device="cpu"))
     assert asked == [2.5, 10.0]
@@ -97,18 +103,29 @@ def test_training_passes_its_setting_to_the_world(monkeypatch):
 
 def test_a_collective_that_timed_out_names_the_option_and_another_failure_does_not():
     world = World(1, 4, timeout_minutes=0.25)
-    gloo = RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for recv operation to complete")
+    gloo = RuntimeError(
+        "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for recv operation to complete"
+    )
     assert world.lost_peer(gloo, "ignored") == (
         "process 1 of 4 waited --dist-timeout 0.25 minutes for the others and stopped: one of them froze or was lost "
-        "(if they were only slow, as when saving a large checkpoint, give a larger --dist-timeout)")
+        "(if they were only slow, as when saving a large checkpoint, give a larger --dist-timeout)"
+    )
     reset = RuntimeError("Connection reset by peer")
-    assert world.lost_peer(reset, "Connection reset by peer") == \
-        "a process of this training failed or was lost (Connection reset by peer)"
+    assert (
+        world.lost_peer(reset, "Connection reset by peer")
+        == "a process of this training failed or was lost (Connection reset by peer)"
+    )
 
 
-@pytest.mark.parametrize("value, message", [("0", "--dist-timeout must be in (0, 10080], not 0"),
-                                            ("-1", "--dist-timeout must be in (0, 10080], not -1"),
-                                            ("nan", "--dist-timeout must be"), ("20000", "--dist-timeout must be in (0, 10080]")])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("0", "--dist-timeout must be in (0, 10080], not 0"),
+        ("-1", "--dist-timeout must be in (0, 10080], not -1"),
+        ("nan", "--dist-timeout must be"),
+        ("20000", "--dist-timeout must be in (0, 10080]"),
+    ],
+)
 def test_a_timeout_out_of_range_is_refused_before_anything_is_written(value, message, tmp_path):
     assert_one_line_error(cli("train", "--dist-timeout", value, "--run-dir", tmp_path / "run"), message)
     assert not (tmp_path / "run").exists()
@@ -130,12 +147,45 @@ WORKER = Path(__file__).with_name("distributed_freeze.py")
 def test_a_frozen_process_stops_the_other_within_seconds_with_one_line(tiny_corpus, tmp_path):
     """Rank 1 freezes at its first step; rank 0 waits --dist-timeout 0.05 minutes (3 s) at the
     step's gradient all-reduce, then stops with one line naming the option."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER),
-               "--corpus", "tiny", "--data-dir", str(tiny_corpus), "--cell", "gru", "--hidden", "8", "--batch-size", "4",
-               "--bptt", "10", "--epochs", "1", "--train-fraction", "0.05", "--device", "cpu", "--run-dir",
-               str(tmp_path / "run"), "--dist-timeout", "0.05"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(WORKER),
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        str(tiny_corpus),
+        "--cell",
+        "gru",
+        "--hidden",
+        "8",
+        "--batch-size",
+        "4",
+        "--bptt",
+        "10",
+        "--epochs",
+        "1",
+        "--train-fraction",
+        "0.05",
+        "--device",
+        "cpu",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--dist-timeout",
+        "0.05",
+    ]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     lines, started, failed_at = [], None, None
     try:
         for line in process.stderr:  # torchrun then waits 30 s for the frozen one to take SIGTERM: not awaited here
@@ -149,9 +199,11 @@ def test_a_frozen_process_stops_the_other_within_seconds_with_one_line(tiny_corp
         os.killpg(process.pid, signal.SIGKILL)  # torchrun and its two workers: the group this test started
         process.wait(timeout=60)
     errors = [line for line in lines if line.startswith("charlm: error:")]
-    assert errors == ["charlm: error: training stopped: process 0 of 2 waited --dist-timeout 0.05 minutes for the "
-                      "others and stopped: one of them froze or was lost (if they were only slow, as when saving a large "
-                      f"checkpoint, give a larger --dist-timeout); no checkpoint had been saved; continue with `torchrun "
-                      f"... -m charlm train --resume {tmp_path / 'run'}` on any number of processes"], "\n".join(lines)
+    assert errors == [
+        "charlm: error: training stopped: process 0 of 2 waited --dist-timeout 0.05 minutes for the "
+        "others and stopped: one of them froze or was lost (if they were only slow, as when saving a large "
+        f"checkpoint, give a larger --dist-timeout); no checkpoint had been saved; continue with `torchrun "
+        f"... -m charlm train --resume {tmp_path / 'run'}` on any number of processes"
+    ], "\n".join(lines)
     assert started is not None and failed_at - started < 30, "\n".join(lines)
     assert not any("Traceback" in line for line in lines)

@@ -26,8 +26,13 @@ from charlm.model import LanguageModel, ModelConfig
 from charlm.runtime.compiling import CompiledForward
 from charlm.runtime.cuda_graphs import CudaGraph, GraphedCall, ReplayByCalling, ScoringForward, graphed_step
 from charlm.runtime.training_graphs import GraphedWindow, graphed_window
-from charlm.runtime.fast_path_check import (ENVIRONMENT_SWITCH, FastPathCheck, FastPathMismatch, largest_difference,
-                                            tolerance_for)
+from charlm.runtime.fast_path_check import (
+    ENVIRONMENT_SWITCH,
+    FastPathCheck,
+    FastPathMismatch,
+    largest_difference,
+    tolerance_for,
+)
 from charlm.training.trainer import Trainer
 from helpers import assert_same_weights, cli, records, tiny_config, weights
 from runtime.test_graphs import graph_on_the_cpu, replayed_by_calling
@@ -130,8 +135,10 @@ def test_a_graph_that_replays_nothing_is_caught_and_scoring_gives_the_eager_scor
     check = score.fast_path
     assert check.checked and not check.active and check.max_difference == math.inf
     assert built[0]._graphed is None
-    assert warnings == ["warning: scoring without a CUDA graph (FastPathMismatch: its outputs are not the eager outputs "
-                        "(NaN left by a replay that ran nothing, or another shape))"]
+    assert warnings == [
+        "warning: scoring without a CUDA graph (FastPathMismatch: its outputs are not the eager outputs "
+        "(NaN left by a replay that ran nothing, or another shape))"
+    ]
 
 
 def test_a_replay_off_by_more_than_the_tolerance_is_dropped(monkeypatch, warnings):
@@ -176,7 +183,10 @@ def test_the_api_and_the_cli_pass_no_cuda_graph_on(monkeypatch, trained_run):
     with_graphs = charlm.load(trained_run, device="cpu")
     with_graphs.evaluate("valid", record=False, batch_size=2)
     assert with_graphs.last_fast_path.active
-    for command in (("eval", str(trained_run), "--split", "valid", "--batch-size", "2"), ("sample", str(trained_run), "--length", "5")):
+    for command in (
+        ("eval", str(trained_run), "--split", "valid", "--batch-size", "2"),
+        ("sample", str(trained_run), "--length", "5"),
+    ):
         result = cli(*command, "--device", "cpu", "--no-cuda-graph")
         assert result.returncode == 0, result.stderr
 
@@ -202,8 +212,11 @@ def test_sampling_through_a_graph_that_replays_nothing_draws_the_eager_text(warn
     import charlm.inference.sampling
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(charlm.inference.sampling, "graphed_step",
-                      lambda m, s, enabled=True: graphed_step(m, s, enabled, graph=ReplaysNothing()))
+        patch.setattr(
+            charlm.inference.sampling,
+            "graphed_step",
+            lambda m, s, enabled=True: graphed_step(m, s, enabled, graph=ReplaysNothing()),
+        )
         assert list(generate(model, [1, 2, 3], config)) == eager
 
 
@@ -217,8 +230,9 @@ def test_sampling_graphs_are_off_when_asked(monkeypatch):
 
 
 # --- training ------------------------------------------------------------------------------------------
-def test_a_training_graph_that_replays_nothing_is_caught_and_the_run_trains_eagerly(tiny_corpus, tmp_path, monkeypatch,
-                                                                                  warnings):
+def test_a_training_graph_that_replays_nothing_is_caught_and_the_run_trains_eagerly(
+    tiny_corpus, tmp_path, monkeypatch, warnings
+):
     """Dropout on: the check draws the eager window's masks again, so a faithful graph compares equal
     and the run stays bit for bit the eager run; an empty one is dropped before the first update."""
     settings = dict(epochs=1, cell="lstm", layers=2, dropout=0.2)
@@ -229,9 +243,11 @@ def test_a_training_graph_that_replays_nothing_is_caught_and_the_run_trains_eage
     (record,) = records(tmp_path / "empty", "cuda_graph")
     assert not record["active"] and record["checked"] and record["max_difference"] is None
     assert "FastPathMismatch" in record["failure"]
-    assert warnings == ["warning: --cuda-graph: the training window's graphs are not used (FastPathMismatch: its "
-                        "outputs are not the eager outputs (NaN left by a replay that ran nothing, or another shape)); "
-                        "training continues without them (the same results at eager speed)"]
+    assert warnings == [
+        "warning: --cuda-graph: the training window's graphs are not used (FastPathMismatch: its "
+        "outputs are not the eager outputs (NaN left by a replay that ran nothing, or another shape)); "
+        "training continues without them (the same results at eager speed)"
+    ]
 
 
 def test_a_faithful_training_graph_records_its_check_in_metrics_and_provenance(tiny_corpus, tmp_path, monkeypatch):
@@ -344,8 +360,15 @@ def test_a_capture_that_fails_halfway_ends_the_capture_and_restores_the_stream()
         graph.capture(function)
     assert calls == ["side", "side", "side"]  # warm-up and capture on the side stream
     assert cuda.stream == "main" and graph.graph is None
-    assert cuda.calls == ["side stream", "join", "synchronize", "capture begin on side", "capture end",
-                          "synchronize", "release"]
+    assert cuda.calls == [
+        "side stream",
+        "join",
+        "synchronize",
+        "capture begin on side",
+        "capture end",
+        "synchronize",
+        "release",
+    ]
 
 
 def test_a_capture_runs_on_a_side_stream_and_hands_back_its_outputs():
@@ -354,7 +377,15 @@ def test_a_capture_runs_on_a_side_stream_and_hands_back_its_outputs():
     outputs = graph.capture(lambda: [torch.ones(2)])
     graph.replay()
     assert torch.equal(outputs[0], torch.ones(2)) and cuda.stream == "main"
-    assert cuda.calls == ["side stream", "join", "synchronize", "capture begin on side", "capture end", "join", "replay"]
+    assert cuda.calls == [
+        "side stream",
+        "join",
+        "synchronize",
+        "capture begin on side",
+        "capture end",
+        "join",
+        "replay",
+    ]
 
 
 def test_an_indexed_cuda_device_is_made_current(monkeypatch):
@@ -375,8 +406,10 @@ def test_an_indexed_cuda_device_is_made_current(monkeypatch):
 def test_a_compiled_step_that_computes_something_else_falls_back(monkeypatch, warnings):
     def off_by_a_little(graph, example_inputs):
         def run(*args):
-            return [output * 1.01 if isinstance(output, torch.Tensor) and output.is_floating_point() else output
-                    for output in graph.forward(*args)]
+            return [
+                output * 1.01 if isinstance(output, torch.Tensor) and output.is_floating_point() else output
+                for output in graph.forward(*args)
+            ]
 
         return run
 

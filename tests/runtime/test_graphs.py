@@ -48,8 +48,12 @@ def replayed_by_calling(module, sample_args, allow_unused_input=False):
         @staticmethod
         def backward(ctx, *grads):
             pairs = [(output, grad) for output, grad in zip(ctx.outputs, grads) if output.requires_grad]
-            grads = torch.autograd.grad([output for output, _ in pairs], parameters, [grad for _, grad in pairs],
-                                        allow_unused=allow_unused_input)
+            grads = torch.autograd.grad(
+                [output for output, _ in pairs],
+                parameters,
+                [grad for _, grad in pairs],
+                allow_unused=allow_unused_input,
+            )
             return (None,) * len(static_inputs) + grads
 
     return lambda *inputs: Replay.apply(*inputs, *parameters)
@@ -101,16 +105,41 @@ def test_a_failed_capture_falls_back_in_one_line_and_trains_the_same(tiny_corpus
 
     Trainer(tiny_config(tiny_corpus, tmp_path / "eager", epochs=1, cell="gru")).fit()
     graph_on_the_cpu(monkeypatch, capture_fails)
-    result = cli("train", "--corpus", "tiny", "--data-dir", str(tiny_corpus), "--cell", "gru", "--hidden", "24",
-                 "--batch-size", "8", "--bptt", "16", "--epochs", "1", "--log-every", "5", "--eval-batch-size", "4",
-                 "--lr", "1e-3", "--run-dir", str(tmp_path / "graphed"), "--cuda-graph")
+    result = cli(
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        str(tiny_corpus),
+        "--cell",
+        "gru",
+        "--hidden",
+        "24",
+        "--batch-size",
+        "8",
+        "--bptt",
+        "16",
+        "--epochs",
+        "1",
+        "--log-every",
+        "5",
+        "--eval-batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--run-dir",
+        str(tmp_path / "graphed"),
+        "--cuda-graph",
+    )
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "--cuda-graph" in line]
-    assert warnings == ["warning: --cuda-graph: capturing the training window failed (RuntimeError: CUDA error: "
-                        "operation not permitted when stream is capturing); trying once more",
-                        "warning: --cuda-graph: the training window's graphs are not used (RuntimeError: CUDA error: "
-                        "operation not permitted when stream is capturing); training continues without them (the same "
-                        "results at eager speed)"]
+    assert warnings == [
+        "warning: --cuda-graph: capturing the training window failed (RuntimeError: CUDA error: "
+        "operation not permitted when stream is capturing); trying once more",
+        "warning: --cuda-graph: the training window's graphs are not used (RuntimeError: CUDA error: "
+        "operation not permitted when stream is capturing); training continues without them (the same "
+        "results at eager speed)",
+    ]
     assert_same_weights(weights(tmp_path / "eager"), weights(tmp_path / "graphed"))
     (record,) = records(tmp_path / "graphed", "cuda_graph")
     assert not record["active"] and "not permitted" in record["failure"]
@@ -191,24 +220,48 @@ def test_the_capture_runs_with_autocast_caching_off():
 def test_torchrun_trains_eagerly_with_a_warning(warnings):
     model = LanguageModel(ModelConfig("gru", vocab_size=13, hidden_size=8))
     assert graphed_window(model, torch.device("cuda"), distributed=True) is model
-    assert warnings == ["warning: --cuda-graph is not used under torchrun (DistributedDataParallel's gradient hooks "
-                        "cannot run inside a captured backward); training eagerly"]
+    assert warnings == [
+        "warning: --cuda-graph is not used under torchrun (DistributedDataParallel's gradient hooks "
+        "cannot run inside a captured backward); training eagerly"
+    ]
 
 
 def test_cuda_graph_errors(tiny_corpus):
     common = ("--corpus", "tiny", "--data-dir", str(tiny_corpus), "--cell", "gru", "--hidden", "8", "--epochs", "1")
-    assert_one_line_error(cli("train", *common, "--device", "cpu", "--cuda-graph"),
-                          "--cuda-graph needs a CUDA device, not cpu")
-    assert_one_line_error(cli("train", *common, "--cuda-graph", "--compile"),
-                          "--cuda-graph and --compile are exclusive")
-    assert_one_line_error(cli("bench", "--cells", "gru", "--device", "cpu", "--cuda-graph"),
-                          "--cuda-graph needs a CUDA device, not cpu")
+    assert_one_line_error(
+        cli("train", *common, "--device", "cpu", "--cuda-graph"), "--cuda-graph needs a CUDA device, not cpu"
+    )
+    assert_one_line_error(
+        cli("train", *common, "--cuda-graph", "--compile"), "--cuda-graph and --compile are exclusive"
+    )
+    assert_one_line_error(
+        cli("bench", "--cells", "gru", "--device", "cpu", "--cuda-graph"), "--cuda-graph needs a CUDA device, not cpu"
+    )
 
 
 def test_bench_trains_every_cell_through_the_graphs_and_reports_the_capture(monkeypatch):
     graph_on_the_cpu(monkeypatch)
-    result = cli("bench", "--cells", "gru,rhn", "--params", "20k", "--batch-size", "4", "--bptt", "6", "--steps", "1",
-                 "--repeat", "1", "--sample-length", "3", "--device", "cpu", "--cuda-graph", "--json")
+    result = cli(
+        "bench",
+        "--cells",
+        "gru,rhn",
+        "--params",
+        "20k",
+        "--batch-size",
+        "4",
+        "--bptt",
+        "6",
+        "--steps",
+        "1",
+        "--repeat",
+        "1",
+        "--sample-length",
+        "3",
+        "--device",
+        "cpu",
+        "--cuda-graph",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["settings"]["cuda_graph"]
@@ -226,8 +279,9 @@ def scoring_through(monkeypatch, graph_factory):
     built = []
 
     def forward(model, device, windows, enabled=True):
-        built.append(charlm.runtime.cuda_graphs.ScoringForward(model, device, windows, graph=graph_factory(),
-                                                               enabled=enabled))
+        built.append(
+            charlm.runtime.cuda_graphs.ScoringForward(model, device, windows, graph=graph_factory(), enabled=enabled)
+        )
         return built[-1]
 
     monkeypatch.setattr(charlm.inference.scoring, "ScoringForward", forward)
@@ -248,7 +302,7 @@ def test_scoring_through_the_graph_gives_the_eager_score(monkeypatch):
     assert built[0]._graphed is not None
     assert replayed.nats == pytest.approx(eager.nats, rel=1e-12)
     np.testing.assert_array_equal(replayed.token_nats, eager.token_nats)
-    few = score_tokens(model, tokens[:3 * 7 * 4], batch_size=3, bptt=7, device="cpu")  # 4 windows: not worth a graph
+    few = score_tokens(model, tokens[: 3 * 7 * 4], batch_size=3, bptt=7, device="cpu")  # 4 windows: not worth a graph
     assert built[1]._graphed is None and few.tokens == 3 * 7 * 4 - 1
 
 
@@ -264,8 +318,9 @@ def test_scoring_falls_back_with_a_warning_where_capture_fails(monkeypatch, warn
     eager = score_tokens(model, tokens, batch_size=2, bptt=5, device="cpu")
     scoring_through(monkeypatch, CaptureFails)
     assert score_tokens(model, tokens, batch_size=2, bptt=5, device="cpu").nats == eager.nats
-    assert warnings == ["warning: scoring without a CUDA graph (RuntimeError: operation not permitted when stream "
-                        "is capturing)"]
+    assert warnings == [
+        "warning: scoring without a CUDA graph (RuntimeError: operation not permitted when stream is capturing)"
+    ]
 
 
 def handing_on(tokens, state):

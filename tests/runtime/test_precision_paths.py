@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from charlm.cells import CELLS
-from charlm.cells.base import library_rnn
 from charlm.cells.elman import Elman
 from charlm.cells.gru import GRU, GRUConfig
 from charlm.cells.lstm import LSTM
@@ -25,8 +24,13 @@ def recording_kernel(calls):
     computes what CUDA's autocast would have made of it (float16 for a cuDNN RNN, whatever the type)."""
 
     def kernel(inputs, hidden, weights, *flags):
-        calls.append({"autocast": torch.is_autocast_enabled("cpu"), "inputs": inputs.dtype,
-                      "weights": {weight.dtype for weight in weights}})
+        calls.append(
+            {
+                "autocast": torch.is_autocast_enabled("cpu"),
+                "inputs": inputs.dtype,
+                "weights": {weight.dtype for weight in weights},
+            }
+        )
         low = inputs.dtype if not torch.is_autocast_enabled("cpu") else torch.float16
         steps, batch = inputs.shape[:2]
         outputs = torch.zeros(steps, batch, weights[1].shape[1], dtype=low)
@@ -37,7 +41,9 @@ def recording_kernel(calls):
     return kernel
 
 
-@pytest.mark.parametrize("make", [lambda: LSTM(5, 4), lambda: GRU(5, 4, GRUConfig(reset_after=True)), lambda: Elman(5, 4)])
+@pytest.mark.parametrize(
+    "make", [lambda: LSTM(5, 4), lambda: GRU(5, 4, GRUConfig(reset_after=True)), lambda: Elman(5, 4)]
+)
 def test_the_fused_kernels_run_in_bf16_under_bf16(make, monkeypatch):
     """Defect 2: under a bf16 autocast the fused layers are handed bf16 tensors with autocast off, so
     CUDA's cast of cuDNN RNNs to float16 never applies."""
@@ -117,13 +123,34 @@ def test_the_benchmark_says_when_its_figures_are_disturbed():
     shaken = [throughput("lstm", [1.0, 1.0, 1.0]), throughput("rhn", [0.44, 0.9, 1.0])]
     assert disturbances(shaken, load_before=1.3, cores=2) == [
         "the machine was busy before the run (load 1.30 on 2 cores)",
-        "rhn's training ratio varied ±31% across rounds"]
-    assert disturbances([throughput("lstm", [1.0], ["float16"], "bf16")], None) == ["lstm ran layers in float16 under bf16"]
+        "rhn's training ratio varied ±31% across rounds",
+    ]
+    assert disturbances([throughput("lstm", [1.0], ["float16"], "bf16")], None) == [
+        "lstm ran layers in float16 under bf16"
+    ]
 
 
 def test_bench_json_carries_the_verdict_the_eval_path_and_the_layer_types():
-    result = cli("bench", "--cells", "gru", "--params", "20k", "--batch-size", "4", "--bptt", "6", "--steps", "1",
-                 "--repeat", "1", "--sample-length", "4", "--device", "cpu", "--json")
+    result = cli(
+        "bench",
+        "--cells",
+        "gru",
+        "--params",
+        "20k",
+        "--batch-size",
+        "4",
+        "--bptt",
+        "6",
+        "--steps",
+        "1",
+        "--repeat",
+        "1",
+        "--sample-length",
+        "4",
+        "--device",
+        "cpu",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert isinstance(report["trustworthy"], bool) and report["trustworthy"] == (report["disturbances"] == [])

@@ -21,8 +21,11 @@ def test_the_spin_count_is_set_only_where_the_user_chose_no_policy():
 
 
 def test_importing_charlm_sets_it_before_torch_is_loaded():
-    environment = {name: value for name, value in os.environ.items() if name not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    environment = {
+        name: value for name, value in os.environ.items() if name not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+    }
     script = "import os, sys, charlm; print(os.environ['GOMP_SPINCOUNT'], 'torch' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, cwd=REPO,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=environment, cwd=REPO, check=True
+    )
     assert result.stdout.split() == [SPIN_COUNT, "False"]

@@ -15,14 +15,21 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("fastapi", reason="the page needs the serve extra (pip install 'charlm[serve]')")
-webdriver = pytest.importorskip("selenium.webdriver", reason="no selenium: pip install selenium "
-                                "(and apt-get install chromium chromium-driver) to run the browser test")
+webdriver = pytest.importorskip(
+    "selenium.webdriver",
+    reason="no selenium: pip install selenium (and apt-get install chromium chromium-driver) to run the browser test",
+)
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
-pytestmark = [pytest.mark.slow,  # about 30 s on 2 cores: a server process, a browser, three views
-              pytest.mark.skipif(not (BROWSER and DRIVER), reason="no Chromium and chromedriver installed "
-                                 "(apt-get install chromium chromium-driver): the browser test is skipped")]
+pytestmark = [
+    pytest.mark.slow,  # about 30 s on 2 cores: a server process, a browser, three views
+    pytest.mark.skipif(
+        not (BROWSER and DRIVER),
+        reason="no Chromium and chromedriver installed "
+        "(apt-get install chromium chromium-driver): the browser test is skipped",
+    ),
+]
 
 PARAGRAPH = "The model reads this paragraph.\nEach character is coloured by the bits it cost."
 
@@ -30,8 +37,11 @@ PARAGRAPH = "The model reads this paragraph.\nEach character is coloured by the 
 @pytest.fixture(scope="module")
 def server(trained_run):
     """A live `charlm serve` on a free port of 127.0.0.1: its address."""
-    process = subprocess.Popen([sys.executable, "-m", "charlm", "--threads", "1", "serve", str(trained_run), "--port", "0",
-                                "--device", "cpu"], stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "charlm", "--threads", "1", "serve", str(trained_run), "--port", "0", "--device", "cpu"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         address = None
         for line in process.stderr:
@@ -52,8 +62,13 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = BROWSER
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=900,640",
-                     "--disable-gpu"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=900,640",
+        "--disable-gpu",
+    ):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
     driver.implicitly_wait(0)
@@ -113,10 +128,14 @@ def test_the_page_writes_reads_and_looks_inside(server, browser, tmp_path):
     find("#inside-text").send_keys(PARAGRAPH)
     find("#look").click()
     buttons = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#units button"))
-    first = [s.value_of_css_property("background-color") for s in browser.find_elements(By.CSS_SELECTOR, "#activated span.c")]
+    first = [
+        s.value_of_css_property("background-color") for s in browser.find_elements(By.CSS_SELECTOR, "#activated span.c")
+    ]
     buttons[1].click()
     wait_for(lambda: buttons[1].get_attribute("class") == "on")
-    second = [s.value_of_css_property("background-color") for s in browser.find_elements(By.CSS_SELECTOR, "#activated span.c")]
+    second = [
+        s.value_of_css_property("background-color") for s in browser.find_elements(By.CSS_SELECTOR, "#activated span.c")
+    ]
     assert len(first) == len(second) == len(PARAGRAPH) and first != second
     assert find("#inside-status").text.startswith("layer 0, unit ")
     assert shoot(browser, "inside", tmp_path).stat().st_size > 1000

@@ -16,7 +16,11 @@ def test_without_the_serve_extra_the_command_says_how_to_install_it(trained_run,
     monkeypatch.setitem(sys.modules, "fastapi", None)  # `import fastapi` raises ImportError
     result = cli("serve", trained_run)
     assert result.returncode == 2
-    assert result.stderr == "charlm: error: charlm serve needs FastAPI and uvicorn: python3 -m pip install -e '.[serve]' in charlm's clone\n"
+    assert (
+        result.stderr
+        == "charlm: error: charlm serve needs FastAPI and uvicorn: python3 -m pip install -e '.[serve]' in charlm's "
+        "clone\n"
+    )
 
 
 @pytest.fixture
@@ -39,8 +43,10 @@ def test_serving_every_interface_warns_and_names_the_models_by_run(trained_run, 
     result = cli("serve", trained_run, trained_run / "best.pt", "--host", "0.0.0.0", "--port", "0", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     warning, serving = result.stderr.splitlines()[-2:]
-    assert warning == ("warning: listening on 0.0.0.0: anyone who can reach this machine can use the models "
-                       "(--api-key or CHARLM_API_KEY asks for a token)")
+    assert warning == (
+        "warning: listening on 0.0.0.0: anyone who can reach this machine can use the models "
+        "(--api-key or CHARLM_API_KEY asks for a token)"
+    )
     assert serving.startswith(f"serving {trained_run.name}, {trained_run.name}-2 on http://0.0.0.0:")
     [(config, addresses)] = started
     assert list(config.app.app.state.models) == [trained_run.name, f"{trained_run.name}-2"]
@@ -76,11 +82,14 @@ def test_a_host_no_resolver_takes_is_one_line(tmp_path, started, host):
     assert "it is not a host name or an address" in result.stderr and result.stderr.count("\n") == 1 and started == []
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--port", "70000", "--port must be in [0, 65535], not 70000"),
-    ("--concurrency", "0", "--concurrency must be at least 1, not 0"),
-    ("--max-body", "10", "--max-body must be at least 1024, not 10"),
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--port", "70000", "--port must be in [0, 65535], not 70000"),
+        ("--concurrency", "0", "--concurrency must be at least 1, not 0"),
+        ("--max-body", "10", "--max-body must be at least 1024, not 10"),
+    ],
+)
 def test_limits_out_of_bounds_are_refused_in_one_line(trained_run, flag, value, message):
     result = cli("serve", trained_run, flag, value)
     assert (result.returncode, result.stderr) == (2, f"charlm: error: {message}\n")

@@ -52,8 +52,20 @@ def test_models_lists_each_model_with_its_size_vocabulary_and_test_score(client,
 def test_samples_are_the_text_charlm_sample_prints_for_the_same_seed(client, trained_run):
     body = {"prompt": "The ", "length": 40, "seed": 3, "num_samples": 2}
     samples = client.post("/v1/sample", json=body).json()["samples"]
-    printed = cli("sample", trained_run, "--prime", "The ", "--length", "40", "--seed", "3", "--num-samples", "2",
-                  "--device", "cpu").stdout
+    printed = cli(
+        "sample",
+        trained_run,
+        "--prime",
+        "The ",
+        "--length",
+        "40",
+        "--seed",
+        "3",
+        "--num-samples",
+        "2",
+        "--device",
+        "cpu",
+    ).stdout
     assert printed == samples[0]["text"] + "\n\n" + samples[1]["text"] + "\n"
     assert [s["seed"] for s in samples] == [3, 4] and [s["symbols"] for s in samples] == [40, 40]
     assert samples[0]["text"] == "The " + samples[0]["continuation"]
@@ -101,10 +113,20 @@ def test_a_client_that_disconnects_stops_the_generation(model, monkeypatch):
         if b'"type": "text"' in message.get("body", b""):
             texts.set()
 
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/sample", "raw_path": b"/v1/sample", "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/sample",
+        "raw_path": b"/v1/sample",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 8000),
+    }
     asyncio.run(asyncio.wait_for(app(scope, receive, send), 20))
     assert 1 <= len(drawn) < 200
     assert app.app.state.gate.admitted == 0  # the turn was given back
@@ -127,11 +149,20 @@ def test_a_client_gone_before_the_first_event_gives_its_turn_back(model, spec_ve
     async def send(message):
         raise OSError("the client has gone")
 
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": spec_version}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": "/v1/sample", "raw_path": b"/v1/sample", "query_string": b"",
-             "root_path": "", "headers": [(b"content-type", b"application/json"),
-                                          (b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": spec_version},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/sample",
+        "raw_path": b"/v1/sample",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 8000),
+    }
     for _ in range(3):  # with one turn and no queue, a leaked turn would refuse the second request
         try:
             asyncio.run(asyncio.wait_for(app(scope, receive, send), 20))
@@ -174,7 +205,11 @@ def test_score_normalises_line_ends_and_the_byte_order_mark_as_charlm_score_does
 
 def test_unknown_characters_are_named_or_skipped_as_asked(client):
     refused = client.post("/v1/score", json={"text": "ab\u00e9cd"})
-    assert refused.status_code == 400 and "'é'" in refused.json()["error"] and "line 1, column 3" in refused.json()["error"]
+    assert (
+        refused.status_code == 400
+        and "'é'" in refused.json()["error"]
+        and "line 1, column 3" in refused.json()["error"]
+    )
     skipped = client.post("/v1/score", json={"text": "ab\u00e9cd", "unknown": "skip", "top": 0}).json()
     assert skipped["skipped"] == 1 and [c["symbol"] for c in skipped["per_char"]] == ["b", "c", "d"]
     assert client.post("/v1/sample", json={"prompt": "\u00e9"}).status_code == 400
@@ -190,7 +225,9 @@ def test_activations_of_every_unit_give_back_the_models_logits(client, model):
     with torch.no_grad():
         logits, _ = model.network(ids, model.network.initial_state(1))
         rebuilt = model.network.head(hidden)
-    assert rebuilt.flatten().tolist() == pytest.approx(logits[0].flatten().tolist(), abs=2e-3)  # the values are rounded to 4 places
+    assert rebuilt.flatten().tolist() == pytest.approx(
+        logits[0].flatten().tolist(), abs=2e-3
+    )  # the values are rounded to 4 places
 
 
 def test_activations_without_units_give_the_units_that_vary_most(client):
@@ -202,47 +239,72 @@ def test_activations_without_units_give_the_units_that_vary_most(client):
     assert top["hidden"] == [every["hidden"][unit] for unit in top["units"]]
 
 
-@pytest.mark.parametrize("body, status, fragment", [
-    ({"text": "abc", "layer": 1}, 400, "layer must be in [0, 0]"),
-    ({"text": "abc", "units": [32]}, 400, "units must be in [0, 31]"),
-    ({"text": "", "units": [0]}, 400, "the text is empty"),
-])
+@pytest.mark.parametrize(
+    "body, status, fragment",
+    [
+        ({"text": "abc", "layer": 1}, 400, "layer must be in [0, 0]"),
+        ({"text": "abc", "units": [32]}, 400, "units must be in [0, 31]"),
+        ({"text": "", "units": [0]}, 400, "the text is empty"),
+    ],
+)
 def test_activations_refuse_a_layer_or_unit_the_model_lacks(client, body, status, fragment):
     response = client.post("/v1/activations", json=body)
     assert response.status_code == status and fragment in response.json()["error"]
 
 
-@pytest.mark.parametrize("path, body, status, message", [
-    ("/v1/score", "{bad", 400, "the request body is not valid JSON"),
-    ("/v1/score", "", 400, "the request needs a JSON body"),
-    ("/v1/score", "[1, 2]", 400, "the request body must be a JSON object"),
-    ("/v1/score", '{"text": 5}', 400, "text: input should be a valid string"),
-    ("/v1/sample", '{"length": "40"}', 400, "length: input should be a valid integer"),
-    ("/v1/sample", '{"seed": 1.5}', 400, "seed: input should be a valid integer"),
-    ("/v1/score", '{"text": "ab", "path": "/etc/passwd"}', 400, "unknown field 'path'"),
-    ("/v1/score", '{"text": "ab", "model": "../run"}', 404, "no model named '../run' (served: tiny)"),
-    ("/v1/score", '{"text": "a"}', 400, "the text is too short to score: it needs at least two symbols"),
-    ("/v1/score", '{"text": "ab", "top": 50}', 400, "top: input should be less than or equal to 20"),
-    ("/v1/sample", '{"temperature": 0}', 400, "temperature must be positive, not 0.0"),
-    ("/v1/sample", '{"top_p": 1.5}', 400, "top_p must be in (0, 1], not 1.5"),
-    ("/v1/sample", '{"length": 2001}', 400, "length is 2,001: the limit is 2,000 (--max-length)"),
-    ("/v1/sample", '{"num_samples": 5}', 400, "num_samples is 5: the limit is 4 (--max-samples)"),
-    ("/v1/sample", '{"num_samples": 0}', 400, "num_samples must be at least 1, not 0"),
-    ("/v1/sample", '{"seed": 1180591620717411303424}', 400, "seed: input should be less than or equal to 4611686018427387904"),
-    ("/v1/sample", '{"temperature": 1e999}', 400, "temperature must be finite, not inf"),
-    ("/v1/sample", '{"prompt": ""}', 400, "the prime is empty: give at least one symbol"),
-    ("/v1/sample", '{"stop": [""]}', 400, "stop must be a non-empty string, not ''"),
-    ("/v1/sample", '{"temperature": NaN}', 400, "temperature must be positive, not nan"),  # Python's json reads NaN
-    ("/v1/sample", '{"top_p": Infinity}', 400, "top_p must be finite, not inf"),
-    ("/v1/sample", '{"beam": 1, "num_samples": 2}', 400,
-     "num_samples must be 1 with beam search: it gives the one most probable continuation"),  # as charlm sample
-    ("/v1/sample", '{"beam": 17}', 400, "beam is 17: the limit is 16 (--max-beam)"),
-    ("/v1/sample", json.dumps({"stop": ["x"] * 17}), 400, "stop: list should have at most 16 items after validation, not 17"),
-    ("/v1/activations", '{"text": "abc", "layer": -1}', 400, "layer must be in [0, 0] (the model has 1), not -1"),
-    ("/v1/sample", json.dumps({"prompt": "a" * 2001}), 413, "the prompt is 2,001: the limit is 2,000 (--max-prompt)"),
-    ("/v1/score", json.dumps({"text": "a" * 20_001}), 413, "the text is 20,001: the limit is 20,000 (--max-text)"),
-    ("/v1/nothing", "{}", 404, "Not Found"),
-])
+@pytest.mark.parametrize(
+    "path, body, status, message",
+    [
+        ("/v1/score", "{bad", 400, "the request body is not valid JSON"),
+        ("/v1/score", "", 400, "the request needs a JSON body"),
+        ("/v1/score", "[1, 2]", 400, "the request body must be a JSON object"),
+        ("/v1/score", '{"text": 5}', 400, "text: input should be a valid string"),
+        ("/v1/sample", '{"length": "40"}', 400, "length: input should be a valid integer"),
+        ("/v1/sample", '{"seed": 1.5}', 400, "seed: input should be a valid integer"),
+        ("/v1/score", '{"text": "ab", "path": "/etc/passwd"}', 400, "unknown field 'path'"),
+        ("/v1/score", '{"text": "ab", "model": "../run"}', 404, "no model named '../run' (served: tiny)"),
+        ("/v1/score", '{"text": "a"}', 400, "the text is too short to score: it needs at least two symbols"),
+        ("/v1/score", '{"text": "ab", "top": 50}', 400, "top: input should be less than or equal to 20"),
+        ("/v1/sample", '{"temperature": 0}', 400, "temperature must be positive, not 0.0"),
+        ("/v1/sample", '{"top_p": 1.5}', 400, "top_p must be in (0, 1], not 1.5"),
+        ("/v1/sample", '{"length": 2001}', 400, "length is 2,001: the limit is 2,000 (--max-length)"),
+        ("/v1/sample", '{"num_samples": 5}', 400, "num_samples is 5: the limit is 4 (--max-samples)"),
+        ("/v1/sample", '{"num_samples": 0}', 400, "num_samples must be at least 1, not 0"),
+        (
+            "/v1/sample",
+            '{"seed": 1180591620717411303424}',
+            400,
+            "seed: input should be less than or equal to 4611686018427387904",
+        ),
+        ("/v1/sample", '{"temperature": 1e999}', 400, "temperature must be finite, not inf"),
+        ("/v1/sample", '{"prompt": ""}', 400, "the prime is empty: give at least one symbol"),
+        ("/v1/sample", '{"stop": [""]}', 400, "stop must be a non-empty string, not ''"),
+        ("/v1/sample", '{"temperature": NaN}', 400, "temperature must be positive, not nan"),  # Python's json reads NaN
+        ("/v1/sample", '{"top_p": Infinity}', 400, "top_p must be finite, not inf"),
+        (
+            "/v1/sample",
+            '{"beam": 1, "num_samples": 2}',
+            400,
+            "num_samples must be 1 with beam search: it gives the one most probable continuation",
+        ),  # as charlm sample
+        ("/v1/sample", '{"beam": 17}', 400, "beam is 17: the limit is 16 (--max-beam)"),
+        (
+            "/v1/sample",
+            json.dumps({"stop": ["x"] * 17}),
+            400,
+            "stop: list should have at most 16 items after validation, not 17",
+        ),
+        ("/v1/activations", '{"text": "abc", "layer": -1}', 400, "layer must be in [0, 0] (the model has 1), not -1"),
+        (
+            "/v1/sample",
+            json.dumps({"prompt": "a" * 2001}),
+            413,
+            "the prompt is 2,001: the limit is 2,000 (--max-prompt)",
+        ),
+        ("/v1/score", json.dumps({"text": "a" * 20_001}), 413, "the text is 20,001: the limit is 20,000 (--max-text)"),
+        ("/v1/nothing", "{}", 404, "Not Found"),
+    ],
+)
 def test_a_bad_request_gets_a_4xx_with_a_one_line_json_error(client, path, body, status, message):
     response = client.post(path, content=body, headers={"content-type": "application/json"})
     assert (response.status_code, response.json()) == (status, {"error": message})

@@ -29,26 +29,30 @@ def marks(mask_row) -> str:
 
 # --- generators --------------------------------------------------------------------------------
 
+
 def test_memorization_reads_then_writes_back_the_symbols():
     task = Memorization(length=3, symbols=5)
     batch = task.sample(torch.Generator().manual_seed(0), 4)
     assert batch.inputs.shape == batch.targets.shape == batch.mask.shape == (4, 8)
     for inputs, targets, mask in zip(batch.inputs, batch.targets, batch.mask):
         a, b, c = (task.vocab[int(i)] for i in inputs[1:4])
-        assert spell(task, inputs) == f"- {a} {b} {c} - - - -"   # the paper's "- α β γ - - - -"
+        assert spell(task, inputs) == f"- {a} {b} {c} - - - -"  # the paper's "- α β γ - - - -"
         assert spell(task, targets) == f"- - - - {a} {b} {c} -"  # and "- - - - α β γ -"
-        assert marks(mask) == ". . . . ^ ^ ^ ."                  # the symbols alone count
+        assert marks(mask) == ". . . . ^ ^ ^ ."  # the symbols alone count
     assert task.vocab[-1] == DASH and len(task.vocab) == 6
 
 
-@pytest.mark.parametrize("a, b, target, mask", [
-    # the paper's example: a 4-digit result, then the end-of-result "-"
-    ("123", "899", "- - - - - - - - 1 0 2 2 -", ". . . . . . . . ^ ^ ^ ^ ^"),
-    # a 3-digit result: its end is one step earlier and the last position is padding, not counted
-    ("123", "456", "- - - - - - - - 5 7 9 - -", ". . . . . . . . ^ ^ ^ ^ ."),
-    ("999", "999", "- - - - - - - - 1 9 9 8 -", ". . . . . . . . ^ ^ ^ ^ ^"),  # a carry through every column
-    ("105", "395", "- - - - - - - - 5 0 0 - -", ". . . . . . . . ^ ^ ^ ^ ."),  # carries into zeros
-])
+@pytest.mark.parametrize(
+    "a, b, target, mask",
+    [
+        # the paper's example: a 4-digit result, then the end-of-result "-"
+        ("123", "899", "- - - - - - - - 1 0 2 2 -", ". . . . . . . . ^ ^ ^ ^ ^"),
+        # a 3-digit result: its end is one step earlier and the last position is padding, not counted
+        ("123", "456", "- - - - - - - - 5 7 9 - -", ". . . . . . . . ^ ^ ^ ^ ."),
+        ("999", "999", "- - - - - - - - 1 9 9 8 -", ". . . . . . . . ^ ^ ^ ^ ^"),  # a carry through every column
+        ("105", "395", "- - - - - - - - 5 0 0 - -", ". . . . . . . . ^ ^ ^ ^ ."),  # carries into zeros
+    ],
+)
 def test_addition_in_the_papers_format(a, b, target, mask):
     task = Addition(digits=3)
 
@@ -90,7 +94,9 @@ def test_parity_labels_the_odd_strings():
 def test_the_same_seed_gives_the_same_samples_and_every_batch_is_new(task):
     first, again = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     one, two = task.sample(first, 15), task.sample(first, 15)
-    assert torch.equal(one.inputs, task.sample(again, 15).inputs) and torch.equal(two.inputs, task.sample(again, 15).inputs)
+    assert torch.equal(one.inputs, task.sample(again, 15).inputs) and torch.equal(
+        two.inputs, task.sample(again, 15).inputs
+    )
     assert not torch.equal(one.inputs, two.inputs)
 
 
@@ -100,6 +106,7 @@ def test_the_papers_values_are_the_defaults():
 
 
 # --- masking -----------------------------------------------------------------------------------
+
 
 class Oracle(torch.nn.Module):
     """Certain of the target where it counts, of a wrong symbol everywhere else."""
@@ -124,6 +131,7 @@ def test_only_target_positions_count():
 
 
 # --- networks ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("cell", ["lstm", "grid-lstm", "gru", "lru"])
 def test_tied_networks_have_the_same_count_at_every_depth(cell):
@@ -152,6 +160,7 @@ def test_parity_networks():
 
 # --- thresholds and the training loop ------------------------------------------------------------
 
+
 def test_thresholds_are_recorded_once_when_first_exceeded():
     progress = TaskProgress()
     trace = [(100, 0.4), (200, 0.5), (300, 0.81), (400, 0.7), (500, 0.995), (600, 1.0), (700, 1.0)]
@@ -164,13 +173,24 @@ def test_thresholds_are_recorded_once_when_first_exceeded():
 
 
 def tiny(**overrides) -> TaskConfig:
-    values = dict(task="memorization", cell="grid-lstm", layers=2, length=2, symbols=3, hidden_size=32,
-                  max_samples=20_000, eval_every=500, device="cpu")
+    values = dict(
+        task="memorization",
+        cell="grid-lstm",
+        layers=2,
+        length=2,
+        symbols=3,
+        hidden_size=32,
+        max_samples=20_000,
+        eval_every=500,
+        device="cpu",
+    )
     return TaskConfig(**{**values, **overrides})
 
 
 def records(run_dir, event):
-    return [row for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if row["event"] == event]
+    return [
+        row for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if row["event"] == event
+    ]
 
 
 def test_a_grid_lstm_learns_a_short_memorization_to_100_percent(tmp_path):
@@ -193,14 +213,33 @@ def test_resume_continues_exactly(tmp_path):
     assert resumed["accuracy"] == straight["accuracy"] and resumed["reached"] == straight["reached"]
     weights = [torch.load(tmp_path / name / "last.pt", weights_only=True)["model"] for name in ("straight", "resumed")]
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
-    assert [r["accuracy"] for r in records(tmp_path / "straight", "task_eval")] == \
-           [r["accuracy"] for r in records(tmp_path / "resumed", "task_eval")]
+    assert [r["accuracy"] for r in records(tmp_path / "straight", "task_eval")] == [
+        r["accuracy"] for r in records(tmp_path / "resumed", "task_eval")
+    ]
 
 
 def test_the_command_line_trains_resumes_and_lists_the_run(tmp_path):
     run = tmp_path / "cli"
-    result = cli("task", "addition", "--digits", "2", "--hidden", "16", "--layers", "2", "--untied",
-                 "--cell", "lstm", "--max-samples", "300", "--eval-every", "150", "--run-dir", run, check_code=0)
+    result = cli(
+        "task",
+        "addition",
+        "--digits",
+        "2",
+        "--hidden",
+        "16",
+        "--layers",
+        "2",
+        "--untied",
+        "--cell",
+        "lstm",
+        "--max-samples",
+        "300",
+        "--eval-every",
+        "150",
+        "--run-dir",
+        run,
+        check_code=0,
+    )
     assert f"{run}: stopped at --max-samples after 300 samples" in result.stdout
     cli("task", "--resume", run, "--max-samples", "450", check_code=0)
     assert records(run, "task_end")[-1]["samples"] == 450
@@ -209,23 +248,26 @@ def test_the_command_line_trains_resumes_and_lists_the_run(tmp_path):
     assert_one_line_error(cli("task", "--resume", run, "--max-samples", "450"), "has used its 450 samples")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["nope"], "unknown task 'nope': choose one of memorization, addition, parity"),
-    (["memorization", "--length", "0"], "--length) must be an integer from 1 to 10,000, not 0"),
-    (["memorization", "--length", "-3"], "not -3"),
-    (["memorization", "--symbols", "1"], "--symbols) must be an integer from 2"),
-    (["addition", "--digits", "5000"], "--digits) must be an integer from 1 to 1,000, not 5000"),
-    (["parity", "--bits", "0"], "--bits) must be an integer from 1"),
-    (["addition", "--length", "4"], "addition takes --digits, not --length"),
-    (["memorization", "--cell", "scrn", "--layers", "2", "--tied"], "cell 'scrn' cannot tie its layers"),
-    (["parity", "--cell", "relu", "--tied"], "the relu feed-forward baseline cannot tie its layers"),
-    (["parity", "--cell", "lstm"], "parity is run with grid-lstm, relu, tanh"),
-    (["memorization", "--cell", "nope"], "unknown cell 'nope'"),
-    (["memorization", "--optimizer", "rmsprop"], "--optimizer must be one of adam, adagrad, sgd"),
-    (["memorization", "--layers", "0"], "--layers must be at least 1, not 0"),
-    (["memorization", "--lr", "0"], "--lr must be positive, not 0.0"),
-    ([], "name a task"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["nope"], "unknown task 'nope': choose one of memorization, addition, parity"),
+        (["memorization", "--length", "0"], "--length) must be an integer from 1 to 10,000, not 0"),
+        (["memorization", "--length", "-3"], "not -3"),
+        (["memorization", "--symbols", "1"], "--symbols) must be an integer from 2"),
+        (["addition", "--digits", "5000"], "--digits) must be an integer from 1 to 1,000, not 5000"),
+        (["parity", "--bits", "0"], "--bits) must be an integer from 1"),
+        (["addition", "--length", "4"], "addition takes --digits, not --length"),
+        (["memorization", "--cell", "scrn", "--layers", "2", "--tied"], "cell 'scrn' cannot tie its layers"),
+        (["parity", "--cell", "relu", "--tied"], "the relu feed-forward baseline cannot tie its layers"),
+        (["parity", "--cell", "lstm"], "parity is run with grid-lstm, relu, tanh"),
+        (["memorization", "--cell", "nope"], "unknown cell 'nope'"),
+        (["memorization", "--optimizer", "rmsprop"], "--optimizer must be one of adam, adagrad, sgd"),
+        (["memorization", "--layers", "0"], "--layers must be at least 1, not 0"),
+        (["memorization", "--lr", "0"], "--lr must be positive, not 0.0"),
+        ([], "name a task"),
+    ],
+)
 def test_bad_task_options_are_one_line(tmp_path, args, message):
     result = cli("task", *args, "--run-dir", tmp_path / "run", "--max-samples", "15")
     assert_one_line_error(result, message)
@@ -234,7 +276,7 @@ def test_bad_task_options_are_one_line(tmp_path, args, message):
 
 # --- plans, sweeps and the report ----------------------------------------------------------------
 
-TINY_PLAN = '''name = "tiny-memorization"
+TINY_PLAN = """name = "tiny-memorization"
 task = "memorization"
 [base]
 length = 2
@@ -245,7 +287,7 @@ eval_every = 300
 [axes]
 model = [{ cell = "lstm", tied = true }, { cell = "grid-lstm" }]
 layers = [1, 2]
-'''
+"""
 
 
 def test_a_task_plan_sweeps_and_reports_samples_to_each_threshold(tmp_path):
@@ -273,13 +315,19 @@ def test_a_task_plan_sweeps_and_reports_samples_to_each_threshold(tmp_path):
         assert by_network[("lstm tied", 1)][column] == expected
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ('task = "memorization"\n[base]\nepochs = 3\n', "unknown setting 'epochs' (any `charlm task` setting"),
-    ('task = "memorization"\n[base]\nlength = 0\n', "--length) must be an integer from 1"),
-    ('task = "nope"\n', "unknown task 'nope'"),
-    ('task = "memorization"\n[axes]\nmodel = [{ cell = "scrn", tied = true, layers = 2 }]\n', "cannot tie its layers"),
-    ('task = "memorization"\n[[eval]]\nsplit = "test"\n', "a task plan has no [[eval]] steps"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ('task = "memorization"\n[base]\nepochs = 3\n', "unknown setting 'epochs' (any `charlm task` setting"),
+        ('task = "memorization"\n[base]\nlength = 0\n', "--length) must be an integer from 1"),
+        ('task = "nope"\n', "unknown task 'nope'"),
+        (
+            'task = "memorization"\n[axes]\nmodel = [{ cell = "scrn", tied = true, layers = 2 }]\n',
+            "cannot tie its layers",
+        ),
+        ('task = "memorization"\n[[eval]]\nsplit = "test"\n', "a task plan has no [[eval]] steps"),
+    ],
+)
 def test_bad_task_plans_are_one_line(tmp_path, text, fragment):
     plan = tmp_path / "bad.toml"
     plan.write_text(text, encoding="utf-8")
@@ -287,6 +335,7 @@ def test_bad_task_plans_are_one_line(tmp_path, text, fragment):
 
 
 # --- the wavefront -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("cell", ["grid-lstm", "lstm", "gru", "delta-rnn", "lru", "rhn"])
 def test_the_wavefront_computes_the_layer_by_layer_function(cell):
@@ -328,15 +377,23 @@ def test_a_wavefront_that_disagrees_is_turned_off(monkeypatch):
 
     task = Memorization(length=3, symbols=4)
     model = build_task_model(task, "grid-lstm", 8, 4, tied=True)
-    monkeypatch.setattr(models, "wavefront", lambda block, depth, inputs: models.torch.zeros(
-        inputs.shape[0], inputs.shape[1], block.output_size))
+    monkeypatch.setattr(
+        models,
+        "wavefront",
+        lambda block, depth, inputs: models.torch.zeros(inputs.shape[0], inputs.shape[1], block.output_size),
+    )
     check = models.check_wavefront(model, task.sample(torch.Generator().manual_seed(0), 2).inputs)
-    assert not check["active"] and not model.use_wavefront and "differs from the layer-by-layer code" in check["failure"]
+    assert (
+        not check["active"] and not model.use_wavefront and "differs from the layer-by-layer code" in check["failure"]
+    )
 
 
 # --- memory: a run no machine can hold is refused before anything is allocated or written ----------
 
-@pytest.mark.parametrize("task", [Memorization(length=5, symbols=7), Addition(digits=4), Parity(bits=9)], ids=lambda t: t.name)
+
+@pytest.mark.parametrize(
+    "task", [Memorization(length=5, symbols=7), Addition(digits=4), Parity(bits=9)], ids=lambda t: t.name
+)
 def test_a_samples_bytes_cover_the_tensors_it_is_drawn_as(task):
     batch = task.sample(torch.Generator().manual_seed(0), 6)
     assert sum(tensor.nbytes for tensor in (batch.inputs, batch.targets, batch.mask)) < 6 * task.sample_bytes
@@ -360,11 +417,14 @@ def test_the_memory_estimate_counts_the_network_one_batch_and_the_samples():
 
 
 def test_hidden_is_the_option_of_train_and_task_and_hidden_size_still_works(tmp_path, monkeypatch):
-    """Issue 34: `charlm task` took --hidden-size where `charlm train` takes --hidden; --hidden now, the old name kept."""
+    """Issue 34: `charlm task` took --hidden-size where `charlm train` takes --hidden; --hidden now, the old name
+    kept."""
     import charlm.tasks.training as training
 
     received = []
-    monkeypatch.setattr(training, "build_task_model", lambda task, cell, hidden, *rest: received.append(hidden) or 1 / 0)
+    monkeypatch.setattr(
+        training, "build_task_model", lambda task, cell, hidden, *rest: received.append(hidden) or 1 / 0
+    )
     for flag in ("--hidden", "--hidden-size"):
         with pytest.raises(ZeroDivisionError):  # stopped where the network would be built: the value got there
             cli("task", "parity", "--bits", "4", flag, "12", "--device", "cpu", "--run-dir", tmp_path / flag)
@@ -380,14 +440,28 @@ def test_a_task_run_that_does_not_fit_is_refused_naming_the_options_of_its_large
     from charlm.tasks.training import check_task_fits
 
     cpu = torch.device("cpu")
-    for overrides, first in (({"hidden_size": 2000}, "use a smaller --hidden or fewer --layers, or a smaller "
-                                                      "--batch-size, --length or --eval-samples"),
-                             ({"batch_size": 100_000}, "use a smaller --batch-size, --length or --eval-samples, or a "
-                                                       "smaller --hidden or fewer --layers")):
+    for overrides, first in (
+        (
+            {"hidden_size": 2000},
+            "use a smaller --hidden or fewer --layers, or a smaller --batch-size, --length or --eval-samples",
+        ),
+        (
+            {"batch_size": 100_000},
+            "use a smaller --batch-size, --length or --eval-samples, or a smaller --hidden or fewer --layers",
+        ),
+    ):
         config = tiny(**overrides).resolved()
         task = config.make_task()
-        needed = estimate_task_memory(task, config.cell, config.hidden_size, config.layers, config.tied, {},
-                                      config.batch_size, config.eval_samples).total_bytes
+        needed = estimate_task_memory(
+            task,
+            config.cell,
+            config.hidden_size,
+            config.layers,
+            config.tied,
+            {},
+            config.batch_size,
+            config.eval_samples,
+        ).total_bytes
         check_task_fits(config, task, cpu, available=needed)  # just fits
         with pytest.raises(CharlmError) as refused:
             check_task_fits(config, task, cpu, available=needed - 1)
@@ -404,8 +478,10 @@ def test_a_run_too_large_leaves_no_directory_and_a_resumed_one_is_refused_untouc
         train_task(TaskConfig(task="parity", batch_size=1_000_000, device="cpu"), run_dir=tmp_path / "new")
     assert not (tmp_path / "new").exists()
     run = tmp_path / "run"
-    train_task(TaskConfig(task="parity", bits=4, hidden_size=4, max_samples=20, eval_every=20, eval_samples=4,
-                          device="cpu"), run_dir=run)
+    train_task(
+        TaskConfig(task="parity", bits=4, hidden_size=4, max_samples=20, eval_every=20, eval_samples=4, device="cpu"),
+        run_dir=run,
+    )
     before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
     monkeypatch.setattr(memory, "available_memory", lambda device: 1)
     with pytest.raises(CharlmError, match="resume it where more memory is free"):

@@ -24,8 +24,26 @@ def test_flops_per_character_are_those_of_the_equations():
 
 
 def test_bench_reports_medians_of_interleaved_rounds_as_json():
-    result = cli("bench", "--cells", "gru,lru", "--params", "20k", "--batch-size", "4", "--bptt", "5", "--steps", "1",
-                 "--repeat", "3", "--sample-length", "5", "--device", "cpu", "--json")
+    result = cli(
+        "bench",
+        "--cells",
+        "gru,lru",
+        "--params",
+        "20k",
+        "--batch-size",
+        "4",
+        "--bptt",
+        "5",
+        "--steps",
+        "1",
+        "--repeat",
+        "3",
+        "--sample-length",
+        "5",
+        "--device",
+        "cpu",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["machine"]["threads"] >= 1 and report["settings"]["repeat"] == 3
@@ -46,18 +64,58 @@ def test_bench_reports_medians_of_interleaved_rounds_as_json():
 
 
 def test_bench_table_names_machine_load_and_threads():
-    result = cli("bench", "--cells", "mgu", "--params", "10k", "--batch-size", "2", "--bptt", "3", "--steps", "1",
-                 "--repeat", "1", "--sample-length", "3", "--device", "cpu")
+    result = cli(
+        "bench",
+        "--cells",
+        "mgu",
+        "--params",
+        "10k",
+        "--batch-size",
+        "2",
+        "--bptt",
+        "3",
+        "--steps",
+        "1",
+        "--repeat",
+        "1",
+        "--sample-length",
+        "3",
+        "--device",
+        "cpu",
+    )
     assert result.returncode == 0, result.stderr
-    assert "load" in result.stdout and "thread" in result.stdout and "× fused/FLOP" in result.stdout and "mgu" in result.stdout
+    assert (
+        "load" in result.stdout
+        and "thread" in result.stdout
+        and "× fused/FLOP" in result.stdout
+        and "mgu" in result.stdout
+    )
 
 
 def test_bench_table_fits_80_columns(monkeypatch):
     """Issue 34: at 80 columns the least needed columns go; each model keeps its training and
     evaluation throughput and their ratios to the fused LSTM, whole, on its one line."""
     terminal_of(monkeypatch, 80)
-    result = cli("bench", "--cells", "mgu,ps-lru", "--params", "10k", "--batch-size", "2", "--bptt", "3", "--steps", "1",
-                 "--repeat", "1", "--sample-length", "3", "--device", "cpu", check_code=0)
+    result = cli(
+        "bench",
+        "--cells",
+        "mgu,ps-lru",
+        "--params",
+        "10k",
+        "--batch-size",
+        "2",
+        "--bptt",
+        "3",
+        "--steps",
+        "1",
+        "--repeat",
+        "1",
+        "--sample-length",
+        "3",
+        "--device",
+        "cpu",
+        check_code=0,
+    )
     assert_fits(result.stdout)
     assert table_header(result.stdout) == ["model", "train chars/s", "× fused", "eval chars/s", "× fused"]
     lines = table_lines(result.stdout)
@@ -74,8 +132,29 @@ def test_bench_in_bf16_and_with_compiled_cells(monkeypatch):
     import charlm.runtime.compiling
 
     monkeypatch.setattr(charlm.runtime.compiling, "BACKEND", "eager")
-    result = cli("bench", "--cells", "gru", "--params", "10k", "--batch-size", "2", "--bptt", "3", "--steps", "1",
-                 "--repeat", "1", "--sample-length", "3", "--device", "cpu", "--precision", "bf16", "--compile", "--json")
+    result = cli(
+        "bench",
+        "--cells",
+        "gru",
+        "--params",
+        "10k",
+        "--batch-size",
+        "2",
+        "--bptt",
+        "3",
+        "--steps",
+        "1",
+        "--repeat",
+        "1",
+        "--sample-length",
+        "3",
+        "--device",
+        "cpu",
+        "--precision",
+        "bf16",
+        "--compile",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["settings"]["precision"] == "bf16" and report["settings"]["compile"]
@@ -83,11 +162,14 @@ def test_bench_in_bf16_and_with_compiled_cells(monkeypatch):
     assert "compile_seconds" not in baseline and gru["compile_seconds"] > 0
     assert gru["precision"] == "bf16"
     # the fused LSTM runs in bf16 where this CPU has the instructions for it, else in float32
-    assert baseline["precision"] == ("bf16" if charlm.tools.benchmark.fused_lstm_runs_in("bf16", torch.device("cpu")) else "fp32")
+    assert baseline["precision"] == (
+        "bf16" if charlm.tools.benchmark.fused_lstm_runs_in("bf16", torch.device("cpu")) else "fp32"
+    )
     assert gru["train_chars_per_second"]["median"] > 0
 
 
 def test_bench_in_fp16_needs_a_gpu():
     result = cli("bench", "--cells", "gru", "--device", "cpu", "--precision", "fp16")
     assert result.returncode == 2 and result.stderr.strip() == (
-        "charlm: error: --precision fp16 needs a CUDA device, not cpu (bf16 runs on the CPU)")
+        "charlm: error: --precision fp16 needs a CUDA device, not cpu (bf16 runs on the CPU)"
+    )

@@ -13,8 +13,9 @@ SIZES = {192: 400_000, 128: 600_000, 64: 1_500_000}
 
 def test_demo_prepares_sizes_trains_evaluates_and_samples(tmp_path):
     threads = torch.get_num_threads()
-    result = cli("demo", "--minutes", "0.02", "--data-dir", tmp_path / "data", "--run-dir", tmp_path / "run",
-                 check_code=0)
+    result = cli(
+        "demo", "--minutes", "0.02", "--data-dir", tmp_path / "data", "--run-dir", tmp_path / "run", check_code=0
+    )
     assert "sample (400 characters after the prime" in result.stdout
     assert "\nThe " in result.stdout
     assert "test bpc" in result.stdout and "best valid bpc" in result.stdout
@@ -43,19 +44,24 @@ def test_when_no_size_gets_there_the_soonest_one_is_trained_and_the_minutes_it_n
 
 
 def test_the_sizing_lines():
-    enough = Sizing(hidden_size=192, threads=2, chars_per_second=17_477, seconds_left=118.6, seconds_spent=1.4,
-                    chars_needed=400_000)
-    assert describe(enough) == ["sizing: hidden 192 on 2 threads, ~17,000 chars/s measured: ~2,100,000 characters in the "
-                                "1.98 min left (readable text needs ~400,000)"]
-    short = Sizing(hidden_size=128, threads=1, chars_per_second=1_062, seconds_left=115, seconds_spent=5,
-                   chars_needed=600_000)
+    enough = Sizing(
+        hidden_size=192, threads=2, chars_per_second=17_477, seconds_left=118.6, seconds_spent=1.4, chars_needed=400_000
+    )
+    assert describe(enough) == [
+        "sizing: hidden 192 on 2 threads, ~17,000 chars/s measured: ~2,100,000 characters in the "
+        "1.98 min left (readable text needs ~400,000)"
+    ]
+    short = Sizing(
+        hidden_size=128, threads=1, chars_per_second=1_062, seconds_left=115, seconds_spent=5, chars_needed=600_000
+    )
     assert describe(short) == [
         "sizing: hidden 128 on 1 thread, ~1,100 chars/s measured: ~120,000 characters in the 1.92 min left "
         "(readable text needs ~600,000)",
         "this machine trains about 1,100 chars/s now; readable text needs about 600,000 characters: try --minutes 10",
     ]
-    used_up = Sizing(hidden_size=192, threads=1, chars_per_second=14_000, seconds_left=-0.5, seconds_spent=1.7,
-                     chars_needed=400_000)
+    used_up = Sizing(
+        hidden_size=192, threads=1, chars_per_second=14_000, seconds_left=-0.5, seconds_spent=1.7, chars_needed=400_000
+    )
     assert "measured: the measurement took the whole budget (readable" in describe(used_up)[0]
     assert describe(used_up)[1].endswith("try --minutes 1")
 
@@ -66,8 +72,10 @@ def test_the_faster_thread_count_is_kept():
     assert faster_threads({1: 14_000, 2: 14_000}) == 2
 
 
-@pytest.mark.parametrize("number, text", [(17_477, "17,000"), (1_062, "1,100"), (999.6, "1,000"), (2_073_600, "2,100,000"),
-                                          (42, "42"), (0, "0")])
+@pytest.mark.parametrize(
+    "number, text",
+    [(17_477, "17,000"), (1_062, "1,100"), (999.6, "1,000"), (2_073_600, "2,100,000"), (42, "42"), (0, "0")],
+)
 def test_figures_are_rounded_to_two_significant_figures(number, text):
     assert about(number) == text
 
@@ -107,6 +115,8 @@ def test_the_sizing_measurement_estimates_memory_before_it_builds_a_model(tiny_c
     config = demo_config(DemoConfig(), 64, 1.0, data_dir=tiny_corpus)
     built = []
     monkeypatch.setattr("charlm.tools.demo.LanguageModel", lambda *args: built.append(args))
-    with pytest.raises(CharlmError, match=r"parameters needs about .* to train .* but cpu has .* free: use a smaller --hidden"):
+    with pytest.raises(
+        CharlmError, match=r"parameters needs about .* to train .* but cpu has .* free: use a smaller --hidden"
+    ):
         measure_throughput(config, load_corpus("tiny", tiny_corpus), torch.device("cpu"), steps=1)
     assert built == []

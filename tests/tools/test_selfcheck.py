@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-import torch
-
 import charlm.runtime.compiling
 from charlm.cells.lstm import LSTM
 from helpers import assert_fits, assert_one_line_error, cli, table_header, terminal_of
@@ -51,8 +49,9 @@ def test_a_fast_path_that_differs_from_the_equations_fails_the_check(monkeypatch
     assert table_header(table.stdout)[:3] == ["check", "result", "figure"]
     results = [row["result"] for row in report["rows"]]
     skipped = sum(result.startswith("skipped:") for result in results)
-    assert table.stdout.splitlines()[-1] == (f"{results.count('pass')} pass, 1 fail, {skipped} skipped, "
-                                             f"{results.count('info')} info")
+    assert table.stdout.splitlines()[-1] == (
+        f"{results.count('pass')} pass, 1 fail, {skipped} skipped, {results.count('info')} info"
+    )
     assert results.count("pass") + 1 + skipped + results.count("info") == len(results) and skipped > 0
 
 
@@ -66,8 +65,10 @@ def test_compiled_steps_are_checked_with_recompilation_an_error(monkeypatch):
 
 def test_check_refuses_bad_input_in_one_line():
     assert_one_line_error(cli("check", "--device", "cpu", "--cells", "nope"), "unknown cell 'nope'")
-    assert_one_line_error(cli("check", "--device", "cpu", "--precision", "fp16"),
-                          "--precision fp16 needs a CUDA device, not cpu")
-    assert_one_line_error(cli("check", "--device", "cpu", "--precision", "fp64"),
-                          "--precision 'fp64' is not one of fp32, bf16, fp16")
+    assert_one_line_error(
+        cli("check", "--device", "cpu", "--precision", "fp16"), "--precision fp16 needs a CUDA device, not cpu"
+    )
+    assert_one_line_error(
+        cli("check", "--device", "cpu", "--precision", "fp64"), "--precision 'fp64' is not one of fp32, bf16, fp16"
+    )
     assert_one_line_error(cli("check", "--device", "cpu", "--cells", ","), "--cells names no cell")

@@ -80,8 +80,16 @@ def test_a_schedule_resumes_where_it_was():
 
 
 def test_the_trainer_follows_the_schedule_it_was_given(tiny_corpus, tmp_path):
-    config = tiny_config(tiny_corpus, tmp_path / "run", epochs=3, schedule="plateau-halving", lr=4e-3, min_lr=1e-3,
-                         train_fraction=0.3, patience=5)
+    config = tiny_config(
+        tiny_corpus,
+        tmp_path / "run",
+        epochs=3,
+        schedule="plateau-halving",
+        lr=4e-3,
+        min_lr=1e-3,
+        train_fraction=0.3,
+        patience=5,
+    )
     Trainer(config).fit()
     epochs = records(tmp_path / "run", "epoch")
     best, expected = math.inf, 4e-3
@@ -91,8 +99,11 @@ def test_the_trainer_follows_the_schedule_it_was_given(tiny_corpus, tmp_path):
             expected = max(expected * 0.5, 1e-3)
         best = min(best, epoch["valid_loss"])
     run = tmp_path / "cosine"
-    Trainer(tiny_config(tiny_corpus, run, epochs=1, schedule="warmup-cosine", warmup_steps=3, log_every=1,
-                        train_fraction=0.3)).fit()
+    Trainer(
+        tiny_config(
+            tiny_corpus, run, epochs=1, schedule="warmup-cosine", warmup_steps=3, log_every=1, train_fraction=0.3
+        )
+    ).fit()
     steps = records(run, "step")
     assert [step["lr"] for step in steps[:4]] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3])
     assert steps[-1]["lr"] < 1e-3 / 2  # the cosine's second half by the last step
@@ -100,10 +111,14 @@ def test_the_trainer_follows_the_schedule_it_was_given(tiny_corpus, tmp_path):
 
 def test_schedule_errors_are_one_line(tiny_corpus):
     common = ("--corpus", "tiny", "--data-dir", str(tiny_corpus), "--epochs", "1", "--hidden", "8")
-    assert_one_line_error(cli("train", *common, "--schedule", "sometimes"),
-                          "--schedule must be one of epoch-decay, plateau-halving, constant, warmup-cosine, not 'sometimes'")
-    assert_one_line_error(cli("train", *common, "--schedule", "plateau-halving", "--min-lr", "0.01"),
-                          "--min-lr must be below --lr (0.003) for plateau-halving, not 0.01")
+    assert_one_line_error(
+        cli("train", *common, "--schedule", "sometimes"),
+        "--schedule must be one of epoch-decay, plateau-halving, constant, warmup-cosine, not 'sometimes'",
+    )
+    assert_one_line_error(
+        cli("train", *common, "--schedule", "plateau-halving", "--min-lr", "0.01"),
+        "--min-lr must be below --lr (0.003) for plateau-halving, not 0.01",
+    )
     assert_one_line_error(cli("train", *common, "--plateau-factor", "1"), "--plateau-factor")
 
 
@@ -123,9 +138,14 @@ def test_a_token_budget_stops_at_the_same_point_resumed_or_not(tiny_corpus, tmp_
     assert [end["tokens_seen"] for end in ends] == [6144, 6144] and {end["stopped_by"] for end in ends} == {"tokens"}
     written = {path.name: path.stat().st_mtime_ns for path in (tmp_path / "twice").iterdir() if path.name != "lock"}
     result = cli("train", "--resume", str(tmp_path / "twice"), "--max-tokens", "6144")
-    assert_one_line_error(result, "the run has already trained on 6,144 tokens, its --max-tokens budget of 6,144: "
-                                  "give a larger --max-tokens to go on")
-    assert {path.name: path.stat().st_mtime_ns for path in (tmp_path / "twice").iterdir() if path.name != "lock"} == written
+    assert_one_line_error(
+        result,
+        "the run has already trained on 6,144 tokens, its --max-tokens budget of 6,144: "
+        "give a larger --max-tokens to go on",
+    )
+    assert {
+        path.name: path.stat().st_mtime_ns for path in (tmp_path / "twice").iterdir() if path.name != "lock"
+    } == written
 
 
 def test_the_end_record_says_why_training_stopped(tiny_corpus, tmp_path):
@@ -150,11 +170,46 @@ def test_a_token_budget_that_ends_with_an_epoch_ends_it_as_any_other(tiny_corpus
 
 def test_a_batch_too_large_for_the_corpus_is_said(tiny_corpus, tmp_path):
     """Issue 24: 4,000 streams of a 36,000-token split are 9 tokens each, under one 50-token window."""
-    result = cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--hidden", "8", "--epochs", "1",
-                 "--batch-size", "4000", "--eval-batch-size", "16", "--run-dir", tmp_path / "run", check_code=0)
-    assert "warning: --batch-size 4000 cuts the" in result.stderr and "shorter than one --bptt window (50)" in result.stderr
-    quiet = cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--hidden", "8", "--epochs", "1",
-                "--batch-size", "16", "--eval-batch-size", "16", "--run-dir", tmp_path / "quiet", check_code=0)
+    result = cli(
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        tiny_corpus,
+        "--hidden",
+        "8",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4000",
+        "--eval-batch-size",
+        "16",
+        "--run-dir",
+        tmp_path / "run",
+        check_code=0,
+    )
+    assert (
+        "warning: --batch-size 4000 cuts the" in result.stderr
+        and "shorter than one --bptt window (50)" in result.stderr
+    )
+    quiet = cli(
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        tiny_corpus,
+        "--hidden",
+        "8",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--eval-batch-size",
+        "16",
+        "--run-dir",
+        tmp_path / "quiet",
+        check_code=0,
+    )
     assert "--batch-size" not in quiet.stderr
 
 
@@ -171,11 +226,15 @@ def test_validation_on_a_fraction_of_the_split_and_test_on_all_of_it(tiny_corpus
     assert epochs[0]["valid_tokens"] == epochs[1]["valid_tokens"]
     assert abs(epochs[0]["valid_tokens"] - full_epoch["valid_tokens"] / 4) <= 16  # the eval streams' rounding
     assert records(part, "test")[0]["test_tokens"] == records(whole, "test")[0]["test_tokens"]
-    assert_one_line_error(cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--eval-fraction", "0"),
-                          "--eval-fraction must be in (0, 1]")
+    assert_one_line_error(
+        cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--eval-fraction", "0"),
+        "--eval-fraction must be in (0, 1]",
+    )
 
 
-def test_the_status_line_shows_the_running_train_bpc_and_the_last_validation(tiny_corpus, tmp_path, monkeypatch, caplog):
+def test_the_status_line_shows_the_running_train_bpc_and_the_last_validation(
+    tiny_corpus, tmp_path, monkeypatch, caplog
+):
     """Issue 24: what a watcher sees during an epoch (a bar on a terminal, these lines elsewhere)."""
     import logging
 
@@ -200,9 +259,34 @@ def test_the_status_line_shows_the_running_train_bpc_and_the_last_validation(tin
 def test_print_every_writes_a_loss_line_per_k_steps_to_the_terminal_and_the_log(tiny_corpus, tmp_path):
     """char-rnn's habit: a training-loss line every K steps; the figures are the step records'."""
     run = tmp_path / "printed"
-    cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--cell", "gru", "--hidden", "8", "--batch-size", "8",
-        "--bptt", "16", "--epochs", "1", "--train-fraction", "0.2", "--eval-batch-size", "4", "--log-every", "5",
-        "--print-every", "5", "--run-dir", run, check_code=0)
+    cli(
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        tiny_corpus,
+        "--cell",
+        "gru",
+        "--hidden",
+        "8",
+        "--batch-size",
+        "8",
+        "--bptt",
+        "16",
+        "--epochs",
+        "1",
+        "--train-fraction",
+        "0.2",
+        "--eval-batch-size",
+        "4",
+        "--log-every",
+        "5",
+        "--print-every",
+        "5",
+        "--run-dir",
+        run,
+        check_code=0,
+    )
     lines = [line for line in (run / "train.log").read_text().splitlines() if line.startswith("step ")]
     steps = records(run, "step")
     assert len(lines) == len(steps) > 3
@@ -210,6 +294,28 @@ def test_print_every_writes_a_loss_line_per_k_steps_to_the_terminal_and_the_log(
         assert line.startswith(f"step {step['step']:,}  epoch 1  window {step['step']:,}/")
         assert f"loss {step['loss']:.4f}  train {step['bpc']:.4f} bpc  lr {step['lr']:.2e}" in line
     quiet = tmp_path / "quiet"  # the default: no such lines
-    cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--cell", "gru", "--hidden", "8", "--batch-size", "8",
-        "--bptt", "16", "--epochs", "1", "--train-fraction", "0.2", "--eval-batch-size", "4", "--run-dir", quiet, check_code=0)
+    cli(
+        "train",
+        "--corpus",
+        "tiny",
+        "--data-dir",
+        tiny_corpus,
+        "--cell",
+        "gru",
+        "--hidden",
+        "8",
+        "--batch-size",
+        "8",
+        "--bptt",
+        "16",
+        "--epochs",
+        "1",
+        "--train-fraction",
+        "0.2",
+        "--eval-batch-size",
+        "4",
+        "--run-dir",
+        quiet,
+        check_code=0,
+    )
     assert not [line for line in (quiet / "train.log").read_text().splitlines() if line.startswith("step ")]

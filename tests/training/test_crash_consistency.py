@@ -61,8 +61,16 @@ WRITES = 22  # the straight run's writes (test_the_protocol_...): one test kills
 def settings(corpus, run, **overrides):
     """Two epochs, both best so far, a save inside an epoch, an epoch checkpoint kept: every kind of
     write of the protocol, the rotation after a previous.pt exists included, in about a second."""
-    values = dict(cell="gru", hidden=8, bptt=32, eval_batch_size=16, train_fraction=0.05, log_every=1000, save_every="10",
-                  keep_checkpoints=1)
+    values = dict(
+        cell="gru",
+        hidden=8,
+        bptt=32,
+        eval_batch_size=16,
+        train_fraction=0.05,
+        log_every=1000,
+        save_every="10",
+        keep_checkpoints=1,
+    )
     return tiny_config(corpus, run, **{**values, **overrides})
 
 
@@ -91,7 +99,9 @@ def assert_consistent(run, straight_run):
     last = Checkpoint.load(run / "last.pt").training.progress
     assert (last["best_epoch"], last["best_valid_bpc"]) == (best.epoch, best.valid_bpc)
     assert not os.path.samefile(run / "last.pt", run / "previous.pt")
-    assert sorted(path.name for path in run.glob("epoch*.pt")) == sorted(path.name for path in straight_run.glob("epoch*.pt"))
+    assert sorted(path.name for path in run.glob("epoch*.pt")) == sorted(
+        path.name for path in straight_run.glob("epoch*.pt")
+    )
     assert not list(run.glob(".*.tmp"))
     assert Run(run).summary()["epochs"] == 2 and Run(run).status() == "finished"
     assert_same_run_end(straight_run, run)
@@ -102,10 +112,14 @@ def test_the_protocol_writes_best_after_its_commit_and_records_before_it(straigh
     assert len(names) == WRITES
     epoch_file = next(path.name for path in straight_run.glob("epoch02-*.pt"))
     end = len(names) - 1 - names[::-1].index("record epoch")  # the second epoch's end
-    assert names[end:end + 6] == ["record epoch", f"save {epoch_file}",  # before the commit: a resume supersedes them
-                                  "save .last.pt.pending.tmp", "rename last.pt -> previous.pt",  # never a link
-                                  "rename .last.pt.pending.tmp -> last.pt",  # the commit
-                                  "save best.pt"]  # after it: a resume restores it from last.pt
+    assert names[end : end + 6] == [
+        "record epoch",
+        f"save {epoch_file}",  # before the commit: a resume supersedes them
+        "save .last.pt.pending.tmp",
+        "rename last.pt -> previous.pt",  # never a link
+        "rename .last.pt.pending.tmp -> last.pt",  # the commit
+        "save best.pt",
+    ]  # after it: a resume restores it from last.pt
     saves = [index for index, name in enumerate(names) if name == "record checkpoint"]
     assert saves and all(names[index + 1] == "save .last.pt.pending.tmp" for index in saves)
 
@@ -152,17 +166,31 @@ def test_records_past_a_resumed_position_are_superseded():
     rows = [("start", dict(parameters=1, resumed_at={"epoch": 0, "window": 0, "step": 0}))]
     rows += [("checkpoint", dict(epoch=1, window=4, step=4))]
     rows += [("step", dict(epoch=1, step=step, loss=1.0)) for step in (5, 8)]
-    rows += [("epoch", dict(epoch=1, step=8, valid_bpc=2.0, train_seconds=3.0)), ("eval", dict(split="valid", mode="static"))]
+    rows += [
+        ("epoch", dict(epoch=1, step=8, valid_bpc=2.0, train_seconds=3.0)),
+        ("eval", dict(split="valid", mode="static")),
+    ]
     rows += [("start", dict(parameters=1, resumed_at={"epoch": 0, "window": 4, "step": 4}))]
-    rows += [("step", dict(epoch=1, step=8, loss=1.0)), ("epoch", dict(epoch=1, step=8, valid_bpc=2.0, train_seconds=3.0))]
+    rows += [
+        ("step", dict(epoch=1, step=8, loss=1.0)),
+        ("epoch", dict(epoch=1, step=8, valid_bpc=2.0, train_seconds=3.0)),
+    ]
     history = RunHistory([new_record(event, 0.0, fields) for event, fields in rows])
     assert [record.event for record in history.records] == ["start", "checkpoint", "eval", "start", "step", "epoch"]
     assert history.superseded == 3 and len(history.full_epochs) == 1 and history.train_seconds == 3.0
     # a resume at the end of the epoch, from a save at the same step, still supersedes the epoch's record
     rows[-3] = ("start", dict(parameters=1, resumed_at={"epoch": 0, "window": 9, "step": 8}))
     history = RunHistory([new_record(event, 0.0, fields) for event, fields in rows])
-    assert [record.event for record in history.records] == ["start", "checkpoint", "step", "step", "eval", "start", "step",
-                                                            "epoch"]
+    assert [record.event for record in history.records] == [
+        "start",
+        "checkpoint",
+        "step",
+        "step",
+        "eval",
+        "start",
+        "step",
+        "epoch",
+    ]
     # records of a release that did not write the step of resumed_at are read as written
     legacy = [new_record("start", 0.0, dict(parameters=1, resumed_at={"epoch": 0, "window": 4}))] * 2
     assert len(RunHistory(legacy).records) == 2

@@ -55,12 +55,20 @@ def by_hand(name: str, settings: dict) -> torch.Tensor:
     return theta
 
 
-@pytest.mark.parametrize("name, settings", [
-    ("adam", {}), ("adam", {"weight_decay": 0.05}),
-    ("adamw", {}), ("adamw", {"weight_decay": 0.2}),
-    ("sgd", {}), ("sgd", {"momentum": 0.5, "nesterov": True, "weight_decay": 0.05}), ("sgd", {"momentum": 0.0}),
-    ("rmsprop", {}), ("rmsprop", {"momentum": 0.5, "weight_decay": 0.05}),
-])
+@pytest.mark.parametrize(
+    "name, settings",
+    [
+        ("adam", {}),
+        ("adam", {"weight_decay": 0.05}),
+        ("adamw", {}),
+        ("adamw", {"weight_decay": 0.2}),
+        ("sgd", {}),
+        ("sgd", {"momentum": 0.5, "nesterov": True, "weight_decay": 0.05}),
+        ("sgd", {"momentum": 0.0}),
+        ("rmsprop", {}),
+        ("rmsprop", {"momentum": 0.5, "weight_decay": 0.05}),
+    ],
+)
 def test_each_optimizer_updates_as_its_formula_says(name, settings):
     """Defaults included: adamw decays by 0.01, sgd's momentum is 0.9, rmsprop's 0."""
     config = TrainConfig(optimizer=name, lr=LR, **settings)
@@ -105,6 +113,7 @@ def test_each_optimizer_follows_the_schedule_and_resumes_from_its_state(name):
 
 # --- gradient accumulation ------------------------------------------------------------------------
 
+
 def tiny_model_and_windows(count: int = 2):
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig("lstm", vocab_size=9, hidden_size=8, layers=2))  # no dropout
@@ -113,8 +122,18 @@ def tiny_model_and_windows(count: int = 2):
 
 
 def training_step(model, optimizer, clip: float, **extra) -> TrainingStep:
-    return TrainingStep(model, model, optimizer, PlainGradients(), World(), batch_size=3, clip=clip, precision="fp32",
-                        device=torch.device("cpu"), **extra)
+    return TrainingStep(
+        model,
+        model,
+        optimizer,
+        PlainGradients(),
+        World(),
+        batch_size=3,
+        clip=clip,
+        precision="fp32",
+        device=torch.device("cpu"),
+        **extra,
+    )
 
 
 @pytest.mark.parametrize("clip", [0.0, 0.05])
@@ -163,8 +182,18 @@ def test_the_windows_before_an_updates_last_run_without_gradient_sync():
         seen.append(bool(inside))
         return model(tokens, state)
 
-    step = TrainingStep(model, forward, torch.optim.SGD(model.parameters(), lr=0.1), PlainGradients(), World(),
-                        batch_size=3, clip=0.0, precision="fp32", device=torch.device("cpu"), gradient_sync_pause=Pause)
+    step = TrainingStep(
+        model,
+        forward,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        PlainGradients(),
+        World(),
+        batch_size=3,
+        clip=0.0,
+        precision="fp32",
+        device=torch.device("cpu"),
+        gradient_sync_pause=Pause,
+    )
     step(windows, model.initial_state(3), StopRequest(), TimeBudget(None))
     assert seen == [True, True, False]
 
@@ -202,8 +231,19 @@ SMALL = dict(cell="gru", hidden=8, batch_size=4, bptt=8, train_fraction=0.02, ev
 def test_steps_count_updates_and_the_schedule_steps_per_update(tiny_corpus, tmp_path):
     """An epoch of an odd number of windows under --accumulate 2: ⌈windows / 2⌉ updates (the last
     one a single window), step records every update, warmup counted in updates."""
-    trainer = Trainer(tiny_config(tiny_corpus, tmp_path / "run", epochs=1, accumulate=2, log_every=1, lr=3e-3,
-                                  schedule="warmup-cosine", warmup_steps=3, **SMALL))
+    trainer = Trainer(
+        tiny_config(
+            tiny_corpus,
+            tmp_path / "run",
+            epochs=1,
+            accumulate=2,
+            log_every=1,
+            lr=3e-3,
+            schedule="warmup-cosine",
+            warmup_steps=3,
+            **SMALL,
+        )
+    )
     windows = len(trainer.train_streams)
     assert windows % 2 == 1
     trainer.fit()
@@ -219,8 +259,9 @@ def test_a_stop_inside_an_update_waits_for_its_end_and_sgd_resumes_exactly(tiny_
     """SGD with Nesterov momentum and decay, --accumulate 2: a SIGTERM during the first window of
     an update in the second epoch saves last.pt after that update (never inside it); the resumed
     run ends with the weights, momentum buffers and schedule of an uninterrupted one."""
-    settings = dict(SMALL, epochs=2, accumulate=2, optimizer="sgd", lr=0.5, momentum=0.8, nesterov=True,
-                    weight_decay=1e-3)
+    settings = dict(
+        SMALL, epochs=2, accumulate=2, optimizer="sgd", lr=0.5, momentum=0.8, nesterov=True, weight_decay=1e-3
+    )
     straight = tmp_path / "straight"
     Trainer(tiny_config(tiny_corpus, straight, **settings)).fit()
 
@@ -246,22 +287,35 @@ def test_a_stop_inside_an_update_waits_for_its_end_and_sgd_resumes_exactly(tiny_
     assert_same_run_end(straight, interrupted)
 
 
-@pytest.mark.parametrize("extra, fragments", [
-    (["--optimizer", "lion"], ["--optimizer must be one of adam, adamw, sgd, rmsprop, not 'lion'"]),
-    (["--momentum", "0.5"], ["--momentum applies to --optimizer sgd and rmsprop only, not adam"]),
-    (["--optimizer", "sgd", "--momentum", "1"], ["--momentum must be in [0, 1), not 1.0"]),
-    (["--optimizer", "rmsprop", "--nesterov"], ["--nesterov needs --optimizer sgd with a positive --momentum, not --optimizer rmsprop"]),
-    (["--optimizer", "sgd", "--momentum", "0", "--nesterov"], ["--nesterov needs --optimizer sgd with a positive --momentum, not --momentum 0"]),
-    (["--weight-decay", "-0.1"], ["--weight-decay must be zero or positive, not -0.1"]),
-    (["--accumulate", "0"], ["--accumulate must be at least 1, not 0"]),
-    (["--accumulate", "2", "--cuda-graph"], ["--accumulate above 1 and --cuda-graph are exclusive"]),
-])
+@pytest.mark.parametrize(
+    "extra, fragments",
+    [
+        (["--optimizer", "lion"], ["--optimizer must be one of adam, adamw, sgd, rmsprop, not 'lion'"]),
+        (["--momentum", "0.5"], ["--momentum applies to --optimizer sgd and rmsprop only, not adam"]),
+        (["--optimizer", "sgd", "--momentum", "1"], ["--momentum must be in [0, 1), not 1.0"]),
+        (
+            ["--optimizer", "rmsprop", "--nesterov"],
+            ["--nesterov needs --optimizer sgd with a positive --momentum, not --optimizer rmsprop"],
+        ),
+        (
+            ["--optimizer", "sgd", "--momentum", "0", "--nesterov"],
+            ["--nesterov needs --optimizer sgd with a positive --momentum, not --momentum 0"],
+        ),
+        (["--weight-decay", "-0.1"], ["--weight-decay must be zero or positive, not -0.1"]),
+        (["--accumulate", "0"], ["--accumulate must be at least 1, not 0"]),
+        (["--accumulate", "2", "--cuda-graph"], ["--accumulate above 1 and --cuda-graph are exclusive"]),
+    ],
+)
 def test_bad_optimizer_settings_are_one_line_errors(tiny_corpus, tmp_path, extra, fragments):
-    result = cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", "--epochs", "1", *extra)
+    result = cli(
+        "train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", "--epochs", "1", *extra
+    )
     assert_one_line_error(result, *fragments)
     assert not (tmp_path / "r").exists()
 
 
 def test_a_resumed_run_keeps_its_optimizer(trained_run):
     for flag, value in (("--optimizer", "sgd"), ("--accumulate", "2"), ("--weight-decay", "0.1")):
-        assert_one_line_error(cli("train", "--resume", trained_run, flag, value), f"{flag} cannot change a run being resumed")
+        assert_one_line_error(
+            cli("train", "--resume", trained_run, flag, value), f"{flag} cannot change a run being resumed"
+        )

@@ -30,7 +30,9 @@ def test_resume_after_one_epoch_equals_straight_run(tiny_corpus, tmp_path, cell)
     assert Checkpoint.load(split / "last.pt").training.progress["epoch"] == 1
     Trainer.resume(str(split), epochs=2).fit()
     assert_same_run_end(straight, split)
-    assert Checkpoint.load(split / "last.pt").training.optimizer["param_groups"][0]["lr"] == pytest.approx(1e-3 * 0.9**2)
+    assert Checkpoint.load(split / "last.pt").training.optimizer["param_groups"][0]["lr"] == pytest.approx(
+        1e-3 * 0.9**2
+    )
     log = (split / "train.log").read_text()  # the resumed session says where it began
     first = Checkpoint.load(straight / "last.pt").training.progress
     assert f"resuming at epoch 2, window 0, step {first['step'] // 2:,}: {first['tokens_seen'] // 2:,} tokens" in log
@@ -108,7 +110,9 @@ def test_test_split_is_scored_once_with_the_best_validation_weights(tiny_corpus,
     assert Checkpoint.load(run / "best.pt").scores["test_loss"] == pytest.approx(direct.loss, rel=1e-12)
     wall = summary["wall_seconds"]
     assert set(wall) == {"train", "valid", "test"} and all(seconds > 0 for seconds in wall.values())
-    assert wall["train"] == pytest.approx(sum(row["train_seconds"] for row in rows if row["event"] == "epoch"), rel=1e-3)
+    assert wall["train"] == pytest.approx(
+        sum(row["train_seconds"] for row in rows if row["event"] == "epoch"), rel=1e-3
+    )
 
     every = tmp_path / "every"
     Trainer(tiny_config(tiny_corpus, every, epochs=2, test_every_epoch=True, train_fraction=0.3)).fit()
@@ -131,11 +135,36 @@ def test_params_budget_chooses_hidden_size(tiny_corpus, tmp_path):
 
 def test_interrupt_then_resume_equals_straight_run(tiny_corpus, tmp_path):
     """Ctrl-C (SIGINT) to a real `python -m charlm train` process, then `--resume`."""
-    args = ["train", "--corpus", "tiny", "--cell", "gru", "--hidden", "16", "--batch-size", "2", "--bptt", "8",
-            "--epochs", "2", "--log-every", "1", "--eval-batch-size", "8", "--train-fraction", "0.1", "--data-dir", tiny_corpus]
+    args = [
+        "train",
+        "--corpus",
+        "tiny",
+        "--cell",
+        "gru",
+        "--hidden",
+        "16",
+        "--batch-size",
+        "2",
+        "--bptt",
+        "8",
+        "--epochs",
+        "2",
+        "--log-every",
+        "1",
+        "--eval-batch-size",
+        "8",
+        "--train-fraction",
+        "0.1",
+        "--data-dir",
+        tiny_corpus,
+    ]
     interrupted = tmp_path / "interrupted"
-    process = subprocess.Popen([sys.executable, "-m", "charlm", *map(str, args), "--run-dir", str(interrupted)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "charlm", *map(str, args), "--run-dir", str(interrupted)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not records(interrupted, "step"):
         time.sleep(0.02)
@@ -153,8 +182,27 @@ def test_interrupt_then_resume_equals_straight_run(tiny_corpus, tmp_path):
 
 def test_divergence_stops_and_keeps_last_good_checkpoint(tiny_corpus, tmp_path):
     run = tmp_path / "diverging"
-    result = cli("train", "--corpus", "tiny", "--cell", "lstm", "--hidden", "16", "--batch-size", "8",
-                 "--epochs", "3", "--lr-decay", "1e38", "--clip", "0", "--data-dir", tiny_corpus, "--run-dir", run)
+    result = cli(
+        "train",
+        "--corpus",
+        "tiny",
+        "--cell",
+        "lstm",
+        "--hidden",
+        "16",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "3",
+        "--lr-decay",
+        "1e38",
+        "--clip",
+        "0",
+        "--data-dir",
+        tiny_corpus,
+        "--run-dir",
+        run,
+    )
     assert_one_line_error(result, "training stopped: loss became", "kept the last good checkpoint", code=3)
     kept = Checkpoint.load(run / "last.pt")
     assert kept.training.progress["epoch"] == 1
@@ -181,13 +229,18 @@ def test_existing_run_directory_is_not_overwritten(tiny_corpus, tmp_path):
         (["--cell", "lstm", "--cell-opt", "peephole=maybe"], ["peephole"]),
         (["--cell", "lstm", "--cell-opt", "nonsense=1"], ["has no option 'nonsense'"]),
         (["--params", "lots"], ["parameter budget 'lots'"]),
-        (["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "tpu"], ["not available" if not torch.cuda.is_available() else "tpu"]),
+        (
+            ["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "tpu"],
+            ["not available" if not torch.cuda.is_available() else "tpu"],
+        ),
         (["--cell", "os.path:join"], ["not a subclass"]),
         (["--cell", "no_such_module_xyz:Cell"], ["cannot import"]),
     ],
 )
 def test_bad_training_input_is_one_line_error(tiny_corpus, tmp_path, extra, fragments):
-    result = cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", "--epochs", "1", *extra)
+    result = cli(
+        "train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", "--epochs", "1", *extra
+    )
     assert_one_line_error(result, *fragments)
     assert result.stdout == ""
     assert not (tmp_path / "r" / "last.pt").exists()
@@ -197,7 +250,9 @@ def test_bad_training_input_is_one_line_error_in_a_real_process(tiny_corpus, tmp
     """The exit code and the single line, through `python -m charlm` (a usage error from typer)."""
     from helpers import run_cli
 
-    result = run_cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", "--layers", "0")
+    result = run_cli(
+        "train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", "--layers", "0"
+    )
     assert_one_line_error(result, "--layers must be at least 1, not 0")
     assert result.stdout == ""
 
@@ -209,9 +264,24 @@ def test_missing_corpus_says_which_prepare_to_run(tmp_path):
 
 def test_config_file_sets_options_and_command_line_wins(tiny_corpus, tmp_path):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"cell": "lstm", "hidden": 12, "epochs": 1, "batch_size": 8, "cell_options": {"peephole": True}}))
+    config.write_text(
+        json.dumps({"cell": "lstm", "hidden": 12, "epochs": 1, "batch_size": 8, "cell_options": {"peephole": True}})
+    )
     run = tmp_path / "run"
-    cli("train", "--config", config, "--corpus", "tiny", "--hidden", "10", "--data-dir", tiny_corpus, "--run-dir", run, check_code=0)
+    cli(
+        "train",
+        "--config",
+        config,
+        "--corpus",
+        "tiny",
+        "--hidden",
+        "10",
+        "--data-dir",
+        tiny_corpus,
+        "--run-dir",
+        run,
+        check_code=0,
+    )
     checkpoint = Checkpoint.load(run / "last.pt")
     assert checkpoint.model_config.hidden_size == 10
     assert checkpoint.model_config.cell_options == {"peephole": True}
@@ -226,8 +296,19 @@ def test_init_from_starts_from_checkpoint_weights(tiny_corpus, tmp_path):
     Trainer(tiny_config(tiny_corpus, source, epochs=1)).fit()
     tuned = Trainer(tiny_config(tiny_corpus, tmp_path / "tuned", epochs=1, init_from=str(source / "best.pt")))
     assert_same_weights(tuned.model.state_dict(), weights(source, "best.pt"))
-    result = cli("train", "--corpus", "tiny", "--hidden", "30", "--init-from", source / "best.pt",
-                 "--data-dir", tiny_corpus, "--run-dir", tmp_path / "mismatch")
+    result = cli(
+        "train",
+        "--corpus",
+        "tiny",
+        "--hidden",
+        "30",
+        "--init-from",
+        source / "best.pt",
+        "--data-dir",
+        tiny_corpus,
+        "--run-dir",
+        tmp_path / "mismatch",
+    )
     assert_one_line_error(result, "--init-from", "holds another model (hidden_size 24 there, 30 here)")
 
 
@@ -235,14 +316,42 @@ def test_init_from_takes_the_model_from_the_checkpoint(tiny_corpus, tmp_path):
     """Issue 24: --init-from alone is enough; the cell, size, layers and corpus come from the checkpoint."""
     source = tmp_path / "source"
     Trainer(tiny_config(tiny_corpus, source, epochs=1, cell="gru", hidden=12, layers=2, train_fraction=0.2)).fit()
-    cli("train", "--init-from", source / "best.pt", "--data-dir", tiny_corpus, "--epochs", "1", "--batch-size", "8",
-        "--bptt", "16", "--eval-batch-size", "4", "--train-fraction", "0.2", "--eval-fraction", "0.2",
-        "--run-dir", tmp_path / "tuned", check_code=0)
+    cli(
+        "train",
+        "--init-from",
+        source / "best.pt",
+        "--data-dir",
+        tiny_corpus,
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--bptt",
+        "16",
+        "--eval-batch-size",
+        "4",
+        "--train-fraction",
+        "0.2",
+        "--eval-fraction",
+        "0.2",
+        "--run-dir",
+        tmp_path / "tuned",
+        check_code=0,
+    )
     tuned = Checkpoint.load(tmp_path / "tuned" / "last.pt")
     assert (tuned.model_config.cell, tuned.model_config.hidden_size, tuned.model_config.layers) == ("gru", 12, 2)
     assert tuned.train_config.corpus == "tiny"
-    result = cli("train", "--init-from", source / "best.pt", "--cell", "lstm", "--data-dir", tiny_corpus,
-                 "--run-dir", tmp_path / "conflict")
+    result = cli(
+        "train",
+        "--init-from",
+        source / "best.pt",
+        "--cell",
+        "lstm",
+        "--data-dir",
+        tiny_corpus,
+        "--run-dir",
+        tmp_path / "conflict",
+    )
     assert_one_line_error(result, "--init-from", "holds another model (cell 'gru' there, 'lstm' here")
 
 
@@ -275,14 +384,18 @@ def test_resume_refuses_settings_that_define_the_run(tiny_corpus, tmp_path):
     Trainer(tiny_config(tiny_corpus, run, epochs=1, train_fraction=0.1)).fit()
     with pytest.raises(ConfigError, match="lr is fixed by the run being resumed"):
         Trainer.resume(str(run), epochs=2, lr=0.5)
-    assert_one_line_error(cli("train", "--resume", run, "--epochs", "2", "--hidden", "8"), "--hidden cannot change a run being resumed")
+    assert_one_line_error(
+        cli("train", "--resume", run, "--epochs", "2", "--hidden", "8"), "--hidden cannot change a run being resumed"
+    )
 
 
 def test_bf16_training_matches_fp32_and_resumes_across_precisions(tiny_corpus, tmp_path):
     """bf16 autocast on the CPU: the loss is float32, the carried state is saved in float32, the
     result is within noise of fp32, and a bf16 run resumes in fp32."""
     fp32 = Trainer(tiny_config(tiny_corpus, tmp_path / "fp32", epochs=1, cell="gru", train_fraction=0.4)).fit()
-    bf16 = Trainer(tiny_config(tiny_corpus, tmp_path / "bf16", epochs=1, cell="gru", precision="bf16", train_fraction=0.4)).fit()
+    bf16 = Trainer(
+        tiny_config(tiny_corpus, tmp_path / "bf16", epochs=1, cell="gru", precision="bf16", train_fraction=0.4)
+    ).fit()
     assert abs(bf16["best_valid_bpc"] - fp32["best_valid_bpc"]) < 0.05
     assert bf16["best_valid_bpc"] != fp32["best_valid_bpc"]  # the low precision was really used
     saved = Checkpoint.load(tmp_path / "bf16" / "last.pt")
@@ -381,14 +494,26 @@ def test_a_step_reads_back_from_the_device_once(monkeypatch):
     from charlm.training.step import PlainGradients
 
     model = LanguageModel(ModelConfig("lstm", vocab_size=9, hidden_size=8, layers=2))
-    step = TrainingStep(model, model, torch.optim.Adam(model.parameters()), PlainGradients(), World(), batch_size=3,
-                        clip=5.0, precision="fp32", device=torch.device("cpu"))
+    step = TrainingStep(
+        model,
+        model,
+        torch.optim.Adam(model.parameters()),
+        PlainGradients(),
+        World(),
+        batch_size=3,
+        clip=5.0,
+        precision="fp32",
+        device=torch.device("cpu"),
+    )
     window = next(TokenStreams(np.random.default_rng(0).integers(9, size=100), 3, 6).windows())
     reads = []
     for name in ("item", "tolist"):
         original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, _name=name, _original=original: (
-            reads.append((_name, self)), _original(self))[1])
+        monkeypatch.setattr(
+            torch.Tensor,
+            name,
+            lambda self, _name=name, _original=original: (reads.append((_name, self)), _original(self))[1],
+        )
     result = step(window, model.initial_state(3), StopRequest(), TimeBudget(None))
     adam_steps = [state["step"] for state in step.optimizer.state.values()]  # kept on the CPU by Adam, even on a GPU
     assert [name for name, tensor in reads if not any(tensor is kept for kept in adam_steps)] == ["tolist"]

@@ -71,8 +71,9 @@ class RunRecord:
 
     def seconds(self, through_epoch: int | None = None) -> float:
         """Training time (the sum of the epochs' train_seconds) through ``through_epoch``, or in all."""
-        return sum(epoch.train_seconds or 0.0 for epoch in self.epochs
-                   if through_epoch is None or epoch.epoch <= through_epoch)
+        return sum(
+            epoch.train_seconds or 0.0 for epoch in self.epochs if through_epoch is None or epoch.epoch <= through_epoch
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +109,7 @@ class Group:
 
 # --- reading runs ------------------------------------------------------------------------------------
 
+
 def read_runs(directories: list[str | Path], skipped: list | None = None) -> list[RunRecord]:
     """Every run at or below the directories, named by its path relative to their common parent.
 
@@ -115,7 +117,9 @@ def read_runs(directories: list[str | Path], skipped: list | None = None) -> lis
     with a warning, and (name, reason) appended to ``skipped``: it does not hide the others."""
     found = {}
     for directory in directories:
-        runs = [run for run in find_runs(directory) if "task" not in run.read_json(run.config_file)]  # `charlm task` runs: report/tasks.py
+        runs = [
+            run for run in find_runs(directory) if "task" not in run.read_json(run.config_file)
+        ]  # `charlm task` runs: report/tasks.py
         if not runs:
             raise CharlmError(f"no runs under {directory} (no directory there holds config.json and metrics.jsonl)")
         found.update({run.path.resolve(): run for run in runs})
@@ -130,8 +134,10 @@ def read_runs(directories: list[str | Path], skipped: list | None = None) -> lis
         except CharlmError as error:
             damaged.append((name, str(error)))
     if not records:
-        raise CharlmError(f"no readable runs under {', '.join(map(str, directories))}: "
-                          + "; ".join(f"{name}: {reason}" for name, reason in sorted(damaged)))
+        raise CharlmError(
+            f"no readable runs under {', '.join(map(str, directories))}: "
+            + "; ".join(f"{name}: {reason}" for name, reason in sorted(damaged))
+        )
     for name, reason in sorted(damaged):
         get_logger().warning(f"warning: skipped the damaged run {name}: {reason}")
     if skipped is not None:
@@ -140,7 +146,8 @@ def read_runs(directories: list[str | Path], skipped: list | None = None) -> lis
 
 
 def read_run(run: Run, name: str) -> RunRecord:
-    """A run's settings from config.json and its records from metrics.jsonl (a ``CharlmError`` when either is damaged)."""
+    """A run's settings from config.json and its records from metrics.jsonl (a ``CharlmError`` when either is
+    damaged)."""
     config = run.read_config()
     train, model = config.get("train", {}), config.get("model", {})
     history = run.history()
@@ -202,7 +209,9 @@ def budget_label(params, parameters, nominal: str | None = None) -> tuple[str, f
         params = nominal
     if isinstance(params, str):
         try:
-            return params, float(parse_budget(params.split()[0].lstrip("≈~") if params.split() else params))  # "0.9M per layer" sorts as 0.9M
+            return params, float(
+                parse_budget(params.split()[0].lstrip("≈~") if params.split() else params)
+            )  # "0.9M per layer" sorts as 0.9M
         except CharlmError:
             return params, math.inf
     if parameters is None:
@@ -232,6 +241,7 @@ def group_runs(records: list[RunRecord]) -> list[Group]:
 
 # --- comparisons -------------------------------------------------------------------------------------
 
+
 def table1_sections(groups: list[Group]) -> list[tuple[str, list[str], list[tuple[str, list[Group | None]]]]]:
     """Per budget (full-data runs): its label, its cells, and rows (corpus label, group per cell)."""
     full = [group for group in groups if group.fraction == 1.0]
@@ -252,23 +262,32 @@ def table1_sections(groups: list[Group]) -> list[tuple[str, list[str], list[tupl
 def unequal_data(row: list[Group | None]) -> list[int] | None:
     """The different token counts the runs of a row trained on, when they differ (the comparison then
     mixes the amount of data with the modelling); None when they agree or were not counted."""
-    seen = sorted({run.tokens_seen for group in row if group is not None for run in group.runs
-                   if run.tokens_seen is not None})
+    seen = sorted(
+        {run.tokens_seen for group in row if group is not None for run in group.runs if run.tokens_seen is not None}
+    )
     return seen if len(seen) > 1 else None
 
 
 def ordering_note(row: list[Group | None], cells: list[str]) -> str | None:
     """Whether the best cell's lead over the second is larger than the two groups' seed spread
     (mean ± standard deviation, several seeds each); None where that cannot be told."""
-    scored = sorted(((group.loss.mean, cell, group) for cell, group in zip(cells, row)
-                     if group is not None and group.loss is not None), key=lambda item: item[0])
+    scored = sorted(
+        (
+            (group.loss.mean, cell, group)
+            for cell, group in zip(cells, row)
+            if group is not None and group.loss is not None
+        ),
+        key=lambda item: item[0],
+    )
     if len(scored) < 2 or scored[0][2].loss.std is None or scored[1][2].loss.std is None:
         return None
     (first_mean, first, first_group), (second_mean, second, second_group) = scored[:2]
     lead, spread = second_mean - first_mean, first_group.loss.std + second_group.loss.std
     verdict = "larger than" if lead > spread else "within"
-    return (f"{first} leads {second} by {lead:.4f} nats, {verdict} their seed spread "
-            f"(±{first_group.loss.std:.4f}, ±{second_group.loss.std:.4f})")
+    return (
+        f"{first} leads {second} by {lead:.4f} nats, {verdict} their seed spread "
+        f"(±{first_group.loss.std:.4f}, ±{second_group.loss.std:.4f})"
+    )
 
 
 def best_of(row: list[Group | None]) -> Group | None:
@@ -288,8 +307,14 @@ def efficiency_families(groups: list[Group]) -> dict[tuple, list[Group]]:
 
 def reference_loss(groups: list[Group], reference: str) -> float | None:
     """The mean full-data test loss of the reference cell among ``groups``."""
-    return next((group.loss.mean for group in groups if group.cell == reference and group.fraction == 1.0
-                 and group.loss is not None), None)
+    return next(
+        (
+            group.loss.mean
+            for group in groups
+            if group.cell == reference and group.fraction == 1.0 and group.loss is not None
+        ),
+        None,
+    )
 
 
 def data_needed(points: list[tuple[float, float]], target: float) -> tuple[float | None, bool]:

@@ -89,8 +89,14 @@ def learning_curves(panels: dict[str, list[Curve]], path: Path) -> None:
     for (corpus, curves), (by_epoch, by_time) in zip(panels.items(), axes):
         for curve in curves:
             by_epoch.plot(curve.epochs, curve.bpc, marker="o", markersize=3, color=curve.colour, label=curve.label)
-            by_time.plot([s / scale for s in curve.seconds], curve.bpc, marker="o", markersize=3, color=curve.colour,
-                         label=curve.label)
+            by_time.plot(
+                [s / scale for s in curve.seconds],
+                curve.bpc,
+                marker="o",
+                markersize=3,
+                color=curve.colour,
+                label=curve.label,
+            )
         by_epoch.set(title=f"{corpus}: validation bpc by epoch", xlabel="epoch", ylabel="validation bpc")
         by_time.set(title=f"{corpus}: validation bpc by training time", xlabel=f"training time ({unit})")
         by_epoch.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -120,8 +126,16 @@ def efficiency_lines(panels: dict[str, list[Line]], path: Path) -> None:
     figure = _figure(EFFICIENCY_SIZE[0] * len(panels), EFFICIENCY_SIZE[1])
     for axes, (corpus, lines) in zip(figure.subplots(1, len(panels), squeeze=False)[0], panels.items()):
         for line in lines:
-            axes.errorbar(line.fractions, line.bpc, yerr=line.std, marker="o", markersize=4, capsize=3,
-                          color=line.colour, label=line.label)
+            axes.errorbar(
+                line.fractions,
+                line.bpc,
+                yerr=line.std,
+                marker="o",
+                markersize=4,
+                capsize=3,
+                color=line.colour,
+                label=line.label,
+            )
         axes.set(title=f"{corpus}: statistical efficiency", xlabel="fraction of the training split", ylabel="test bpc")
         _legend(axes)
     _save(figure, path)
@@ -138,8 +152,13 @@ def gradient_heatmaps(maps: list[HeatMap], path: Path) -> None:
         low, high = (min(positive), max(positive)) if positive else (1e-3, 1.0)
         values = [[value if math.isfinite(value) and value > 0 else math.nan for value in row] for row in heat.values]
         half = (heat.steps[-1] - heat.steps[0]) / max(len(heat.steps) - 1, 1) / 2 or 0.5
-        image = axes.imshow(values, aspect="auto", interpolation="nearest", norm=LogNorm(low, max(high, low * 1.0001)),
-                            extent=(heat.steps[0] - half, heat.steps[-1] + half, len(heat.layers) - 0.5, -0.5))
+        image = axes.imshow(
+            values,
+            aspect="auto",
+            interpolation="nearest",
+            norm=LogNorm(low, max(high, low * 1.0001)),
+            extent=(heat.steps[0] - half, heat.steps[-1] + half, len(heat.layers) - 0.5, -0.5),
+        )
         axes.set_yticks(range(len(heat.layers)), heat.layers)
         axes.grid(False)
         axes.set(title=heat.title, xlabel="step")
@@ -174,11 +193,24 @@ def threshold_panels(panels: dict[str, dict[str, list[Marker]]], path: Path) -> 
         for network, markers in panel.items():
             colour, shape = colours[network], shapes.get(network, "o")
             done = [m for m in markers if m.reached]
-            axes.plot([m.layers for m in done], [m.samples for m in done], shape + "-", color=colour,
-                      label=network, markersize=6)
+            axes.plot(
+                [m.layers for m in done],
+                [m.samples for m in done],
+                shape + "-",
+                color=colour,
+                label=network,
+                markersize=6,
+            )
             missed = [m for m in markers if not m.reached]
-            axes.plot([m.layers for m in missed], [m.samples for m in missed], shape, color=colour,
-                      markerfacecolor="none", markersize=8, label=f"{network} (not reached)" if missed else None)
+            axes.plot(
+                [m.layers for m in missed],
+                [m.samples for m in missed],
+                shape,
+                color=colour,
+                markerfacecolor="none",
+                markersize=8,
+                label=f"{network} (not reached)" if missed else None,
+            )
         axes.set(title=f"accuracy > {float(threshold):.0%}", xlabel="layers", ylabel="training samples")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         _legend(axes)
@@ -202,7 +234,10 @@ def _legend(axes) -> None:
 def sensible_limits(axes) -> None:
     """Widen an axis whose data is one value (one epoch, one run), which matplotlib would draw as a
     sliver around it (ticks at 49.6 … 50.4), to half the value on each side (at least 1)."""
-    for values, set_limits in ((lambda line: line.get_xdata(), axes.set_xlim), (lambda line: line.get_ydata(), axes.set_ylim)):
+    for values, set_limits in (
+        (lambda line: line.get_xdata(), axes.set_xlim),
+        (lambda line: line.get_ydata(), axes.set_ylim),
+    ):
         data = [float(value) for line in axes.get_lines() for value in values(line) if math.isfinite(float(value))]
         if data and max(data) == min(data):
             pad = max(abs(data[0]) * 0.5, 1.0)

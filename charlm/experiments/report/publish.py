@@ -46,4 +46,3 @@ def report_directory(directories, out) -> Path:
     out = Path(out) if out is not None else Path(directories[0]) / "report"
     make_directory(out, action="create report directory")
     return out
-

@@ -32,7 +32,7 @@ class TaskRun:
     seed: int | None
     parameters: int | None
     samples: int | None  # trained so far
-    budget: int | None   # max_samples
+    budget: int | None  # max_samples
     stopped_by: str | None
     reached: dict  # threshold ("0.5") → samples when first exceeded
     accuracy: float | None
@@ -75,19 +75,31 @@ def read_task_run(run: Run, name: str) -> TaskRun:
     for record in evaluations:  # the same bookkeeping as training, so an unfinished run reports too
         for threshold in TABLE_THRESHOLDS:
             value = float(threshold)
-            if threshold not in reached and record.accuracy is not None and (
-                    record.accuracy >= 1.0 if value == 1.0 else record.accuracy > value):
+            if (
+                threshold not in reached
+                and record.accuracy is not None
+                and (record.accuracy >= 1.0 if value == 1.0 else record.accuracy > value)
+            ):
                 reached[threshold] = record.samples
     cell, tied = str(model.get("cell", "?")), model.get("tied")
     if tied is None:
         tied = cell == "grid-lstm" and (train.get("cell_options") or {}).get("tied", True)
-    return TaskRun(name=name, task=str(config["task"].get("name", train.get("task", "?"))),
-                   network=f"{cell} {'tied' if tied else 'untied'}", layers=int(model.get("layers") or 1),
-                   hidden=model.get("hidden_size"), seed=train.get("seed"), parameters=history.parameters,
-                   samples=last.samples if last else None, budget=train.get("max_samples"),
-                   stopped_by=end.stopped_by if end else None, reached=reached,
-                   accuracy=last.accuracy if last else None,
-                   sequence_accuracy=last.sequence_accuracy if last else None, status=run.status(history))
+    return TaskRun(
+        name=name,
+        task=str(config["task"].get("name", train.get("task", "?"))),
+        network=f"{cell} {'tied' if tied else 'untied'}",
+        layers=int(model.get("layers") or 1),
+        hidden=model.get("hidden_size"),
+        seed=train.get("seed"),
+        parameters=history.parameters,
+        samples=last.samples if last else None,
+        budget=train.get("max_samples"),
+        stopped_by=end.stopped_by if end else None,
+        reached=reached,
+        accuracy=last.accuracy if last else None,
+        sequence_accuracy=last.sequence_accuracy if last else None,
+        status=run.status(history),
+    )
 
 
 def threshold_rows(runs: list[TaskRun]) -> list[list]:
@@ -109,8 +121,19 @@ def threshold_rows(runs: list[TaskRun]) -> list[list]:
     return rows
 
 
-COLUMNS = ["task", "network", "layers", "seeds", "parameters", ">50%", ">80%", ">99%", "100%",
-           "held-out accuracy", "samples trained"]
+COLUMNS = [
+    "task",
+    "network",
+    "layers",
+    "seeds",
+    "parameters",
+    ">50%",
+    ">80%",
+    ">99%",
+    "100%",
+    "held-out accuracy",
+    "samples trained",
+]
 
 
 def threshold_figure_data(runs: list[TaskRun]) -> dict[str, dict[str, list[figures.Marker]]]:
@@ -146,10 +169,21 @@ def write_task_report(out: Path, runs: list[TaskRun], directories) -> tuple[list
     table = markdown_table(COLUMNS, rows)
     atomic_write_text(out / "tasks.md", "# Samples to each held-out accuracy threshold\n\n" + table + "\n")
     figures.threshold_panels(threshold_figure_data(runs), out / "thresholds.png")
-    index = ["# Report", "", f"{len(runs)} task run(s) from {', '.join(map(str, directories))}.", "",
-             "Samples to exceed 50%, 80%, 99% and to reach 100% held-out per-symbol accuracy: the mean over the",
-             "seeds that reached it, with how many did (k/n). As the Grid LSTM paper's Figure 4 table and Figure 5.",
-             "", table, "", "![samples to threshold](thresholds.png)", ""]
+    index = [
+        "# Report",
+        "",
+        f"{len(runs)} task run(s) from {', '.join(map(str, directories))}.",
+        "",
+        "Samples to exceed 50%, 80%, 99% and to reach 100% held-out per-symbol accuracy: the mean over the",
+        "seeds that reached it, with how many did (k/n). As the Grid LSTM paper's Figure 4 table and Figure 5.",
+        "",
+        table,
+        "",
+        "![samples to threshold](thresholds.png)",
+        "",
+    ]
     atomic_write_text(out / "index.md", "\n".join(index))
-    terminal = [("Samples to each held-out accuracy threshold", COLUMNS, [[str(value) for value in row] for row in rows])]
+    terminal = [
+        ("Samples to each held-out accuracy threshold", COLUMNS, [[str(value) for value in row] for row in rows])
+    ]
     return ["index.md", "tasks.md", "tasks.csv", "thresholds.png"], terminal

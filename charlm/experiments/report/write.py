@@ -14,9 +14,23 @@ from pathlib import Path
 
 from charlm.errors import CharlmError
 from charlm.experiments.report import figures
-from charlm.experiments.report.compare import (Group, RunRecord, Stat, best_of, data_needed, dynamic_columns,
-                                               dynamic_rows, efficiency_families, group_runs, protocol_name,
-                                               ordering_note, read_runs, reference_loss, table1_sections, unequal_data)
+from charlm.experiments.report.compare import (
+    Group,
+    RunRecord,
+    Stat,
+    best_of,
+    data_needed,
+    dynamic_columns,
+    dynamic_rows,
+    efficiency_families,
+    group_runs,
+    protocol_name,
+    ordering_note,
+    read_runs,
+    reference_loss,
+    table1_sections,
+    unequal_data,
+)
 from charlm.experiments.report.markdown import display as _display
 from charlm.experiments.report.markdown import markdown_table as _markdown
 from charlm.experiments.report.publish import publish, report_directory, staged
@@ -25,19 +39,39 @@ from charlm.files import atomic_write_text
 from charlm.runs.directory import find_runs
 
 DEFAULT_REFERENCE = "gru"
-REPORT_FILES = ("index.md", "table1.md", "table1.csv", "convergence.csv", "convergence.png", "curves.png",
-                "efficiency.md", "efficiency.csv", "efficiency.png", "gradnorms.png", "dynamic.md", "dynamic.csv",
-                "summary.md", "summary.csv", "tasks.md", "tasks.csv", "thresholds.png")
+REPORT_FILES = (
+    "index.md",
+    "table1.md",
+    "table1.csv",
+    "convergence.csv",
+    "convergence.png",
+    "curves.png",
+    "efficiency.md",
+    "efficiency.csv",
+    "efficiency.png",
+    "gradnorms.png",
+    "dynamic.md",
+    "dynamic.csv",
+    "summary.md",
+    "summary.csv",
+    "tasks.md",
+    "tasks.csv",
+    "thresholds.png",
+)
 
 
-TABLES = {"summary.md": "Summary of the run",
-          "table1.md": "Table 1: test loss at the best validation epoch, per corpus and cell",
-          "efficiency.md": "Statistical efficiency: test bpc against the fraction of training data",
-          "dynamic.md": "Static and dynamic evaluation"}
-FIGURES = {"curves.png": "Learning curves: validation bpc against epochs and training time",
-           "convergence.png": "Epochs to the best validation loss, per cell",
-           "efficiency.png": "Test bpc against the fraction of training data",
-           "gradnorms.png": "Gradient norm per layer and logged step"}
+TABLES = {
+    "summary.md": "Summary of the run",
+    "table1.md": "Table 1: test loss at the best validation epoch, per corpus and cell",
+    "efficiency.md": "Statistical efficiency: test bpc against the fraction of training data",
+    "dynamic.md": "Static and dynamic evaluation",
+}
+FIGURES = {
+    "curves.png": "Learning curves: validation bpc against epochs and training time",
+    "convergence.png": "Epochs to the best validation loss, per cell",
+    "efficiency.png": "Test bpc against the fraction of training data",
+    "gradnorms.png": "Gradient norm per layer and logged step",
+}
 
 
 class ReportWriter:
@@ -75,67 +109,155 @@ class ReportWriter:
         self.write_gradnorms()
         self.write_dynamic()
         if not self.tables:  # no Table 1 (no run used all the data): the runs themselves, so a table is always shown
-            self.tables.append(("Runs (no run trained on all of the training data: no Table 1)",
-                                ["run", "cell", "fraction", "seed", "status", "best valid bpc", "test bpc"],
-                                [[record.name, record.cell, _display(record.fraction), _display(record.seed),
-                                  record.status, _display(record.best and record.best.valid_bpc),
-                                  _display(record.test_bpc)] for record in self.records]))
+            self.tables.append(
+                (
+                    "Runs (no run trained on all of the training data: no Table 1)",
+                    ["run", "cell", "fraction", "seed", "status", "best valid bpc", "test bpc"],
+                    [
+                        [
+                            record.name,
+                            record.cell,
+                            _display(record.fraction),
+                            _display(record.seed),
+                            record.status,
+                            _display(record.best and record.best.valid_bpc),
+                            _display(record.test_bpc),
+                        ]
+                        for record in self.records
+                    ],
+                )
+            )
         self.text("index.md", self.index())
 
     def write_summary(self) -> None:
         record = self.records[0]
-        rows = [*map(list, _settings(record).items()),
-                ["best epoch", record.best_epoch],
-                ["best valid bpc", record.best and record.best.valid_bpc],
-                ["test loss (nats) at best", record.test_loss],
-                ["test bpc at best", record.test_bpc],
-                ["training seconds", record.seconds()]]
+        rows = [
+            *map(list, _settings(record).items()),
+            ["best epoch", record.best_epoch],
+            ["best valid bpc", record.best and record.best.valid_bpc],
+            ["test loss (nats) at best", record.test_loss],
+            ["test bpc at best", record.test_bpc],
+            ["training seconds", record.seconds()],
+        ]
         self.table("summary.csv", ["setting", "value"], rows)
         self.text("summary.md", f"# Run {record.name}\n\n" + _markdown(["setting", "value"], rows))
-        self.tables.append((f"run {record.name}", ["setting", "value"], [[key, _display(value)] for key, value in rows]))
+        self.tables.append(
+            (f"run {record.name}", ["setting", "value"], [[key, _display(value)] for key, value in rows])
+        )
 
     def write_table1(self) -> None:
         sections = table1_sections(self.groups)
         if not sections:
             self.notes.append("No run trained on the full training data: no Table 1.")
             return
-        csv_rows, markdown = [], ["# Table 1: test loss at the best validation epoch\n",
-                                  "Nats per token · bits per character, mean ± standard deviation over runs (seeds) "
-                                  "where several share corpus, budget, layers and cell; the best cell of each row in "
-                                  "bold. Full-data runs only.\n"]
+        csv_rows, markdown = (
+            [],
+            [
+                "# Table 1: test loss at the best validation epoch\n",
+                "Nats per token · bits per character, mean ± standard deviation over runs (seeds) "
+                "where several share corpus, budget, layers and cell; the best cell of each row in "
+                "bold. Full-data runs only.\n",
+            ],
+        )
         for budget, cells, rows in sections:
             markdown_rows, terminal_rows, remarks = [], [], []
             for label, row in rows:
                 seen = unequal_data(row)
                 if seen is not None:
                     label += " †"
-                    remarks.append(f"† {label[:-2]}: the runs saw different amounts of training data "
-                                   f"({', '.join(f'{count:,}' for count in seen)} tokens); the comparison mixes data "
-                                   "with modelling (give every run the same --epochs, --train-fraction or --max-tokens)")
-                    self.notes.append(f"{budget}, {label[:-2]}: the runs compared saw different amounts of training data")
+                    remarks.append(
+                        f"† {label[:-2]}: the runs saw different amounts of training data "
+                        f"({', '.join(f'{count:,}' for count in seen)} tokens); the comparison mixes data "
+                        "with modelling (give every run the same --epochs, --train-fraction or --max-tokens)"
+                    )
+                    self.notes.append(
+                        f"{budget}, {label[:-2]}: the runs compared saw different amounts of training data"
+                    )
                 ordering = ordering_note(row, cells)
                 if ordering is not None:
                     remarks.append(f"{label.rstrip(' †')}: {ordering}")
                 best = [group is not None and group is best_of(row) for group in row]
                 markdown_rows.append([label, *[loss_text(group, bold=bold) for group, bold in zip(row, best)]])
-                terminal_rows.append([label, *[loss_text(group, units=False) + " *" * bold for group, bold in zip(row, best)]])
-                csv_rows += [_table1_csv_row(budget, group, bold) for group, bold in zip(row, best) if group is not None]
-            markdown.append(f"## {budget} parameters\n\n" + _markdown(["corpus", *cells], markdown_rows)
-                            + "".join(f"\n- {remark}" for remark in remarks) + ("\n" if remarks else ""))
-            self.tables.append((f"Table 1, {budget} parameters: test loss at the best validation epoch (nats · bpc; * best)",
-                                ["corpus", *cells], terminal_rows))
-        self.table("table1.csv", ["budget", "corpus", "layers", "cell", "runs", "test_loss", "test_loss_std",
-                                  "test_bpc", "test_bpc_std", "status", "best"], csv_rows)
+                terminal_rows.append(
+                    [label, *[loss_text(group, units=False) + " *" * bold for group, bold in zip(row, best)]]
+                )
+                csv_rows += [
+                    _table1_csv_row(budget, group, bold) for group, bold in zip(row, best) if group is not None
+                ]
+            markdown.append(
+                f"## {budget} parameters\n\n"
+                + _markdown(["corpus", *cells], markdown_rows)
+                + "".join(f"\n- {remark}" for remark in remarks)
+                + ("\n" if remarks else "")
+            )
+            self.tables.append(
+                (
+                    f"Table 1, {budget} parameters: test loss at the best validation epoch (nats · bpc; * best)",
+                    ["corpus", *cells],
+                    terminal_rows,
+                )
+            )
+        self.table(
+            "table1.csv",
+            [
+                "budget",
+                "corpus",
+                "layers",
+                "cell",
+                "runs",
+                "test_loss",
+                "test_loss_std",
+                "test_bpc",
+                "test_bpc_std",
+                "status",
+                "best",
+            ],
+            csv_rows,
+        )
         self.text("table1.md", "\n".join(markdown))
 
     def write_convergence(self) -> None:
-        rows = [[record.name, record.corpus, record.cell, record.layers, record.budget, record.fraction, record.seed,
-                 record.status, record.completed_epochs, record.best_epoch, record.best and record.best.valid_bpc,
-                 record.test_loss, record.test_bpc, record.best and record.seconds(record.best_epoch), record.seconds()]
-                for record in self.records]
-        self.table("convergence.csv", ["run", "corpus", "cell", "layers", "budget", "fraction", "seed", "status", "epochs",
-                                       "best_epoch", "best_valid_bpc", "test_loss", "test_bpc", "seconds_to_best",
-                                       "train_seconds"], rows)
+        rows = [
+            [
+                record.name,
+                record.corpus,
+                record.cell,
+                record.layers,
+                record.budget,
+                record.fraction,
+                record.seed,
+                record.status,
+                record.completed_epochs,
+                record.best_epoch,
+                record.best and record.best.valid_bpc,
+                record.test_loss,
+                record.test_bpc,
+                record.best and record.seconds(record.best_epoch),
+                record.seconds(),
+            ]
+            for record in self.records
+        ]
+        self.table(
+            "convergence.csv",
+            [
+                "run",
+                "corpus",
+                "cell",
+                "layers",
+                "budget",
+                "fraction",
+                "seed",
+                "status",
+                "epochs",
+                "best_epoch",
+                "best_valid_bpc",
+                "test_loss",
+                "test_bpc",
+                "seconds_to_best",
+                "train_seconds",
+            ],
+            rows,
+        )
         full = [record for record in self.records if record.fraction == 1.0 and record.best_epoch is not None]
         if not full:
             self.notes.append("No full-data run has a best epoch yet: no convergence box plot.")
@@ -146,23 +268,54 @@ class ReportWriter:
 
     def write_efficiency(self) -> None:
         if all(record.fraction == 1.0 for record in self.records):
-            self.notes.append("Every run trained on the whole training split: no statistical-efficiency comparison "
-                              "(train with --train-fraction 0.2, 0.4, ...).")
+            self.notes.append(
+                "Every run trained on the whole training split: no statistical-efficiency comparison "
+                "(train with --train-fraction 0.2, 0.4, ...)."
+            )
             return
-        rows = [[group.corpus, group.budget, group.layers, group.cell, group.fraction, len(group.runs),
-                 *_stat_values(group.loss), *_stat_values(group.bpc), group.status]
-                for groups in efficiency_families(self.groups).values() for group in groups]
-        self.table("efficiency.csv", ["corpus", "budget", "layers", "cell", "fraction", "runs", "test_loss",
-                                      "test_loss_std", "test_bpc", "test_bpc_std", "status"], rows)
+        rows = [
+            [
+                group.corpus,
+                group.budget,
+                group.layers,
+                group.cell,
+                group.fraction,
+                len(group.runs),
+                *_stat_values(group.loss),
+                *_stat_values(group.bpc),
+                group.status,
+            ]
+            for groups in efficiency_families(self.groups).values()
+            for group in groups
+        ]
+        self.table(
+            "efficiency.csv",
+            [
+                "corpus",
+                "budget",
+                "layers",
+                "cell",
+                "fraction",
+                "runs",
+                "test_loss",
+                "test_loss_std",
+                "test_bpc",
+                "test_bpc_std",
+                "status",
+            ],
+            rows,
+        )
         self.text("efficiency.md", self.efficiency_markdown())
         self.figure("efficiency.png", figures.efficiency_lines, self.efficiency_panels())
 
     def efficiency_markdown(self) -> str:
-        parts = ["# Statistical efficiency\n",
-                 f"Test bits per character at each fraction of the training split (mean over runs). The last column is "
-                 f"the fraction of the data a cell needs to reach the full-data test loss of the reference cell, "
-                 f"{self.reference}, interpolated linearly between measured fractions; ≤ marks a loss already reached "
-                 f"at the smallest fraction measured.\n"]
+        parts = [
+            "# Statistical efficiency\n",
+            f"Test bits per character at each fraction of the training split (mean over runs). The last column is "
+            f"the fraction of the data a cell needs to reach the full-data test loss of the reference cell, "
+            f"{self.reference}, interpolated linearly between measured fractions; ≤ marks a loss already reached "
+            f"at the smallest fraction measured.\n",
+        ]
         for (corpus, budget, layers), groups in efficiency_families(self.groups).items():
             fractions = sorted({group.fraction for group in groups})
             target = reference_loss(groups, self.reference)
@@ -171,10 +324,14 @@ class ReportWriter:
             for cell in sorted({group.cell for group in groups}):
                 own = {group.fraction: group for group in groups if group.cell == cell}
                 points = [(fraction, group.loss.mean) for fraction, group in own.items() if group.loss is not None]
-                needed = "no full-data run of the reference" if target is None else needed_text(data_needed(points, target))
+                needed = (
+                    "no full-data run of the reference" if target is None else needed_text(data_needed(points, target))
+                )
                 rows.append([cell, *[_bpc_text(own.get(fraction)) for fraction in fractions], needed])
-            parts.append(f"## {corpus}, {budget} parameters, {_layers_text(layers)}\n\n"
-                         + _markdown(["cell", *[f"bpc at {fraction:g}" for fraction in fractions], match], rows))
+            parts.append(
+                f"## {corpus}, {budget} parameters, {_layers_text(layers)}\n\n"
+                + _markdown(["cell", *[f"bpc at {fraction:g}" for fraction in fractions], match], rows)
+            )
         return "\n".join(parts)
 
     def efficiency_panels(self) -> dict[str, list[figures.Line]]:
@@ -185,9 +342,15 @@ class ReportWriter:
                 own = [group for group in groups if group.cell == cell and group.bpc is not None]
                 if own:
                     label = f"{cell} ({budget}, {_layers_text(layers)})" if several else cell
-                    panels.setdefault(corpus, []).append(figures.Line(
-                        label, self.colours[cell], [group.fraction for group in own], [group.bpc.mean for group in own],
-                        [group.bpc.std or 0.0 for group in own]))
+                    panels.setdefault(corpus, []).append(
+                        figures.Line(
+                            label,
+                            self.colours[cell],
+                            [group.fraction for group in own],
+                            [group.bpc.mean for group in own],
+                            [group.bpc.std or 0.0 for group in own],
+                        )
+                    )
         return panels
 
     def write_curves(self) -> None:
@@ -197,9 +360,15 @@ class ReportWriter:
             epochs = [epoch for epoch in record.epochs if _finite(epoch.valid_bpc)]
             if epochs:
                 seconds = [record.seconds(epoch.epoch) for epoch in epochs]
-                panels.setdefault(record.corpus, []).append(figures.Curve(
-                    record.cell, self.colours[record.cell], [epoch.epoch for epoch in epochs],
-                    [epoch.valid_bpc for epoch in epochs], seconds))
+                panels.setdefault(record.corpus, []).append(
+                    figures.Curve(
+                        record.cell,
+                        self.colours[record.cell],
+                        [epoch.epoch for epoch in epochs],
+                        [epoch.valid_bpc for epoch in epochs],
+                        seconds,
+                    )
+                )
         if not panels:
             self.notes.append("No run has finished an epoch: no learning curves.")
             return
@@ -211,9 +380,13 @@ class ReportWriter:
             self.notes.append("No step record holds per-layer gradient norms: no gradient-norm heat map.")
             return
         if len(chosen) > figures.MAX_HEATMAPS:
-            chosen = [min((record for record in chosen if record.cell == cell),
-                          key=lambda record: (-record.fraction, record.corpus, record.seed or 0, record.name))
-                      for cell in sorted({record.cell for record in chosen})]
+            chosen = [
+                min(
+                    (record for record in chosen if record.cell == cell),
+                    key=lambda record: (-record.fraction, record.corpus, record.seed or 0, record.name),
+                )
+                for cell in sorted({record.cell for record in chosen})
+            ]
         self.figure("gradnorms.png", figures.gradient_heatmaps, [_heat_map(record) for record in chosen])
 
     def write_dynamic(self) -> None:
@@ -222,23 +395,43 @@ class ReportWriter:
             self.notes.append("No dynamic evaluation recorded (`charlm eval RUN --dynamic sgd`): no dynamic table.")
             return
         pairs = dynamic_columns(self.records)
-        table = [[record.name, record.corpus, record.cell, split, static, *[by_protocol.get(pair) for pair in pairs]]
-                 for record, split, static, by_protocol in rows]
-        self.table("dynamic.csv", ["run", "corpus", "cell", "split", "static_bpc",
-                                   *[f"{method}_{2 if after_valid else 1}_bpc" for method, after_valid in pairs]], table)
-        self.text("dynamic.md", "# Static and dynamic evaluation\n\nBits per character of the evaluated split: static, "
-                  "and dynamic by method; #1 adapts on the evaluated split only, #2 first adapts over the whole "
-                  "validation split (Delta-RNN paper).\n\n"
-                  + _markdown(["run", "corpus", "cell", "split", "static bpc", *map(protocol_name, pairs)], table))
+        table = [
+            [record.name, record.corpus, record.cell, split, static, *[by_protocol.get(pair) for pair in pairs]]
+            for record, split, static, by_protocol in rows
+        ]
+        self.table(
+            "dynamic.csv",
+            [
+                "run",
+                "corpus",
+                "cell",
+                "split",
+                "static_bpc",
+                *[f"{method}_{2 if after_valid else 1}_bpc" for method, after_valid in pairs],
+            ],
+            table,
+        )
+        self.text(
+            "dynamic.md",
+            "# Static and dynamic evaluation\n\nBits per character of the evaluated split: static, "
+            "and dynamic by method; #1 adapts on the evaluated split only, #2 first adapts over the whole "
+            "validation split (Delta-RNN paper).\n\n"
+            + _markdown(["run", "corpus", "cell", "split", "static bpc", *map(protocol_name, pairs)], table),
+        )
 
     def index(self) -> str:
         runs = "run" if len(self.records) == 1 else "runs"
-        parts = [f"# Report on {len(self.records)} {runs}\n",
-                 f"Written by `charlm report` from {', '.join(f'`{source}`' for source in self.sources)}. Losses are "
-                 "nats per token, bpc bits per character; a run's test figures are those of its best validation epoch.\n",
-                 "## Tables\n"]
-        parts += [f"- [{title}]({name})" + (f" ([CSV]({name[:-3]}.csv))" if f"{name[:-3]}.csv" in self.files else "")
-                  for name, title in TABLES.items() if name in self.files]
+        parts = [
+            f"# Report on {len(self.records)} {runs}\n",
+            f"Written by `charlm report` from {', '.join(f'`{source}`' for source in self.sources)}. Losses are "
+            "nats per token, bpc bits per character; a run's test figures are those of its best validation epoch.\n",
+            "## Tables\n",
+        ]
+        parts += [
+            f"- [{title}]({name})" + (f" ([CSV]({name[:-3]}.csv))" if f"{name[:-3]}.csv" in self.files else "")
+            for name, title in TABLES.items()
+            if name in self.files
+        ]
         if "convergence.csv" in self.files:
             parts.append("- [Epochs to the best validation loss, per run (CSV)](convergence.csv)")
         parts.append("\n## Figures\n")
@@ -251,6 +444,7 @@ class ReportWriter:
 
 
 # --- text ----------------------------------------------------------------------------------------------
+
 
 def loss_text(group: Group | None, *, bold: bool = False, units: bool = True) -> str:
     """``1.2345 ± 0.0100 nats · 1.7810 ± 0.0144 bpc (2 runs; 1 interrupted)``, or a status alone."""
@@ -283,15 +477,35 @@ def _layers_text(layers) -> str:
 
 
 def _settings(record: RunRecord) -> dict:
-    return {"run": record.name, "corpus": record.corpus, "cell": record.cell, "layers": record.layers,
-            "hidden": record.hidden, "parameters": record.parameters, "budget": record.budget,
-            "fraction": record.fraction, "seed": record.seed, "status": record.status, "epochs": record.completed_epochs,
-            "tokens": record.tokens_seen, "stopped by": record.stopped_by}
+    return {
+        "run": record.name,
+        "corpus": record.corpus,
+        "cell": record.cell,
+        "layers": record.layers,
+        "hidden": record.hidden,
+        "parameters": record.parameters,
+        "budget": record.budget,
+        "fraction": record.fraction,
+        "seed": record.seed,
+        "status": record.status,
+        "epochs": record.completed_epochs,
+        "tokens": record.tokens_seen,
+        "stopped by": record.stopped_by,
+    }
 
 
 def _table1_csv_row(budget: str, group: Group, best: bool) -> list:
-    return [budget, group.corpus, group.layers, group.cell, len(group.runs), *_stat_values(group.loss),
-            *_stat_values(group.bpc), group.status, best]
+    return [
+        budget,
+        group.corpus,
+        group.layers,
+        group.cell,
+        len(group.runs),
+        *_stat_values(group.loss),
+        *_stat_values(group.bpc),
+        group.status,
+        best,
+    ]
 
 
 def _stat_values(stat: Stat | None) -> list:
@@ -310,7 +524,9 @@ def _heat_map(record: RunRecord) -> figures.HeatMap:
     steps = sorted({row.step: row for row in record.steps if isinstance(row.step, int)}.items())
     layers = sorted({name for _, row in steps for name in row.grad_norm}, key=_layer_order)
     values = [[row.grad_norm.get(layer, math.nan) for _, row in steps] for layer in layers]
-    return figures.HeatMap(f"{record.name} ({record.cell}, {record.corpus})", layers, [step for step, _ in steps], values)
+    return figures.HeatMap(
+        f"{record.name} ({record.cell}, {record.corpus})", layers, [step for step, _ in steps], values
+    )
 
 
 def _layer_order(name: str) -> tuple:
@@ -363,7 +579,9 @@ def build_report(directories: list[str | Path], out: str | Path | None = None, r
         raise CharlmError(f"reference cell {reference} has no run here (cells: {', '.join(cells)})")
     out = report_directory(directories, out)
     with staged(out) as staging:
-        writer = ReportWriter(staging, records, reference or DEFAULT_REFERENCE, [str(directory) for directory in directories])
+        writer = ReportWriter(
+            staging, records, reference or DEFAULT_REFERENCE, [str(directory) for directory in directories]
+        )
         writer.notes.extend(f"Skipped the damaged run {name}: {reason}" for name, reason in skipped)
         writer.write_all()
         publish(staging, out, writer.files, REPORT_FILES)
