@@ -1,12 +1,15 @@
-"""Every numeric option of every command at its type's edges, on the command line and from Python.
+"""Every kind of bound a numeric option can have, tried once where it is checked: on the command
+line and from Python.
 
-The options are collected from the typer application itself (and the Python facade's signatures),
-so an option added later is tried too. Each value is either refused before anything runs (one
-line on stderr naming the option, exit code 2, nothing written) or accepted and then does what it
-says: a real run where that is cheap, else the command is stopped where its work would begin
-(``STOP_AT``), which shows that every check has passed. Which values are refused is worked out
-here from the type alone (an integer option takes no 2**63, no 1e308; a number option no inf or
-nan) and from the bounds the option's setting declares.
+The options themselves are collected from the typer application (and the Python facade's
+signatures) by a structural test that reads their declarations and runs nothing: each is backed by a
+setting whose type the shared check (``charlm.settings.check_number``: an integer within 64 bits, a
+finite number) and whose declared bounds (``min``, ``max``, ``min_open``, ``max_open``, ``limit``)
+``validate`` enforces, or it declares its own bound (``max=INT64_MAX``) or is one of the few options
+checked by code of their own, each tried below. So an option added later without a bound fails a
+fast test. Each kind of bound is then tried once at its edge: a refused value is one line on stderr
+naming the option, exit code 2, nothing written; an accepted one reaches the point where the work
+would begin (``Started``).
 """
 
 from __future__ import annotations
@@ -23,134 +26,13 @@ import typer.main
 
 from charlm import config as configs
 from charlm.cli.app import app
+from charlm.settings import INT64_MAX, INT64_MIN, number_kind
 from charlm.tasks.training import TaskConfig
 from helpers import assert_one_line_error, cli
 
 EDGES = ("0", "-1", str(2**31), str(2**63), str(2**64), "1e308", "inf", "nan")
-INT64 = (-(2**63), 2**63 - 1)
 
-# How each command is run: its arguments before the option tried (DATA, RUN, TEXT and NEW stand
-# for a prepared corpus, a copy of a trained run, a text file and a directory not yet made).
-COMMANDS = {
-    "": ["cells"],  # the options of `charlm` itself go before a command
-    "train": [
-        "train",
-        "--corpus",
-        "tiny",
-        "--data-dir",
-        "DATA",
-        "--run-dir",
-        "NEW",
-        "--cell",
-        "rnn",
-        "--hidden",
-        "4",
-        "--batch-size",
-        "4",
-        "--bptt",
-        "8",
-        "--epochs",
-        "1",
-        "--max-tokens",
-        "32",
-        "--eval-batch-size",
-        "2",
-        "--eval-fraction",
-        "0.05",
-        "--train-fraction",
-        "0.1",
-    ],
-    "sample": ["sample", "RUN", "--length", "3", "--seed", "1"],
-    "eval": ["eval", "RUN", "--data-dir", "DATA"],
-    "score": ["score", "RUN", "TEXT"],
-    "runs": ["runs", "RUN", "--prune", "--dry-run"],
-    "bench": [
-        "bench",
-        "--cells",
-        "rnn",
-        "--params",
-        "1k",
-        "--batch-size",
-        "2",
-        "--bptt",
-        "2",
-        "--steps",
-        "1",
-        "--repeat",
-        "1",
-        "--sample-length",
-        "1",
-        "--device",
-        "cpu",
-    ],
-    "serve": ["serve", "RUN"],
-    "demo": ["demo", "--data-dir", "NEW", "--run-dir", "NEW"],
-    "prepare": ["prepare", "pydoc", "--data-dir", "NEW", "--quiet"],
-    "check": ["check", "--full", "--device", "cpu", "--cells", "rnn", "--out", "NEW"],
-    "task": [
-        "task",
-        "parity",
-        "--bits",
-        "4",
-        "--hidden",
-        "4",
-        "--max-samples",
-        "20",
-        "--eval-every",
-        "20",
-        "--eval-samples",
-        "4",
-        "--run-dir",
-        "NEW",
-        "--device",
-        "cpu",
-    ],
-}
-# Options that only apply together with others.
-CONTEXT = {
-    ("eval", "--search-prefix"): ["--dynamic", "sgd", "--dyn-search"],
-    **{("eval", flag): ["--dynamic", "sgd"] for flag in ("--dyn-lr", "--segment")},
-    **{
-        ("eval", flag): ["--dynamic", "rms"]
-        for flag in ("--dyn-decay", "--dyn-eps", "--dyn-stat-batch-size", "--dyn-stat-batches")
-    },
-    **{("score", flag): ["--dynamic", "sgd"] for flag in ("--dyn-lr", "--segment")},
-    **{
-        ("score", flag): ["--dynamic", "rms"]
-        for flag in ("--dyn-decay", "--dyn-eps", "--dyn-stat-batch-size", "--dyn-stat-batches")
-    },
-    ("sample", "--length-penalty"): ["--beam", "2", "--stop", "e"],
-    ("sample", "--seed"): ["--num-samples", "2"],
-    ("prepare", "--vocab-size"): ["--subword", "bpe"],
-    ("train", "--momentum"): ["--optimizer", "sgd"],
-    ("train", "--plateau-factor"): ["--schedule", "plateau-halving"],
-}
-# Where the work of a command begins: an accepted value stops there (every check has passed) instead
-# of running for as long as it asks (--length 2**31, --minutes 1e308) or serving for ever.
-STOP_AT = {
-    "serve": "charlm.cli.serve._listen",
-    "demo": "charlm.tools.demo.run_demo",
-    "prepare": "charlm.corpora.prepare.prepare_corpus",
-    # after the settings, the task and its memory estimate are checked
-    "task": "charlm.tasks.training.build_task_model",
-    "bench": "charlm.tools.benchmark.benchmark_cells",  # after its memory estimate
-    "check": "charlm.tools.full_check.FullCheck.run",
-    "eval": "charlm.cli.evaluate.load_model",
-    "score": "charlm.cli.score.load_model",
-    **{("sample", flag): "charlm.cli.sample.load_model" for flag in ("--length", "--num-samples", "--beam")},
-}
-REAL = {("eval", "--bptt"), ("score", "--batch-size")}  # run for real although their command stops early
-SETTINGS = [
-    configs.TrainConfig,
-    configs.SampleConfig,
-    configs.EvalConfig,
-    configs.ScoreConfig,
-    configs.DynamicOptions,
-    configs.ServeConfig,
-    configs.BenchmarkConfig,
-    configs.DemoConfig,
-    configs.PrepareConfig,
-]
+# The settings behind each command's options (an option none of these declares is the command's own).
 OWNERS = {
     "train": [configs.TrainConfig],
     "sample": [configs.SampleConfig],
@@ -162,14 +44,68 @@ OWNERS = {
     "prepare": [configs.PrepareConfig],
     "task": [TaskConfig],
 }
+# Options of a command's own that are not settings and have no declared range: checked by code of their
+# own, each tried by the test named.
+OWN_CHECKS = {
+    ("", "--threads"): "test_threads_is_bounded_at_every_edge (charlm.runtime.openmp.set_threads)",
+    ("check", "--budget"): "test_refused_on_the_command_line[own number, its own check]",
+}
+# Python parameters that are no setting's field, checked by code of their own.
+OWN_PARAMETERS = {("evaluate", "search_prefix"): "charlm.inference.dynamic_protocol.check_protocol"}
+
+# A cheap training run; DATA, RUN, TEXT and NEW stand for a prepared corpus, a copy of a trained run, a
+# text file and a directory not yet made.
+TRAIN = [
+    "train",
+    "--corpus",
+    "tiny",
+    "--data-dir",
+    "DATA",
+    "--run-dir",
+    "NEW",
+    "--cell",
+    "rnn",
+    "--hidden",
+    "4",
+    "--batch-size",
+    "4",
+    "--bptt",
+    "8",
+    "--epochs",
+    "1",
+    "--max-tokens",
+    "32",
+    "--eval-batch-size",
+    "2",
+    "--eval-fraction",
+    "0.05",
+    "--train-fraction",
+    "0.1",
+]
+# Where the work of a command begins: a value that is not refused stops there (every check has passed).
+STOPS = (
+    "charlm.training.trainer.cell_class_for",  # in the Trainer, once its settings are checked
+    "charlm.tools.full_check.FullCheck.run",
+    "charlm.cli.serve._listen",
+    "charlm.cli.evaluate.load_model",
+    "charlm.cli.score.load_model",
+)
 
 
 class Started(BaseException):
     """Raised where a command's work would begin (not an Exception: the command line lets it through)."""
 
 
-def numeric_options() -> list[tuple[str, str, type]]:
-    """(command, flag, int or float) for every numeric option of every command, from the typer app."""
+def _started(*args, **kwargs):
+    raise Started()
+
+
+def _snapshot(*roots: Path) -> dict[str, int]:
+    return {str(path): path.stat().st_size for root in roots for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def numeric_options() -> list[tuple[str, str, type, object]]:
+    """(command, flag, int or float, click parameter) for every numeric option of every command, from the typer app."""
     group = typer.main.get_command(app)
     found = []
     for name, command in [("", group), *sorted(group.commands.items())]:
@@ -177,44 +113,87 @@ def numeric_options() -> list[tuple[str, str, type]]:
             hint = param.type_descriptor.annotation
             kinds = [kind for kind in (typing.get_args(hint) or (hint,)) if kind is not type(None)]
             if kinds and kinds[0] in (int, float) and param.param_type_name == "option":
-                found.append((name, param.opts[0], kinds[0]))
+                found.append((name, param.opts[0], kinds[0], param))
     return found
 
 
-OPTIONS = numeric_options()
-CASES = [(command, flag, kind, value) for command, flag, kind in OPTIONS for value in EDGES]
-
-
 def setting_of(command: str, flag: str):
-    """The settings field behind a command's option, or None for an option of the command's own."""
+    """(owner, field) of the setting behind a command's option, or None for an option of the command's own."""
     from charlm.settings import flag_of
 
     for owner in OWNERS.get(command, []):
         for field in dataclasses.fields(owner):
             if field.metadata.get("cli", True) and flag_of(owner, field.name) == flag:
-                return field
+                return owner, field
     return None
 
 
-def refused_by_type(kind: type, text: str) -> bool:
-    """What the type alone refuses: not an integer, beyond 64 bits, or not a finite number."""
-    if kind is int:
-        try:
-            return not INT64[0] <= int(text) <= INT64[1]
-        except ValueError:
-            return True
-    return not math.isfinite(float(text))
+# --- the declarations: every numeric option is bounded, read without running anything ------------------
 
 
-def refused_by_bounds(field, kind: type, text: str) -> bool:
-    meta = field.metadata
-    value = kind(float(text)) if kind is float else int(text)
-    low, high = meta.get("min"), meta.get("max")
-    if low is not None and (value <= low if meta["min_open"] else value < low):
-        return True
-    if meta.get("limit") is not None and value > meta["limit"]:  # --layers 2**31: beyond any model
-        return True
-    return high is not None and (value >= high if meta["max_open"] else value > high)
+def test_every_numeric_option_is_bounded_by_its_setting_or_its_declaration():
+    options = numeric_options()
+    assert len(options) >= 70 and ("train", "--seed", int) in [o[:3] for o in options]
+    unbounded = []
+    for command, flag, kind, param in options:
+        found = setting_of(command, flag)
+        if (command, flag) in OWN_CHECKS:
+            continue
+        if found is not None and param.max is None and param.min is None:
+            owner, field = found
+            # validate() checks the type (number_kind: 64 bits, finite) and then the declared bounds
+            assert number_kind(owner, field.name) is kind, f"{command} {flag}: {owner.__name__}.{field.name}"
+            meta = field.metadata
+            low, high, limit = meta["min"], meta["max"], meta["limit"]
+            assert low is None or high is None or low < high, f"{command} {flag}: min {low} >= max {high}"
+            assert limit is None or (low is None or low < limit) and (kind is float or limit <= INT64_MAX), flag
+            assert not (meta["min_open"] and low is None) and not (meta["max_open"] and high is None), flag
+        elif kind is int and param.max == INT64_MAX and (param.min is None or param.min >= INT64_MIN):
+            continue  # its own range, checked by click before the command runs
+        else:
+            unbounded.append(f"{command or 'charlm'} {flag}")
+    assert not unbounded, f"give these a setting, max=INT64_MAX or an entry in OWN_CHECKS with a test: {unbounded}"
+
+
+def api_parameters() -> list[tuple[str, str, type]]:
+    from charlm.api import Model
+
+    found = []
+    for method in ("stream", "score", "evaluate"):
+        hints = typing.get_type_hints(getattr(Model, method))
+        for name in inspect.signature(getattr(Model, method)).parameters:
+            kinds = [
+                kind for kind in (typing.get_args(hints.get(name)) or (hints.get(name),)) if kind is not type(None)
+            ]
+            if kinds and kinds[0] in (int, float):
+                found.append((method, name, kinds[0]))
+    return found
+
+
+def test_every_numeric_parameter_from_python_is_a_bounded_setting():
+    """charlm.train takes TrainConfig's fields, each numeric one under the shared check; each numeric
+    parameter of a Model method is a field of the settings it validates (or checked by code of its own)."""
+    for owner in {owner for owners in OWNERS.values() for owner in owners}:
+        hints = typing.get_type_hints(owner)
+        for field in dataclasses.fields(owner):
+            if {int, float} & set(typing.get_args(hints[field.name]) or (hints[field.name],)):
+                # validate() applies the shared check (64 bits, finite) to what number_kind names
+                assert number_kind(owner, field.name) is not None, f"{owner.__name__}.{field.name}"
+    owners = {
+        "stream": [configs.SampleConfig],
+        "score": [configs.ScoreConfig],
+        "evaluate": [configs.EvalConfig],
+    }
+    parameters = api_parameters()
+    assert len(parameters) >= 10
+    for method, name, kind in parameters:
+        if (method, name) in OWN_PARAMETERS:
+            continue
+        owner = next((o for o in owners[method] if name in {f.name for f in dataclasses.fields(o)}), None)
+        assert owner is not None and number_kind(owner, name) is kind, f"Model.{method}({name}=...) is not a setting"
+
+
+# --- the command line: each kind of bound at its edge ---------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -226,47 +205,92 @@ def places(trained_run, tiny_corpus, tmp_path_factory) -> dict[str, Path]:
     return {"DATA": tiny_corpus, "RUN": run, "TEXT": root / "text.txt"}
 
 
-def test_every_command_with_a_numeric_option_has_a_way_to_run():
-    assert {command for command, _, _ in OPTIONS} <= set(COMMANDS), "add the command to COMMANDS"
-    assert len(OPTIONS) >= 70 and ("train", "--seed", int) in OPTIONS and ("", "--threads", int) in OPTIONS
+def _words(words, places, tmp_path) -> list[str]:
+    return [str(tmp_path / "new") if word == "NEW" else str(places.get(word, word)) for word in words]
 
 
-@pytest.mark.parametrize("command, flag, kind, value", CASES, ids=[f"{c or 'charlm'} {f} {v}" for c, f, _, v in CASES])
-def test_option_at_its_edge(command, flag, kind, value, places, tmp_path, monkeypatch):
+REFUSED = {
+    # an integer option: not an integer, or beyond 64 bits (the shared check, before any bound of its own)
+    "integer given a fraction": ([*TRAIN, "--epochs", "1.5"], "--epochs", "integer"),
+    "integer given 1e308": ([*TRAIN, "--epochs", "1e308"], "--epochs", "integer"),
+    "integer given nan": ([*TRAIN, "--seed", "nan"], "--seed", "integer"),
+    "integer beyond 64 bits": ([*TRAIN, "--seed", str(2**63)], "--seed", f"at most {INT64_MAX} (a 64-bit integer)"),
+    "integer below 64 bits": ([*TRAIN, "--seed", str(-(2**63) - 1)], "--seed", f"at least {INT64_MIN}"),
+    "integer with a minimum beyond 64 bits": ([*TRAIN, "--epochs", str(2**64)], "--epochs", "64-bit integer"),
+    "own integer, declared max": (
+        ["runs", "RUN", "--prune", "--dry-run", "--keep", str(2**63)],
+        "--keep",
+        f"less than or equal to {INT64_MAX}",
+    ),
+    # a number option: finite
+    "number given inf": ([*TRAIN, "--clip", "inf"], "--clip", "must be finite, not inf"),
+    "number given -inf": ([*TRAIN, "--lr", "-inf"], "--lr", "finite"),
+    "number given nan": ([*TRAIN, "--clip", "nan"], "--clip", "must be zero or positive, not nan"),
+    # the bounds a setting declares
+    "closed minimum, below": ([*TRAIN, "--epochs", "0"], "--epochs", "must be at least 1, not 0"),
+    "closed minimum 0, below": ([*TRAIN, "--clip", "-1"], "--clip", "must be zero or positive, not -1"),
+    "open minimum, at": ([*TRAIN, "--lr", "0"], "--lr", "must be positive, not 0"),
+    "closed maximum, above": ([*TRAIN, "--dist-timeout", "10081"], "--dist-timeout", "must be in (0, 10080], not"),
+    "open maximum, at": ([*TRAIN, "--dropout", "1"], "--dropout", "must be in [0, 1), not 1"),
+    "open minimum and maximum, at the maximum": (
+        [*TRAIN, "--schedule", "plateau-halving", "--plateau-factor", "1"],
+        "--plateau-factor",
+        "must be in (0, 1), not 1",
+    ),
+    "integer limit": ([*TRAIN, "--layers", str(2**31)], "--layers", "must be at most 1024, not 2147483648"),
+    "number limit": ([*TRAIN, "--lr", "1e308"], "--lr", "must be at most 1e+37"),
+    # an option of a command's own, checked by its own code
+    "own number, its own check": (
+        ["check", "--full", "--device", "cpu", "--cells", "rnn", "--out", "NEW", "--budget", "nan"],
+        "--budget",
+        "--budget is nan minutes",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", REFUSED)
+def test_refused_on_the_command_line(kind, places, tmp_path, monkeypatch):
+    words, flag, fragment = REFUSED[kind]
     monkeypatch.chdir(tmp_path)
-    new = tmp_path / "new"
-    words = [*COMMANDS[command], *CONTEXT.get((command, flag), [])]
-    args = [str(new) if word == "NEW" else str(places.get(word, word)) for word in words]
-    args = [flag, value, *args] if command == "" else [*args, flag, value]
-    stop = None if (command, flag) in REAL else STOP_AT.get((command, flag)) or STOP_AT.get(command)
-    if stop:
-        monkeypatch.setattr(stop, _started)
+    for target in STOPS:
+        monkeypatch.setattr(target, _started)
     before = _snapshot(tmp_path, places["RUN"])
-    field = setting_of(command, flag)
-    expected_refusal = refused_by_type(kind, value) or (field is not None and refused_by_bounds(field, kind, value))
     try:
-        result = cli(*args)
+        result = cli(*_words(words, places, tmp_path))
     except Started:
-        assert not expected_refusal, f"{flag} {value} was not refused"
-        return
-    if expected_refusal or result.returncode == 2:  # refused now, or later by a check of its own (a model too big)
-        assert_one_line_error(result, code=2)
-        assert result.stdout == "" and _snapshot(tmp_path, places["RUN"]) == before and not new.exists()
-        if expected_refusal:
-            assert flag in result.stderr
-        return
-    if command == "train" and result.returncode == 3:  # diverged at --lr 1e308: stopped, as documented
-        assert_one_line_error(result, "training stopped: loss became", code=3)
-        return
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr}"
+        pytest.fail(f"{flag} was not refused")
+    assert_one_line_error(result, flag, fragment, code=2)
+    assert result.stdout == "" and _snapshot(tmp_path, places["RUN"]) == before and not (tmp_path / "new").exists()
 
 
-def _started(*args, **kwargs):
-    raise Started()
+def test_accepted_at_every_kind_of_edge_on_the_command_line(places, tmp_path, monkeypatch):
+    """The edge values that are allowed, all in one run: it reaches the Trainer with each of them."""
+    import charlm.training.trainer as trainer
+
+    monkeypatch.chdir(tmp_path)
+    received = []
+    monkeypatch.setattr(trainer, "cell_class_for", lambda config, *args: received.append(config) or _started())
+    edges = {
+        "epochs": 1,  # closed minimum
+        "clip": 0.0,  # closed minimum 0
+        "lr": 1e37,  # limit
+        "dropout": 0.999,  # below an open maximum
+        "dist_timeout": 10080.0,  # closed maximum
+        "layers": 1024,  # limit
+        "seed": INT64_MAX,  # 64 bits
+    }
+    flags = [word for name, value in edges.items() for word in ("--" + name.replace("_", "-"), str(value))]
+    with pytest.raises(Started):
+        cli(*_words([*TRAIN, *flags], places, tmp_path))
+    assert {name: getattr(received[-1], name) for name in edges} == edges
 
 
-def _snapshot(*roots: Path) -> dict[str, int]:
-    return {str(path): path.stat().st_size for root in roots for path in sorted(root.rglob("*")) if path.is_file()}
+def test_threads_is_bounded_at_every_edge(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for value in EDGES:
+        result = cli("--threads", value, "cells")
+        assert_one_line_error(result, "--threads", code=2)
+        assert result.stdout == "" and list(tmp_path.iterdir()) == []
 
 
 def test_charlm_threads_from_the_environment_is_bounded_too(monkeypatch):
@@ -287,120 +311,87 @@ def test_charlm_data_that_is_a_file_is_said_as_data_dir_is(monkeypatch, tmp_path
 
 # --- the Python facade: the same checks, named by the setting -----------------------------------------
 
-
-def python_value(kind: type, text: str):
-    return (
-        int(text)
-        if kind is int and text.lstrip("-").isdigit()
-        else float(text)
-        if "." in text or text.isalpha() or "e" in text
-        else int(text)
-    )
-
-
-TRAIN_FIELDS = [
-    (field.name, kind)
-    for field in dataclasses.fields(configs.TrainConfig)
-    for kind in [typing.get_type_hints(configs.TrainConfig).get(field.name)]
-    if {int, float} & set(typing.get_args(kind) or (kind,))
-]
+PYTHON_REFUSED = {
+    "integer given a fraction": ("epochs", 1.5, "must be an integer"),
+    "integer given true": ("epochs", True, "must be an integer"),
+    "integer beyond 64 bits": ("seed", 2**63, "(a 64-bit integer)"),
+    "integer below 64 bits": ("seed", -(2**63) - 1, "(a 64-bit integer)"),
+    "number given text": ("clip", "5", "must be a number"),
+    "number given inf": ("lr", math.inf, "finite"),
+    "number given nan": ("lr", math.nan, "must be positive, not nan"),
+    "closed minimum, below": ("epochs", 0, "must be at least 1, not 0"),
+    "open minimum, at": ("lr", 0.0, "must be positive"),
+    "closed maximum, above": ("dist_timeout", 10081.0, "must be in (0, 10080]"),
+    "open maximum, at": ("dropout", 1.0, "must be in [0, 1)"),
+    "integer limit": ("layers", 2**31, "must be at most 1024"),
+    "number limit": ("lr", 1e308, "must be at most 1e+37"),
+}
 
 
-def refused_in_python(kind: type, value, field) -> bool:
-    if kind is int and not isinstance(value, int):
-        return True
-    if refused_by_type(kind, str(value)):
-        return True
-    return field is not None and refused_by_bounds(field, kind, str(value))
-
-
-@pytest.mark.parametrize("name", [name for name, _ in TRAIN_FIELDS])
-def test_train_from_python_takes_the_same_checks(name, tmp_path, monkeypatch, tiny_corpus):
+def _train_from_python(tmp_path, tiny_corpus, **settings):
     import charlm
+
+    return charlm.train(corpus="tiny", data_dir=str(tiny_corpus), run_dir=str(tmp_path / "new"), **settings)
+
+
+@pytest.mark.parametrize("kind", PYTHON_REFUSED)
+def test_train_from_python_names_the_setting(kind, tmp_path, monkeypatch, tiny_corpus):
+    import charlm
+    import charlm.training.trainer as trainer
+
+    name, value, fragment = PYTHON_REFUSED[kind]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(trainer, "Trainer", _started)  # the work
+    with pytest.raises(charlm.CharlmError) as caught:
+        _train_from_python(tmp_path, tiny_corpus, **{name: value})
+    error = caught.value
+    assert str(error).startswith(f"{name} must be") and fragment in str(error), str(error)
+    assert getattr(error, "field", name) == name
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_train_from_python_takes_every_kind_of_edge(tmp_path, monkeypatch, tiny_corpus):
     import charlm.training.trainer as trainer
 
     monkeypatch.chdir(tmp_path)
     received = []
-    monkeypatch.setattr(trainer, "Trainer", lambda config: received.append(config) or _started())  # the work
-    field = {f.name: f for f in dataclasses.fields(configs.TrainConfig)}[name]
-    kind = next(
-        k
-        for k in (typing.get_args(typing.get_type_hints(configs.TrainConfig)[name]) or ())
-        + (typing.get_type_hints(configs.TrainConfig)[name],)
-        if k in (int, float)
-    )
-    for text in EDGES:
-        value = python_value(kind, text)
-        try:
-            charlm.train(
-                corpus="tiny",
-                data_dir=str(tiny_corpus),
-                run_dir=str(tmp_path / "new"),
-                **({"optimizer": "sgd"} if name == "momentum" else {}),
-                **{name: value},
-            )
-        except charlm.CharlmError as error:
-            assert refused_in_python(kind, value, field), f"{name}={value!r} refused: {error}"
-            assert str(error).startswith(f"{name} must be") and getattr(error, "field", name) == name, str(error)
-        except Started:
-            assert not refused_in_python(kind, value, field), f"{name}={value!r} was not refused"
-            assert getattr(received[-1], name) == value
-        assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(trainer, "Trainer", lambda config: received.append(config) or _started())
+    edges = dict(epochs=1, clip=0.0, lr=1e37, dropout=0.999, dist_timeout=10080.0, layers=1024, seed=INT64_MAX)
+    with pytest.raises(Started):
+        _train_from_python(tmp_path, tiny_corpus, **edges)
+    assert {name: getattr(received[-1], name) for name in edges} == edges
+    assert list(tmp_path.iterdir()) == []
 
 
-API_OWNERS = {"stream": configs.SampleConfig, "score": configs.ScoreConfig, "evaluate": configs.EvalConfig}
-API_CALLS = {
-    "stream": dict(prime="The"),
-    "score": dict(text="The quick brown fox. " * 3),
-    "evaluate": {},
-    ("stream", "length_penalty"): dict(prime="The", beam=2),
-    ("evaluate", "search_prefix"): dict(dynamic="sgd"),
+MODEL_REFUSED = {
+    "stream: closed minimum, below": ("stream", dict(prime="The", length=-1), "length"),
+    "stream: integer limit": ("stream", dict(prime="The", length=10**9 + 1), "length"),
+    "stream: number given nan": ("stream", dict(prime="The", temperature=math.nan), "temperature"),
+    "stream: closed maximum, above": ("stream", dict(prime="The", top_p=1.5), "top_p"),
+    "stream: integer beyond 64 bits": ("stream", dict(prime="The", seed=2**63), "seed"),
+    "score: closed minimum, below": ("score", dict(text="The quick brown fox. ", batch_size=0), "batch_size"),
+    "score: integer beyond 64 bits": ("score", dict(text="The quick brown fox. ", batch_size=2**64), "batch_size"),
+    "evaluate: integer given a fraction": ("evaluate", dict(bptt=1.5), "bptt"),
+    "evaluate: closed minimum, below": ("evaluate", dict(batch_size=0), "batch_size"),
+    "evaluate: own parameter": ("evaluate", dict(dynamic="sgd", search_prefix=1), "search-prefix"),
 }
 
 
-def api_parameters():
-    from charlm.api import Model
-
-    found = []
-    for method in API_OWNERS:
-        hints = typing.get_type_hints(getattr(Model, method))
-        for name in inspect.signature(getattr(Model, method)).parameters:
-            kinds = [
-                kind for kind in (typing.get_args(hints.get(name)) or (hints.get(name),)) if kind is not type(None)
-            ]
-            if kinds and kinds[0] in (int, float):
-                found.append((method, name, kinds[0]))
-    return found
-
-
-@pytest.mark.parametrize("method, name, kind", api_parameters(), ids=[f"{m} {n}" for m, n, _ in api_parameters()])
-def test_model_methods_take_the_same_checks(method, name, kind, places, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", MODEL_REFUSED)
+def test_model_methods_name_the_setting(kind, places, monkeypatch):
     import charlm
     import charlm.api as api
     import charlm.inference.dynamic_protocol as protocol
 
     for target, work in ((api, "generate"), (api, "beam_generation"), (api, "score_split"), (protocol, "score_tokens")):
         monkeypatch.setattr(target, work, _started)  # where the work begins: every check has passed
+    method, arguments, name = MODEL_REFUSED[kind]
+    before = _snapshot(places["RUN"])
     model = charlm.load(places["RUN"], device="cpu")
-    field = {f.name: f for f in dataclasses.fields(API_OWNERS[method])}.get(name)
-    for text in EDGES:
-        value = python_value(kind, text)
-        refused = refused_in_python(kind, value, field) or (
-            name == "search_prefix" and refused_by_type(int, text) is False and value < 2
-        )
-        try:
-            result = getattr(model, method)(**API_CALLS.get((method, name), API_CALLS[method]), **{name: value})
-        except charlm.CharlmError as error:  # refused by its type or bounds, or later by a check of its own
-            assert refused or "more streams than the" in str(error), f"{method}({name}={value!r}) refused: {error}"
-            assert name.replace("_", "-") in str(error) or name in str(error) or not refused, str(error)
-            continue
-        except Started:
-            result = None
-        assert not refused, f"{method}({name}={value!r}) was not refused"
-        if method == "score":
-            assert (
-                result.tokens == len("The quick brown fox. " * 3) - 1
-            )  # every symbol after the first, whatever the streams
+    with pytest.raises(charlm.CharlmError) as caught:
+        getattr(model, method)(**arguments)
+    assert name in str(caught.value), str(caught.value)
+    assert _snapshot(places["RUN"]) == before
 
 
 # --- what an accepted extreme does, worked out by hand ---------------------------------------------------
