@@ -14,6 +14,7 @@ Every command of the CLI that reads a checkpoint goes through this class.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from pathlib import Path
@@ -40,6 +41,25 @@ _SCORE = ScoreConfig()
 _EVAL = EvalConfig()
 
 
+def _one_error(function):
+    """The boundary of ``charlm.train`` and ``charlm.load``: an ``OSError`` (a path that cannot be used)
+    becomes one ``CharlmError`` naming the file, as the command line prints it."""
+
+    @functools.wraps(function)
+    def bounded(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except CharlmError:
+            raise
+        except OSError as error:
+            from charlm.files import access_error
+
+            raise access_error(error) from error
+
+    return bounded
+
+
+@_one_error
 def train(config: TrainConfig | None = None, **settings) -> dict:
     """Train a new run under ``config`` and return its summary (``charlm.Trainer(config).fit()``;
     ``Trainer.resume(run_dir).fit()`` continues a run). Settings may also be given as keywords,
@@ -71,6 +91,7 @@ def train(config: TrainConfig | None = None, **settings) -> dict:
     return Trainer(new_run_inputs(config, named)).fit()
 
 
+@_one_error
 def load(
     reference: str | Path,
     device: str = "auto",

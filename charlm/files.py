@@ -47,6 +47,19 @@ class WriteError(CharlmError, OSError):
         return self.args[0]
 
 
+def access_error(error: OSError) -> CharlmError:
+    """The one line for an ``OSError`` that reached a boundary (the command line, ``charlm.load``,
+    ``charlm.train``): the file it names and the system's reason. Exit code 2 for a path given as input
+    that cannot be used (missing, a directory where a file belongs, too long, no permission), 1 for the
+    machine (an I/O error). A ``WriteError`` is one already and passes as it is."""
+    if isinstance(error, CharlmError):
+        return error
+    where = f" {error.filename}" if error.filename is not None else ""
+    problem = CharlmError(f"cannot access{where}: {error.strerror or error}")
+    problem.exit_code = 2 if error.errno in BAD_PATH | {errnos.EACCES, errnos.EPERM} else 1
+    return problem
+
+
 @contextlib.contextmanager
 def writing(target: str | Path, partial: str | Path | None = None) -> Iterator[None]:
     """Writing ``target`` (through ``partial``, a temporary file or directory, when given): a write

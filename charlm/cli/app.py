@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 import typing
 from pathlib import PurePath
 
@@ -179,15 +181,17 @@ def run(argv: list[str] | None = None) -> int:
         ):  # tempfile, as torch imports: nothing can be written
             print(f"charlm: error: cannot write a temporary file: {_no_temporary_file_reason(error)}", file=sys.stderr)
             return 1
-        where = f" {error.filename}" if error.filename else ""
-        print(f"charlm: error: cannot access{where}: {error.strerror or error}", file=sys.stderr)
-        return oserror_exit_code(error)
+        from charlm.files import access_error
+
+        problem = access_error(error)
+        print(f"charlm: error: {problem}", file=sys.stderr)
+        return problem.exit_code
     except Exception as error:
         if type(error).__name__ == "Abort":
             print("charlm: error: interrupted", file=sys.stderr)
             return 130
         if not _is_click_error(error):
-            raise
+            return _internal_error(error)
         print(f"charlm: error: {error_line(error)}", file=sys.stderr)
         return error.exit_code
     return result if isinstance(result, int) else 0
@@ -247,15 +251,19 @@ def _no_temporary_file_reason(error: OSError) -> str:
     return error.strerror or str(error)
 
 
-def oserror_exit_code(error: OSError) -> int:
-    """2 for a path given as input that cannot be used (missing, a directory where a file belongs or the
-    other way round, no permission to read it): bad input, as docs/errors.md says; 1 for the machine
-    (an I/O error, a full disk met outside charlm's writers)."""
-    import errno
+INTERNAL_ERROR = 70  # EX_SOFTWARE (sysexits.h): an exception charlm did not expect, a bug
 
-    from charlm.files import BAD_PATH
 
-    return 2 if error.errno in BAD_PATH | {errno.EACCES, errno.EPERM} else 1
+def _internal_error(error: Exception) -> int:
+    """An exception nobody expected: one line saying so (the traceback with ``CHARLM_DEBUG=1``)."""
+    if os.environ.get("CHARLM_DEBUG", "") not in ("", "0"):
+        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+    message = " ".join(str(error).split())
+    print(
+        f"charlm: internal error: {type(error).__name__}: {message} (a bug; CHARLM_DEBUG=1 shows the traceback)",
+        file=sys.stderr,
+    )
+    return INTERNAL_ERROR
 
 
 def _replace_what_cannot_be_encoded() -> None:

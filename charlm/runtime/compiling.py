@@ -42,7 +42,11 @@ class CompiledForward:
     shorter last one of an epoch) runs eagerly rather than compile again. ``probe_seconds`` is the
     probe (before training); ``compile_seconds`` is the probe and the first call, as measured (so it
     includes that step's own work, which a run's training time also counts).
+
+    It is a fast training forward pass as ``charlm.training.reporting.FastForward`` describes.
     """
+
+    record = "compile"  # the record its first-use report goes under
 
     def __init__(self, network: torch.nn.Module, device: torch.device, backend=None, window_shape=None):
         self.network = network
@@ -73,6 +77,32 @@ class CompiledForward:
     def settled(self) -> bool:
         """Compiled, or fallen back: what ``active`` says is final."""
         return self.failure is not None or self._shape is not None
+
+    @property
+    def before_training(self) -> dict[str, float]:
+        """The run's wall-clock parts spent before training began: the compiler's probe."""
+        return {"compile": self.probe_seconds}
+
+    def report_fields(self) -> dict:
+        """The ``compile`` record's own fields (the check's are added to them)."""
+        return {
+            "active": self.active,
+            "seconds": round(self.compile_seconds, 3),
+            "backend": self.backend_name,
+            "failure": self.failure,
+        }
+
+    def report_line(self) -> str | None:
+        """The log line once settled: where the compile time went and what the check found."""
+        if not self.active:
+            return None
+        first_step = self.compile_seconds - self.probe_seconds
+        return (
+            f"torch.compile ({self.backend_name}): {self.compile_seconds:.1f} s in all: "
+            f"{self.probe_seconds:.1f} s probing the compiler before training (wall time 'compile'), "
+            f"{first_step:.1f} s in the first step, compilation included (counted in the train time); "
+            f"{self.check.summary()}"
+        )
 
     def __call__(self, inputs, state):
         wanted = self._shape or self.window_shape

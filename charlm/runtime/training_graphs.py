@@ -75,7 +75,11 @@ class GraphedWindow:
     says so in one line and trains eagerly: the same function, so a run never depends on it.
 
     ``graph_callables``: what captures (``torch.cuda.make_graphed_callables``; tests pass a stand-in).
+
+    It is a fast training forward pass as ``charlm.training.reporting.FastForward`` describes.
     """
+
+    record = "cuda_graph"  # the record its first-use report goes under
 
     def __init__(self, network: nn.Module, device: torch.device, graph_callables=None, window_shape=None):
         self.network, self.device = network, device
@@ -99,6 +103,21 @@ class GraphedWindow:
     def settled(self) -> bool:
         """Captured and checked, or fallen back: what ``active`` says is final."""
         return self.check.failure is not None or self._graphed is not None
+
+    @property
+    def before_training(self) -> dict[str, float]:
+        """The run's wall-clock parts spent before training began: none (capturing is in the first step)."""
+        return {}
+
+    def report_fields(self) -> dict:
+        """The ``cuda_graph`` record's own fields (the check's are added to them)."""
+        return {"active": self.active, "seconds": round(self.capture_seconds, 3), "failure": self.failure}
+
+    def report_line(self) -> str | None:
+        """The log line once settled: how long capturing took and what the check found."""
+        if not (self.active and self.capture_seconds):
+            return None
+        return f"CUDA graphs of the training window captured in {self.capture_seconds:.1f} s; {self.check.summary()}"
 
     def __call__(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
         wanted = self._shape or self.window_shape

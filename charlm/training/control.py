@@ -1,15 +1,15 @@
 """When training stops: Ctrl-C and SIGTERM, the time budget, a loss that is no longer finite, and
 the errors a training ends with.
 
-A stop is decided at a window boundary and travels as an exception, never as a return code: the
-epoch loop raises :class:`Interrupted` or :class:`OutOfTime`, the step raises :class:`LossNotFinite`,
-and the trainer turns each into what the user sees (a saved checkpoint, an ``interrupted`` or
-``diverged`` record, a one-line error).
+A stop is decided at the end of an update and returned, as a :class:`Stop`: an epoch returns why
+it stopped, if it did, and the trainer turns that into what the user sees (a saved checkpoint, an
+``interrupted`` or ``diverged`` record, a one-line error, the summary's ``stopped_by``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import re
 import signal
 import threading
@@ -38,28 +38,21 @@ class StorageError(CharlmError):
     exit_code = 1
 
 
-class StopTraining(Exception):
-    """Ends the epoch loop at a window boundary; the trainer decides what follows."""
+class Stop(str, enum.Enum):
+    """Why training stops. The first four end a session with a summary (its ``stopped_by``: the
+    value); the last two with an error (``TrainingInterrupted``, ``TrainingDiverged``)."""
 
+    EPOCHS = "epochs"  # every epoch trained
+    PATIENCE = "patience"  # early stopping: no improvement for ``patience`` epochs
+    TOKENS = "tokens"  # ``max_tokens`` seen: resumable with a larger budget
+    TIME = "time"  # ``max_minutes`` used up: resumable
+    INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: saved, resumable
+    DIVERGED = "diverged"  # a loss (training or validation) that is inf or nan
 
-class Interrupted(StopTraining):
-    """Ctrl-C or SIGTERM: save and stop, resumable."""
-
-
-class OutOfTime(StopTraining):
-    """``max_minutes`` used up: evaluate the partial epoch, save and stop, resumable."""
-
-
-class OutOfTokens(StopTraining):
-    """``max_tokens`` seen: evaluate the partial epoch, save and stop, resumable with a larger budget."""
-
-
-class LossNotFinite(Exception):
-    """The loss of a step (summed over every process) is inf or nan; nothing was updated."""
-
-    def __init__(self, value: float):
-        super().__init__(f"loss {value}")
-        self.value = value
+    @property
+    def budget(self) -> bool:
+        """A budget (tokens, time) that may cut an epoch short, leaving the run resumable."""
+        return self in (Stop.TOKENS, Stop.TIME)
 
 
 class StopRequest:
@@ -100,6 +93,11 @@ class TimeBudget:
 
     def is_up(self) -> bool:
         return self.max_minutes is not None and self.spent() > self.max_minutes * 60
+
+
+def tokens_used_up(tokens_seen: int, max_tokens: int | None) -> bool:
+    """Whether a run that has seen ``tokens_seen`` has trained on its whole ``--max-tokens`` budget."""
+    return max_tokens is not None and tokens_seen >= max_tokens
 
 
 class SaveSchedule:

@@ -5,6 +5,7 @@ line; the run's summary."""
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from tqdm import tqdm
 
@@ -12,8 +13,7 @@ from charlm.checkpoint import Checkpoint
 from charlm.inference.scoring import LN2
 from charlm.logs import get_logger, progress_bar
 from charlm.model import count_parameters
-from charlm.runtime.compiling import CompiledForward
-from charlm.runtime.training_graphs import GraphedWindow
+from charlm.runtime.fast_path_check import FastPathCheck
 
 STATUS_INTERVAL = 60.0  # seconds between plain status lines when stderr is not a terminal
 
@@ -72,6 +72,17 @@ def step_line(
     )
 
 
+def resuming_line(progress) -> str:
+    """Where a resumed run goes on from: its position, its tokens so far, its best epoch."""
+    best = (
+        f"; best valid {progress.best_valid_bpc:.4f} bpc at epoch {progress.best_epoch}" if progress.best_epoch else ""
+    )
+    return (
+        f"resuming at epoch {progress.epoch + 1}, window {progress.window:,}, step {progress.step:,}: "
+        f"{progress.tokens_seen:,} tokens trained so far{best}"
+    )
+
+
 def check_fields(check) -> dict:
     """A first-use check (``charlm.runtime.fast_path_check.FastPathCheck``) as record fields."""
     fields = check.fields()
@@ -83,42 +94,59 @@ def check_fields(check) -> dict:
     }
 
 
-def report_fast_path(run, forward, provenance: dict) -> None:
+class FastForward(Protocol):
+    """A fast training forward pass (``--compile``'s ``CompiledForward``, ``--cuda-graph``'s
+    ``GraphedWindow``): the model's forward, compiled or replayed, checked against eager on first
+    use and falling back to it where that fails."""
+
+    record: str  # the name of the record its first-use report goes under
+    check: FastPathCheck  # its first-use check against eager
+
+    @property
+    def active(self) -> bool: ...  # in use (not fallen back to eager)
+
+    @property
+    def failure(self) -> str | None: ...  # why it fell back, or None
+
+    @property
+    def settled(self) -> bool: ...  # compiled or captured and checked, or fallen back: ``active`` is final
+
+    @property
+    def before_training(self) -> dict[str, float]: ...  # the run's wall-clock parts it spent before training
+
+    def report_fields(self) -> dict: ...  # its record's own fields
+
+    def report_line(self) -> str | None: ...  # its log line, if it has one
+
+
+class FastPathReport:
+    """Reports a fast forward pass once, after the first step it has settled in (``None``: there
+    is none, nothing to report)."""
+
+    def __init__(self, forward: FastForward | None):
+        self.pending = forward
+
+    def after_step(self, run, provenance: dict, progress) -> None:
+        """Report the fast path if it has just settled: a log line, a record, the run's provenance,
+        and the time it spent before training in the run's wall-clock account."""
+        forward = self.pending
+        if forward is None or not forward.settled:
+            return
+        report_fast_path(run, forward, provenance)
+        for part, seconds in forward.before_training.items():
+            progress.add_wall(part, seconds)
+        self.pending = None
+
+
+def report_fast_path(run, forward: FastForward, provenance: dict) -> None:
     """After the first step under ``--compile`` or ``--cuda-graph``: how long compiling or
     capturing took and what the check against eager found, or that it was not used (a log line,
     a record and the run's provenance)."""
-    if isinstance(forward, GraphedWindow):
-        if forward.active and forward.capture_seconds:
-            run.log(
-                f"CUDA graphs of the training window captured in {forward.capture_seconds:.1f} s; "
-                f"{forward.check.summary()}"
-            )
-        run.record(
-            "cuda_graph",
-            active=forward.active,
-            seconds=round(forward.capture_seconds, 3),
-            failure=forward.failure,
-            **check_fields(forward.check),
-        )
-        note_in_provenance(run, provenance, forward.check)
-    if isinstance(forward, CompiledForward):
-        if forward.active:
-            first_step = forward.compile_seconds - forward.probe_seconds
-            run.log(
-                f"torch.compile ({forward.backend_name}): {forward.compile_seconds:.1f} s in all: "
-                f"{forward.probe_seconds:.1f} s probing the compiler before training (wall time 'compile'), "
-                f"{first_step:.1f} s in the first step, compilation included (counted in the train time); "
-                f"{forward.check.summary()}"
-            )
-        run.record(
-            "compile",
-            active=forward.active,
-            seconds=round(forward.compile_seconds, 3),
-            backend=forward.backend_name,
-            failure=forward.failure,
-            **check_fields(forward.check),
-        )
-        note_in_provenance(run, provenance, forward.check)
+    line = forward.report_line()
+    if line:
+        run.log(line)
+    run.record(forward.record, **forward.report_fields(), **check_fields(forward.check))
+    note_in_provenance(run, provenance, forward.check)
 
 
 def report_scoring_graph(run, provenance: dict, check) -> None:

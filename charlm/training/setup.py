@@ -1,6 +1,7 @@
 """A training run's parts, built from its config: the cell, the device and the torchrun world, the
 model's size and whether it fits, the forward pass a step calls, the optimizer and its schedule,
-the training streams.
+the training streams; and the checks of the settings and of a checkpoint to resume from that come
+before any of them is built.
 
 Each choice that depends on the config (DistributedDataParallel, ``torch.compile``, CUDA graphs,
 fp16 scaling) is made here, once, so the step and the loop never branch on it.
@@ -17,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from charlm.cells import CELLS
 from charlm.checkpoint import Checkpoint
 from charlm.checkpoint_checks import (
+    check_against_model,
     check_carried_state,
     check_optimizer_state,
     check_random_state,
@@ -35,6 +37,8 @@ from charlm.runtime.distributed import World, device_for_rank, world_from_enviro
 from charlm.runtime.memory import check_budget_fits, check_fits, estimate_training_memory
 from charlm.runtime.precision import check_precision, set_tf32
 from charlm.training.optimizers import build_optimizer
+from charlm.training.control import tokens_used_up
+from charlm.training.resume import read_progress
 from charlm.training.schedules import Schedule
 
 
@@ -164,17 +168,19 @@ def forward_pass(model: LanguageModel, config: TrainConfig, device: torch.device
     """What a training step calls for a window's logits: the model, inside DistributedDataParallel
     under torchrun, then compiled (``--compile``) or replayed from CUDA graphs (``--cuda-graph``), for
     full windows only (this process's streams × bptt: a run resumed at an epoch's shorter last window
-    does not compile or capture that one)."""
+    does not compile or capture that one). Returns it and its fast path, the wrapper a first step
+    settles and ``reporting.FastPathReport`` reports (None: the forward pass is the model's own)."""
     rows = world.share(config.batch_size)
     window_shape = (rows.stop - rows.start, config.bptt)
-    forward = model
+    plain = model
     if world.distributed:
-        forward = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        plain = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    forward = plain
     if config.compile:
         forward = CompiledForward(forward, device, window_shape=window_shape)
     if config.cuda_graph:
         forward = graphed_window(forward, device, world.distributed, window_shape)
-    return forward
+    return forward, (None if forward is plain else forward)
 
 
 def optimizer_and_schedule(model: LanguageModel, config: TrainConfig, windows_per_epoch: int = 1):
@@ -307,3 +313,34 @@ def load_initial_weights(model: LanguageModel, model_config: ModelConfig, corpus
         )
     compare_weights(checkpoint.weights, model.state_dict(), checkpoint.path)
     model.load_state_dict(checkpoint.weights)
+
+
+def checked_settings(config: TrainConfig) -> TrainConfig:
+    """``config``, its settings checked, and the packages its sinks need present."""
+    if not isinstance(config, TrainConfig):
+        raise CharlmError(f"config must be a charlm.TrainConfig, not {type(config).__name__}")
+    config.validate()
+    if config.tensorboard:
+        from charlm.runs.tensorboard import check_available
+
+        check_available()
+    if config.wandb:
+        from charlm.runs import wandb_sink
+
+        wandb_sink.check_available()
+    return config
+
+
+def check_checkpoint(checkpoint: Checkpoint, cell_class, config: TrainConfig) -> None:
+    """The checkpoint a run resumes from, before anything is built or written: its weights,
+    optimizer and carried state against the model's shapes (on the meta device), and a
+    ``--max-tokens`` budget left to train."""
+    shape = check_against_model(checkpoint, cell_class)
+    if checkpoint.training is not None:
+        check_training_state(checkpoint.training, shape, checkpoint.train_config, checkpoint.path)
+    progress = read_progress(checkpoint)
+    if tokens_used_up(progress.tokens_seen, config.max_tokens):
+        raise CharlmError(
+            f"the run has already trained on {progress.tokens_seen:,} tokens, its --max-tokens budget of "
+            f"{config.max_tokens:,}: give a larger --max-tokens to go on"
+        )

@@ -5,9 +5,9 @@ What differs between runs is chosen once, when the step is built: the forward pa
 ``setup.forward_pass``) and how gradients are taken (:class:`PlainGradients`, or
 :class:`ScaledGradients` under fp16). Nothing is branched on per step.
 
-Under torchrun the processes agree, through two sums, on the loss (all stop when it is not finite)
-and on whether Ctrl-C, SIGTERM or the time budget ends training after this step; on one process
-these sums are the values themselves.
+Under torchrun the processes agree, through two sums, on the loss (all stop, before the update,
+when it is not finite: the result says so) and on whether Ctrl-C, SIGTERM or the time budget ends
+training after this step; on one process these sums are the values themselves.
 
 The loss of a window is the mean over every stream of every process. Each process computes the mean
 over its own rows and scales it by ``world.size × its tokens / all tokens``; DistributedDataParallel
@@ -36,7 +36,7 @@ from charlm.corpora.streams import Window
 from charlm.model import detach_state
 from charlm.runtime.distributed import World
 from charlm.runtime.precision import autocast, float32_state
-from charlm.training.control import LossNotFinite, StopRequest, TimeBudget
+from charlm.training.control import StopRequest, TimeBudget
 
 
 class PlainGradients:
@@ -73,12 +73,15 @@ class ScaledGradients:
 
 @dataclasses.dataclass
 class StepResult:
+    """What one update did, or (``diverged``) why it did not."""
+
     loss: float  # mean nats per token over every stream of every process (and every window of the update)
     tokens: int  # tokens of the update's windows over every process
     grad_norms: dict[str, float]  # per layer group, before clipping
     state: list  # the carried state for the next window, detached, float32
     stop_requested: bool  # Ctrl-C or SIGTERM in any process
     out_of_time: bool  # the time budget is used up in any process
+    diverged: bool = False  # a window's loss was inf or nan (``loss``: that window's): nothing was updated
 
 
 class TrainingStep:
@@ -128,7 +131,7 @@ class TrainingStep:
         nats = self.world.sum([fetched[i] * shares[i] for i in range(len(group))])  # summed over the processes
         for window_nats, window_tokens in zip(nats, totals):
             if not math.isfinite(window_nats):  # every process sees the same sums: they stop together, before a step
-                raise LossNotFinite(window_nats / window_tokens)
+                return StepResult(window_nats / window_tokens, 0, {}, state, False, False, diverged=True)
         grad_norms = dict(zip(norms, fetched[len(group) :]))
         if self.clip > 0:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
