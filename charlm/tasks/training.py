@@ -32,7 +32,8 @@ from charlm.runtime.devices import resolve_device
 from charlm.runtime.memory import check_fits
 from charlm.tasks.config import TaskConfig  # its home has no torch (`charlm task --help`); its callers find it here too
 from charlm.tasks.models import build_task_model, check_wavefront, estimate_task_memory
-from charlm.training.control import StopRequest, TrainingDiverged, TrainingInterrupted
+from charlm.training.control import Stop, StopRequest, TrainingDiverged, TrainingInterrupted
+from charlm.training.optimizers import optimizer_named
 
 THRESHOLDS = (0.5, 0.8, 0.99, 1.0)  # held-out per-symbol accuracy: exceeded (or, for 1.0, reached)
 EVAL_STREAM = 1_000_003  # the held-out samples' seed is the run's seed plus this
@@ -70,15 +71,6 @@ def masked_loss(logits, batch):
     """Mean cross-entropy over the positions where the target counts."""
     losses = F.cross_entropy(logits.transpose(1, 2), batch.targets, reduction="none")
     return losses[batch.mask].mean()
-
-
-def make_optimizer(config: TaskConfig, model: nn.Module):
-    parameters = list(model.parameters())
-    if config.optimizer == "adam":
-        return torch.optim.Adam(parameters, lr=config.lr)
-    if config.optimizer == "adagrad":
-        return torch.optim.Adagrad(parameters, lr=config.lr)
-    return torch.optim.SGD(parameters, lr=config.lr)
 
 
 TASK_FLAGS = {"memorization": "--length", "addition": "--digits", "parity": "--bits"}  # what sizes a sample
@@ -199,7 +191,7 @@ def train_task(
     torch.manual_seed(torch_seed(config.seed))  # the initial weights
     model = build_task_model(task, config.cell, config.hidden_size, config.layers, config.tied, config.cell_options)
     model.to(device)
-    optimizer = make_optimizer(config, model)
+    optimizer = optimizer_named(config.optimizer, model.parameters(), config.lr)  # torch's defaults otherwise
     generator = torch.Generator().manual_seed(torch_seed(config.seed))
     if payload is not None:
         model.load_state_dict(payload["model"])
@@ -288,9 +280,9 @@ def train_task(
                 **figures,
             )
             if "1.0" in state.reached:
-                stopped_by = "solved"
+                stopped_by = Stop.SOLVED
             elif state.samples >= config.max_samples:
-                stopped_by = "samples"
+                stopped_by = Stop.SAMPLES
             run.save_last(saver)
             now = time.perf_counter()
             if crossed or stopped_by or now - last_print >= progress_every:
@@ -303,7 +295,7 @@ def train_task(
                 )
     end = {
         "samples": state.samples,
-        "stopped_by": stopped_by,
+        "stopped_by": stopped_by.value,
         "reached": dict(state.reached),
         "accuracy": state.accuracy,
         "sequence_accuracy": state.sequence_accuracy,

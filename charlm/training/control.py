@@ -39,13 +39,16 @@ class StorageError(CharlmError):
 
 
 class Stop(str, enum.Enum):
-    """Why training stops. The first four end a session with a summary (its ``stopped_by``: the
-    value); the last two with an error (``TrainingInterrupted``, ``TrainingDiverged``)."""
+    """Why training stops. The first four end a ``charlm train`` session with a summary (its
+    ``stopped_by``: the value), the next two a ``charlm task`` run (its ``task_end`` record's
+    ``stopped_by``); the last two end either with an error (``TrainingInterrupted``, ``TrainingDiverged``)."""
 
     EPOCHS = "epochs"  # every epoch trained
     PATIENCE = "patience"  # early stopping: no improvement for ``patience`` epochs
     TOKENS = "tokens"  # ``max_tokens`` seen: resumable with a larger budget
     TIME = "time"  # ``max_minutes`` used up: resumable
+    SOLVED = "solved"  # charlm task: 100% held-out accuracy reached
+    SAMPLES = "samples"  # charlm task: ``max_samples`` drawn: resumable with a larger budget
     INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: saved, resumable
     DIVERGED = "diverged"  # a loss (training or validation) that is inf or nan
 
