@@ -3,7 +3,7 @@ saying so), a step that runs out of time named, and the verdicts on given figure
 
 import json
 
-from charlm.tools.full_check import bench_problems, performance_notes, training_verdicts
+from charlm.tools.full_check_report import bench_problems, performance_notes, training_verdicts
 from helpers import assert_one_line_error, cli
 
 
