@@ -7,6 +7,8 @@ model.sample("The ", length=100)
 model.score("Some text.").bpc
 """
 
+from charlm.lazy import lazy_attribute
+
 from charlm.runtime.openmp import wait_briefly_for_work
 
 wait_briefly_for_work()  # before anything imports torch: OpenMP reads it once (see charlm.runtime.openmp)
@@ -25,7 +27,7 @@ _EXPORTS = {
     "Checkpoint": "charlm.checkpoint",
     "Run": "charlm.runs.directory",
     "CharlmError": "charlm.errors",
-    "TaskConfig": "charlm.tasks.training",
+    "TaskConfig": "charlm.tasks.config",
     "train_task": "charlm.tasks.training",
 }
 
@@ -33,8 +35,4 @@ __all__ = ["__version__", *_EXPORTS]
 
 
 def __getattr__(name):  # the heavy modules (torch) load on first use, not on `import charlm`
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'charlm' has no attribute {name!r}")
+    return lazy_attribute(__name__, _EXPORTS, name)

@@ -12,7 +12,7 @@ PACKAGE = REPO / "charlm"
 
 # Bottom to top. A module may import from its own layer or from below, never from above.
 LAYERS = [
-    {"errors", "logs", "files", "settings", "config"},
+    {"errors", "logs", "files", "settings", "config", "lazy"},
     {"runtime"},
     {"cells", "corpora"},
     {"model", "checkpoint", "checkpoint_checks"},

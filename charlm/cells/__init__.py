@@ -5,6 +5,8 @@ The cells' names are declared here (``CELL_NAMES``) and the rest loads on first 
 importing torch. Building ``CELLS`` checks that the names are those of the classes registered.
 """
 
+from charlm.lazy import lazy_attribute
+
 import threading
 
 # The registered cells, in the order `charlm cells` lists them.
@@ -86,8 +88,4 @@ def __getattr__(name):  # torch loads on first use, not on `import charlm.cells`
             if "CELLS" not in globals():
                 globals()["CELLS"] = _registered_cells()
         return globals()["CELLS"]
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'charlm.cells' has no attribute {name!r}")
+    return lazy_attribute(__name__, _EXPORTS, name)

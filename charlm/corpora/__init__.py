@@ -9,6 +9,8 @@ The names below load on first use: the recipes (``charlm.corpora.recipes``) and 
 (``charlm.corpora.root``) are read without numpy or torch, for the command line's help and completion.
 """
 
+from charlm.lazy import lazy_attribute
+
 _EXPORTS = {
     "RECIPES": "charlm.corpora.recipes",
     "Recipe": "charlm.corpora.recipes",
@@ -28,8 +30,4 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'charlm.corpora' has no attribute {name!r}")
+    return lazy_attribute(__name__, _EXPORTS, name)

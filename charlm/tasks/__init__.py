@@ -3,6 +3,8 @@
 The names below load on first use: ``TaskConfig`` (``charlm.tasks.config``) and the tasks' sizes
 (``charlm.tasks.data``) are read without torch, for ``charlm task --help``."""
 
+from charlm.lazy import lazy_attribute
+
 _EXPORTS = {
     "TASKS": "charlm.tasks.data",
     "Addition": "charlm.tasks.data",
@@ -35,8 +37,4 @@ __all__ = [
 
 
 def __getattr__(name):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'charlm.tasks' has no attribute {name!r}")
+    return lazy_attribute(__name__, _EXPORTS, name)
