@@ -1,7 +1,7 @@
 """charlm: character-level language modelling with recurrent networks.
 
 import charlm
-summary = charlm.train(charlm.TrainConfig(corpus="pydoc", cell="lru", hidden=128, epochs=1))
+summary = charlm.train(charlm.TrainConfig(corpus="pydoc", cell="lru", hidden_size=128, epochs=1))
 model = charlm.load(summary["run_dir"])
 model.sample("The ", length=100)
 model.score("Some text.").bpc

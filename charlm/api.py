@@ -26,15 +26,20 @@ from charlm.config import DEFAULT_PRIME, DynamicOptions, EvalConfig, SampleConfi
 from charlm.settings import validate
 from charlm.runtime.devices import resolve_device
 from charlm.runs.best_weights import best_of_run
-from charlm.errors import CharlmError, OutOfVocabulary
+from charlm.errors import CharlmError, OutOfVocabulary, out_of_memory
 from charlm.corpora.streams import check_streams_fit
 from charlm.inference.scoring import LN2, Score, check_splits_fit, score_split, score_tokens
 from charlm.logs import get_logger
 from charlm.model import count_parameters
-from charlm.runtime.memory import DYNAMIC_ADVICE, check_evaluation_fits
 from charlm.inference.beam import check_beam_settings
 from charlm.inference.generation import Generation, beam_generation, check_stops, recorded, until_stop
 from charlm.inference.sampling import decoded_pieces, encode_prime, generate, outside_vocabulary, unknown_ids
+from charlm.training.text_input import new_run_inputs
+from charlm.training.trainer import Trainer
+from charlm.inference.dynamic_protocol import NoProgress, statistics_tokens, evaluate_dynamic
+from charlm.inference.dynamic import collect_gradient_statistics, dynamic_score, make_update
+from charlm.runs.directory import Run
+from charlm.files import access_error
 
 _SAMPLE = SampleConfig()
 _SCORE = ScoreConfig()
@@ -43,7 +48,8 @@ _EVAL = EvalConfig()
 
 def _one_error(function):
     """The boundary of ``charlm.train`` and ``charlm.load``: an ``OSError`` (a path that cannot be used)
-    becomes one ``CharlmError`` naming the file, as the command line prints it."""
+    becomes one ``CharlmError`` naming the file, and memory running out an ``OutOfMemory``
+    (``charlm.errors.out_of_memory``), as the command line prints them."""
 
     @functools.wraps(function)
     def bounded(*args, **kwargs):
@@ -52,9 +58,12 @@ def _one_error(function):
         except CharlmError:
             raise
         except OSError as error:
-            from charlm.files import access_error
-
             raise access_error(error) from error
+        except (RuntimeError, MemoryError) as error:
+            problem = out_of_memory(error)
+            if problem is None:
+                raise
+            raise problem from error
 
     return bounded
 
@@ -63,15 +72,12 @@ def _one_error(function):
 def train(config: TrainConfig | None = None, **settings) -> dict:
     """Train a new run under ``config`` and return its summary (``charlm.Trainer(config).fit()``;
     ``Trainer.resume(run_dir).fit()`` continues a run). Settings may also be given as keywords,
-    alone or over ``config``: ``charlm.train(corpus="pydoc", cell="lru", hidden=128, epochs=1)``;
+    alone or over ``config``: ``charlm.train(corpus="pydoc", cell="lru", hidden_size=128, epochs=1)``;
     each is checked as a ``--config`` file's values are (``layers=1.5`` is refused).
 
     ``text="input.txt"`` (or a list of files, or ``corpus="input.txt"``) prepares the text first, as
     ``charlm train --text`` does; an ``eval_batch_size`` left at its default is lowered to what a
     short split allows."""
-    from charlm.training.text_input import new_run_inputs
-    from charlm.training.trainer import Trainer
-
     if config is not None and not isinstance(config, TrainConfig):
         raise CharlmError(
             f"config must be a charlm.TrainConfig (or give the settings as keywords), not {type(config).__name__}"
@@ -323,8 +329,6 @@ class Model:
         the weights test-then-train while scoring (rms reads its gradient statistics from the
         training split of the model's corpus); the model's weights are restored afterwards.
         ``progress``: an object with ``stage(label, total)``, as ``evaluate``'s with ``dynamic``."""
-        from charlm.inference.dynamic_protocol import NoProgress
-
         validate(ScoreConfig(unknown=unknown, batch_size=batch_size))
         if progress is not None and not hasattr(progress, "stage"):
             raise CharlmError(f"progress must be an object with stage(label, total), not {progress!r}")
@@ -341,15 +345,6 @@ class Model:
         chars_per_token = max(characters, 1) / (len(ids) - 1)
         if dynamic is None:
             bptt = self.checkpoint.train_config.bptt
-            check_evaluation_fits(
-                self.network,
-                self.device,
-                predictions=len(ids) - 1,
-                batch_size=batch_size,
-                bptt=bptt,
-                cuda_graph=self.cuda_graphs,
-                advice=f"use a smaller --batch-size (the windows are the training bptt, {bptt:,} steps)",
-            )
             with progress.stage("score", len(tokens) - 1) as callback:
                 score = score_tokens(
                     self.network,
@@ -372,25 +367,10 @@ class Model:
         return result
 
     def _score_dynamically(self, tokens, dynamic, batch_size, chars_per_token, per_token, data_dir, progress) -> Score:
-        from charlm.inference.dynamic import collect_gradient_statistics, dynamic_score, make_update
-        from charlm.inference.dynamic_protocol import statistics_tokens
-
         options = dynamic_options(dynamic)
         options = dataclasses.replace(options, batch_size=batch_size)
         options.validate()
         train = self.corpus(data_dir).split("train") if options.method == "rms" else ()
-        check_evaluation_fits(
-            self.network,
-            self.device,
-            predictions=len(tokens) - 1,
-            batch_size=batch_size,
-            bptt=options.segment,
-            method=options.method,
-            stat_batch_size=options.stat_batch_size,
-            train_predictions=max(len(train) - 1, 0),
-            restore_copy=True,
-            advice=DYNAMIC_ADVICE[options.method],
-        )
         trained = {name: tensor.detach().clone() for name, tensor in self.network.state_dict().items()}
         try:
             rms = None
@@ -447,8 +427,6 @@ class Model:
         if progress is not None and not (callable(progress) if dynamic is None else hasattr(progress, "stage")):
             wanted = "a callable, progress(tokens)" if dynamic is None else "an object with stage(label, total)"
             raise CharlmError(f"progress must be {wanted}, not {progress!r}")
-        if record:
-            self._check_record_target()
         corpus = self.corpus(data_dir)
         if dynamic is None:
             config = EvalConfig(
@@ -457,15 +435,6 @@ class Model:
             validate(config)
             check_splits_fit(corpus, (split,), config.batch_size, EvalConfig)
             bptt = bptt or self.checkpoint.train_config.bptt
-            check_evaluation_fits(
-                self.network,
-                self.device,
-                predictions=len(corpus.split(split)) - 1,
-                batch_size=config.batch_size,
-                bptt=bptt,
-                cuda_graph=self.cuda_graphs,
-                advice="use a smaller --batch-size or --bptt",
-            )
             started = time.perf_counter()
             score = score_split(
                 self.network,
@@ -487,8 +456,6 @@ class Model:
                     **score.as_dict(),
                 )
             return score
-        from charlm.inference.dynamic_protocol import evaluate_dynamic
-
         options = dynamic_options(dynamic)
         if batch_size is not None:
             options = dataclasses.replace(options, batch_size=batch_size)
@@ -509,17 +476,7 @@ class Model:
             self._record(**report.record_fields(), fast_path=fast_path)
         return report
 
-    def _check_record_target(self) -> None:
-        """Refuse, before any scoring, a run whose metrics.jsonl (where ``_record`` appends) is not a
-        regular file: found only after the scoring otherwise."""
-        from charlm.files import check_appendable
-
-        if self.checkpoint.path is not None:
-            check_appendable(self.checkpoint.path.parent / "metrics.jsonl")
-
     def _record(self, **fields) -> None:
-        from charlm.runs.directory import Run
-
         path = self.checkpoint.path
         if path is not None and (path.parent / "metrics.jsonl").exists():
             Run(path.parent).record("eval", checkpoint=str(path), **fields)

@@ -32,14 +32,16 @@ from charlm.cells import CELLS
 from charlm.checkpoint_checks import check_against_model, check_consistency, check_parts
 from charlm.config import TrainConfig
 from charlm.errors import CharlmError
-from charlm.files import atomic_write, file_kind, path_value
+from charlm.files import atomic_write, path_value
 from charlm.model import LanguageModel, ModelConfig, count_parameters
 from charlm.runtime.memory import check_weights_fit
+from charlm.corpora.tokenizer_kinds import tokenizer_from_state
+from charlm.corpora import load_corpus
 
 FORMAT = "charlm-checkpoint"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-KINDS = ("training", "export", "adapted")
+KINDS = ("training", "export", "adapted")  # and "task": `charlm task`, whose payload is its own (task_payload)
 CORPUS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -98,15 +100,7 @@ class Checkpoint:
     def load(cls, reference: str | Path, *, prefer: str = "best", map_location="cpu") -> "Checkpoint":
         """A checkpoint file, or a run directory (its ``best.pt``, or ``last.pt`` with prefer="last")."""
         path = resolve(reference, prefer)
-        try:
-            with warnings.catch_warnings():  # torch warns about pickle protocols before refusing a file
-                warnings.simplefilter("ignore")
-                payload = torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as error:  # torch.load raises many kinds on a file that is not a checkpoint
-            link = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
-            raise CharlmError(
-                f"{path}{link} is not a readable charlm checkpoint: {load_failure(error, path)}"
-            ) from None
+        payload = read_payload(path, map_location)
         try:
             return cls.from_payload(payload, path)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
@@ -126,6 +120,8 @@ class Checkpoint:
             )
         if version == 1:
             payload = _from_format_1(payload)
+        if payload.get("kind") == "task":
+            raise CharlmError(f"{path} is a checkpoint of `charlm task` (go on with `charlm task --resume`)")
         check_parts(payload, path)
         training = payload["training"]
         kind = payload.get("kind", "training")
@@ -191,8 +187,6 @@ class Checkpoint:
         return model.to(device).eval()
 
     def make_tokenizer(self):
-        from charlm.corpora.tokenizer_kinds import tokenizer_from_state
-
         try:
             tokenizer = tokenizer_from_state(self.tokenizer)
         except (
@@ -209,8 +203,6 @@ class Checkpoint:
 
     def corpus(self, data_dir=None):
         """The prepared corpus the model was trained on, checked to have the same vocabulary."""
-        from charlm.corpora import load_corpus
-
         name = self.train_config.corpus
         if not CORPUS_NAME.fullmatch(name):
             raise CharlmError(f"{self.path} names the corpus {name!r}, which is not a corpus name")
@@ -244,11 +236,7 @@ def resolve(reference: str | Path, prefer: str = "best") -> Path:
                 return path / name
         raise CharlmError(f"run directory {path} holds no checkpoint (best.pt or last.pt)")
     if not path.is_file():
-        try:
-            kind = file_kind(path.stat().st_mode)  # there, but a FIFO or a device: say so, never read it
-        except OSError:
-            raise CharlmError(f"no such checkpoint or run directory: {path}") from None
-        raise CharlmError(f"{path} is {kind}, not a checkpoint file or a run directory")
+        raise CharlmError(f"no such checkpoint or run directory: {path}")
     return path
 
 
@@ -277,6 +265,45 @@ def _from_format_1(old: dict) -> dict:
         "dynamic": old.get("dynamic"),
         "charlm_version": old.get("charlm_version"),
     }
+
+
+def read_payload(path: Path, map_location="cpu"):
+    """What ``torch.save`` wrote to ``path``, read weights-only (no code runs); a file torch cannot
+    read that way is one line naming it."""
+    try:
+        with warnings.catch_warnings():  # torch warns about pickle protocols before refusing a file
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:  # torch.load raises many kinds on a file that is not a checkpoint
+        link = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
+        raise CharlmError(f"{path}{link} is not a readable charlm checkpoint: {load_failure(error, path)}") from None
+
+
+def task_payload(config: dict, weights: dict, training: TrainingState) -> dict:
+    """A checkpoint of `charlm task`: the same format, kind "task", its TaskConfig in place of a
+    language model's settings."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "charlm_version": __version__,
+        "kind": "task",
+        "task_config": config,
+        "weights": weights,
+        "training": dataclasses.asdict(training),
+    }
+
+
+def read_task_payload(path: Path) -> dict:
+    """A checkpoint ``task_payload`` made (or the "charlm-task-1" file of charlm 0.3), as a
+    ``task_payload``."""
+    payload = read_payload(path)
+    if isinstance(payload, dict) and payload.get("format") == "charlm-task-1":  # charlm 0.3
+        progress = payload.get("progress")
+        training = TrainingState(payload.get("optimizer"), None, {"torch": payload.get("generator")}, progress, None)
+        payload = task_payload(payload.get("config"), payload.get("model"), training)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT or payload.get("kind") != "task":
+        raise CharlmError(f"{path} is not a task checkpoint (charlm task writes them)")
+    return payload
 
 
 TORCH_FILE_STARTS = (b"PK\x03\x04", b"\x80")  # torch.save's zip archive; a legacy torch file (a pickle, protocol 2+)

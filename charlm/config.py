@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 
 from charlm.errors import ConfigError, shown
-from charlm.files import not_a_directory
-from charlm.settings import INT64_MAX, from_dict, setting, validate
+from charlm.settings import INT64_MAX, from_dict, renamed, setting, validate
 
 DEFAULT_HIDDEN = 256  # hidden size when neither a hidden size nor a parameter budget is given
 MAX_LAYERS = 1024  # a model is built layer by layer (on the meta device too, to size it): 2**31 would never end
@@ -50,9 +50,10 @@ class TrainConfig:
     )
     cell: str = setting("lstm", "Recurrent cell (see `charlm cells`), or module:Class for your own.")
     layers: int = setting(1, "Number of stacked recurrent layers.", min=1, limit=MAX_LAYERS)
-    hidden: int | None = setting(
+    hidden_size: int | None = setting(
         None,
         "Hidden size n.",
+        flag="--hidden",
         min=1,
         limit=MAX_WIDTH,
         show_default=f"{DEFAULT_HIDDEN} when neither --hidden nor --params is given",
@@ -72,6 +73,17 @@ class TrainConfig:
         show_default="what the cell needs, else n",
     )
     dropout: float = setting(0.0, "Dropout between layers and on the softmax input.", min=0, max=1, max_open=True)
+    wiring: str = setting(
+        "stacked",
+        "How layers are wired: stacked (cell on cell, the papers' protocol up to 2017) or block (each cell in a "
+        "residual block with RMSNorm, a causal convolution and a gated MLP, as the recurrences of 2023-2025 are "
+        "published).",
+        choices=("stacked", "block"),
+    )
+    block_conv: int = setting(4, "--wiring block: the causal convolution's width (0: none).", min=0, max=16)
+    block_expansion: float = setting(
+        3.0, "--wiring block: the gated MLP's width over the hidden size (0: none).", min=0, max=16
+    )
     cell_options: dict = setting({}, "Options of the cell (--cell-opt key=value).", cli=False)
     batch_size: int = setting(32, "Parallel streams per step (the LRU paper's protocol: 250).", min=1)
     bptt: int = setting(50, "Truncated backpropagation window (steps).", min=1)
@@ -236,8 +248,11 @@ class TrainConfig:
 
     def validate(self) -> None:
         validate(self)
-        if self.hidden is not None and self.params is not None:
-            raise ConfigError(TrainConfig, "hidden", "and --params are exclusive: give one, not both")
+        if self.wiring == "stacked" and (self.block_conv != 4 or self.block_expansion != 3.0):
+            changed = "block_conv" if self.block_conv != 4 else "block_expansion"
+            raise ConfigError(TrainConfig, changed, "needs --wiring block")
+        if self.hidden_size is not None and self.params is not None:
+            raise ConfigError(TrainConfig, "hidden_size", "and --params are exclusive: give one, not both")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise ConfigError(TrainConfig, "device", f"must be auto, cpu, cuda, cuda:N or mps, not {self.device!r}")
         if not isinstance(self.cell_options, dict) or not all(isinstance(key, str) for key in self.cell_options):
@@ -246,9 +261,8 @@ class TrainConfig:
             raise ConfigError(TrainConfig, "text", f"must be a list of file paths, not {shown(self.text)}")
         save_interval(self.save_every)
         for name in ("data_dir", "run_dir"):  # a file where the directory belongs: said now, named by its flag
-            kind = not_a_directory(getattr(self, name)) if getattr(self, name) else None
-            if kind is not None:
-                raise ConfigError(TrainConfig, name, f"must be a directory: {getattr(self, name)} is {kind}")
+            if getattr(self, name) and os.path.isfile(getattr(self, name)):
+                raise ConfigError(TrainConfig, name, f"must be a directory: {getattr(self, name)} is a file")
         if self.cuda_graph and self.compile:
             raise ConfigError(TrainConfig, "cuda_graph", "and --compile are exclusive: give one, not both")
         if self.min_lr >= self.lr and self.schedule in ("plateau-halving", "warmup-cosine"):
@@ -291,17 +305,14 @@ class TrainConfig:
         """``("steps", n)``, ``("seconds", s)`` or None: when to save ``last.pt`` inside an epoch."""
         return save_interval(self.save_every)
 
-    @property
-    def hidden_size(self) -> int:
-        return self.hidden or DEFAULT_HIDDEN
-
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
-        """From plain values (a config file, a checkpoint); unknown keys and wrong types are errors."""
-        return from_dict(cls, values)
+        """From plain values (a config file, a checkpoint); unknown keys and wrong types are errors. A
+        file written before 0.4 names the hidden size ``hidden`` (``charlm.settings.renamed``)."""
+        return from_dict(cls, renamed(values))
 
 
 def save_interval(text: str) -> tuple[str, float] | None:

@@ -1,10 +1,36 @@
 """The exceptions that reach the user as a single line on stderr, and how a value is shown in one."""
 
+import re
+
 
 def shown(value, width: int = 80) -> str:
     """``repr(value)``, cut to ``width`` characters (a value of 5,000 characters in a one-line error)."""
     text = repr(value)
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+_KINDS = {
+    list: "a list",
+    tuple: "a list",
+    str: "text",
+    bytes: "bytes",
+    bool: "true or false",
+    type(None): "null",
+    dict: "a mapping",
+    int: "a number",
+    float: "a number",
+}
+
+
+def kind_of(value) -> str:
+    """What ``value`` is, in words (``a number``, ``a list``, ``text``, ``a tensor``), for a message that
+    says what a file or an argument holds instead of what it should. Knows a tensor without importing torch."""
+    if any(cls.__name__ == "Tensor" and cls.__module__.startswith("torch") for cls in type(value).__mro__):
+        return "a tensor"
+    name = type(value).__name__
+    if name == "ndarray":  # numpy's
+        return "an array"
+    return _KINDS.get(type(value), f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}")
 
 
 class CharlmError(Exception):
@@ -35,3 +61,36 @@ class OutOfVocabulary(CharlmError):
                 f" (the first at {where})" if where else ""
             ) + '; pass --unknown skip to leave them out (unknown="skip" from Python)'
         super().__init__(message)
+
+
+class OutOfMemory(CharlmError):
+    """Memory ran out while a command ran (``out_of_memory``): exit code 1, the machine is short, not the input."""
+
+    exit_code = 1
+
+
+OUT_OF_MEMORY_ADVICE = "use a smaller --batch-size (or --hidden, --bptt)"
+_ALLOCATION = re.compile(r"allocate (\d+(?:\.\d+)?) ?(bytes|[KMGTPE]iB)", re.IGNORECASE)
+
+
+def out_of_memory(error: BaseException) -> OutOfMemory | None:
+    """``error`` as one line if it says an allocation failed (torch's ``OutOfMemoryError``, an allocator's
+    ``RuntimeError`` such as "DefaultCPUAllocator: can't allocate memory", Python's ``MemoryError``), else
+    None. The memory checks before a run (``charlm.runtime.memory``) estimate training; whatever else runs
+    out (scoring, dynamic evaluation, a GPU's library workspaces) reaches the boundaries, the command line
+    and ``charlm.train``/``charlm.load``, and is told here."""
+    message = " ".join(str(error).split())
+    allocator = isinstance(error, RuntimeError) and re.search(r"can't allocate memory|out of memory", message, re.I)
+    if not (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or allocator):
+        return None
+    lowered = message.lower()
+    on = "cpu" if isinstance(error, MemoryError) or "cpuallocator" in lowered else None
+    on = on or next((kind for kind in ("cuda", "mps", "xpu") if kind in lowered), "the device")
+    size = _ALLOCATION.search(message)
+    if size and size[2].lower() == "bytes":
+        number = int(float(size[1]))
+        what = f"{number / 1024**3:,.1f} GiB" if number >= 1024**3 / 10 else f"{number / 1024**2:,.1f} MiB"
+    else:
+        what = f"{size[1]} {size[2]}" if size else None
+    failed = f" (an allocation of {what} failed)" if what else ""
+    return OutOfMemory(f"out of memory on {on}{failed}: {OUT_OF_MEMORY_ADVICE}")

@@ -1,12 +1,12 @@
-"""Files: reading a file the user named (a regular file only: a FIFO is refused, never waited on),
-the plain names that files may give to paths, and writing files atomically (a temporary file
+"""Files: reading a file the user named (a regular file only: anything else is refused, never
+waited on), the plain names that files may give to paths, and writing files atomically (a temporary file
 beside the target, flushed to disk, then a rename).
 
 At every moment a target being written is either its old or its new complete contents, whatever
 kills the process (``kill -9``, a full disk, a power cut once the data reached the disk).
 
 A write that fails (a full disk, a file-size limit, a read-only file system, an I/O error, or
-PyTorch's zip writer failing for one of them) becomes one ``WriteError`` naming the file meant,
+PyTorch's zip writer failing) becomes one ``WriteError`` naming the file meant,
 never its temporary file: ``writing`` is the one place that decides, and every writer goes through
 it (``atomic_write``, ``append_text``, prepared corpora, downloads, the run directory's lock).
 """
@@ -26,7 +26,6 @@ from charlm.errors import CharlmError, shown
 
 BAD_PATH = {errnos.ENOENT, errnos.ENOTDIR, errnos.EISDIR, errnos.EEXIST, errnos.ENAMETOOLONG, errnos.ELOOP}
 TORCH_WRITER = ("inline_container", "PytorchStreamWriter", "file write failed")  # its zip writer's failures
-NEARLY_FULL = 1 << 20  # bytes: a write that failed with less than this left on its disk ran out of space
 
 
 # --- write failures: one line naming the file meant ---------------------------------------------
@@ -61,84 +60,45 @@ def access_error(error: OSError) -> CharlmError:
 
 
 @contextlib.contextmanager
-def writing(target: str | Path, partial: str | Path | None = None) -> Iterator[None]:
-    """Writing ``target`` (through ``partial``, a temporary file or directory, when given): a write
-    that fails inside the block raises ``WriteError`` naming ``target``; other errors pass as they are.
-    Leave ``partial`` in place until the block has ended: the reason is read from it."""
+def writing(target: str | Path) -> Iterator[None]:
+    """Writing ``target``: a write that fails inside the block raises ``WriteError`` naming ``target``
+    (never a temporary file); other errors pass as they are."""
     try:
         yield
     except WriteError:
         raise
     except (OSError, RuntimeError) as error:
-        if not is_write_failure(error, partial):
+        if not is_write_failure(error):
             raise
-        raise write_error(target, error, partial) from error
+        raise write_error(target, error) from error
 
 
-def is_write_failure(error: BaseException, partial: str | Path | None = None) -> bool:
-    """An ``OSError``; or a ``RuntimeError`` of PyTorch's writer, or one raised on a full disk or
-    with ``partial`` at the file-size limit (a writer's own message may say neither)."""
+def is_write_failure(error: BaseException) -> bool:
+    """An ``OSError``, or a ``RuntimeError`` of PyTorch's writer or with an ``OSError`` behind it."""
     if isinstance(error, OSError):
         return True
     return isinstance(error, RuntimeError) and (
-        any(mark in str(error) for mark in TORCH_WRITER) or _errno_of(error, partial) is not None
+        any(mark in str(error) for mark in TORCH_WRITER) or _errno_of(error) is not None
     )
 
 
-def write_error(target: str | Path, error: BaseException, partial: str | Path | None = None) -> WriteError:
+def write_error(target: str | Path, error: BaseException) -> WriteError:
     """The ``WriteError`` that says why writing ``target`` failed with ``error``."""
-    number = _errno_of(error, partial)
+    number = _errno_of(error)
     if number is None:
         text = str(error.strerror if isinstance(error, OSError) and error.strerror else error).strip()
         return WriteError(target, f"the write failed ({text.splitlines()[0] if text else type(error).__name__})")
-    reason = os.strerror(number)
-    limit = file_size_limit()
-    if number == errnos.EFBIG and limit is not None:
-        reason += f" (this process may write files of at most {limit:,} bytes: see ulimit -f)"
-    return WriteError(target, reason, number)
+    return WriteError(target, os.strerror(number), number)
 
 
-def _errno_of(error: BaseException, partial: str | Path | None) -> int | None:
-    """The errno that ``error`` or an exception behind it carries; else the one its circumstances
-    say (PyTorch and numpy lose it): no space left on the disk, ``partial`` at the file-size limit."""
+def _errno_of(error: BaseException) -> int | None:
+    """The errno that ``error`` or an exception behind it carries."""
     seen, chain = error, 0
     while seen is not None and chain < 8:
         if isinstance(seen, OSError) and seen.errno:
             return seen.errno
         seen, chain = seen.__cause__ or seen.__context__, chain + 1
-    if partial is None:
-        return None
-    partial = Path(partial)
-    with contextlib.suppress(OSError, AttributeError):  # AttributeError: no statvfs or geteuid (Windows)
-        disk = os.statvfs(partial.parent)
-        free = (disk.f_bfree if os.geteuid() == 0 else disk.f_bavail) * disk.f_frsize
-        if free < NEARLY_FULL:
-            return errnos.ENOSPC
-    limit = file_size_limit()
-    if limit is not None:
-        files = partial.rglob("*") if partial.is_dir() else [partial]
-        if any(_size(path) >= limit for path in files):
-            return errnos.EFBIG
     return None
-
-
-def file_size_limit() -> int | None:
-    """This process's file-size limit in bytes (``ulimit -f``), or None when there is none. (Past it
-    the kernel sends SIGXFSZ, which CPython ignores from startup, as it does SIGPIPE: the write then
-    fails with EFBIG, and charlm says so in one line rather than being killed.)"""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return None
-    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-    return None if soft == resource.RLIM_INFINITY else soft
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 # --- writing --------------------------------------------------------------------------------------
@@ -155,7 +115,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
         handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(handle)
     try:
-        with writing(path, partial=temporary):
+        with writing(path):
             write(Path(temporary))
             try:
                 os.chmod(temporary, 0o666 & ~UMASK)  # mkstemp makes files owner-only; give the usual mode
@@ -169,20 +129,10 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
         raise
 
 
-def check_appendable(path: str | Path) -> None:
-    """Refuse ``path`` for ``append_text`` when it is there and is not a regular file (a FIFO would be
-    waited on for ever, a device written to); callers that work first check it before they start."""
-    kind = not_a_directory(path)
-    if kind is not None and kind != "a regular file":
-        raise CharlmError(f"cannot write {path}: it is {kind}, not a regular file")
-
-
 def append_text(path: str | Path, text: str) -> None:
     """Append ``text`` (UTF-8) to ``path``, made if absent; a failed write cuts the file back to
-    its length before, so no half line is left, and raises ``WriteError``. A FIFO or a device at
-    ``path`` is refused (a ``CharlmError``), never waited on or written to."""
+    its length before, so no half line is left, and raises ``WriteError``."""
     path, data = Path(path), text.encode("utf-8")
-    check_appendable(path)
     with writing(path):  # non-blocking: a FIFO made since fails at once (ENXIO), never waits for a reader
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
         try:
@@ -222,11 +172,7 @@ def read_bytes(path: str | Path, what: str) -> bytes:
     kind = os.fstat(descriptor).st_mode
     if not stat.S_ISREG(kind):  # judged before open() wraps it: that refuses a directory with an OSError
         os.close(descriptor)
-        raise CharlmError(
-            f"{what} {path} is a directory"
-            if stat.S_ISDIR(kind)
-            else f"{what} {path} is {file_kind(kind)}, not a regular file"
-        )
+        raise CharlmError(f"{what} {path} is {'a directory' if stat.S_ISDIR(kind) else 'not a regular file'}")
     with open(descriptor, "rb") as file:
         try:
             return file.read()
@@ -242,33 +188,7 @@ def path_value(value, what: str) -> Path:
         raise CharlmError(f"{what} must be a path (a str or a pathlib.Path), not {shown(value)}")
     if "\x00" in text:
         raise CharlmError(f"{what} {shown(text)} holds a NUL character, which no path can hold")
-    encoded = os.fsencode(text)
-    longest = max((len(part) for part in encoded.split(b"/")), default=0)
-    if longest > NAME_MAX or len(encoded) > PATH_MAX:  # the system would say ENAMETOOLONG at the first use
-        what_is_long = (
-            f"a name of {longest:,} bytes (at most {NAME_MAX})"
-            if longest > NAME_MAX
-            else f"{len(encoded):,} bytes (at most {PATH_MAX:,})"
-        )
-        raise CharlmError(f"{what} {shown(text)} is too long for a path: {what_is_long}")
     return Path(text)
-
-
-NAME_MAX, PATH_MAX = 255, 4096  # bytes in one path component and in a whole path (Linux; macOS allows 1024)
-
-
-def why_missing(path: str | Path) -> str:
-    """Why ``path``, which does not exist as far as ``Path.exists`` can tell, cannot be read, in words
-    that follow it: "does not exist", or what its link is (one to nowhere, or a loop of links)."""
-    path = Path(path)
-    if not os.path.islink(path):
-        return "does not exist"
-    try:
-        os.stat(path)
-    except OSError as error:
-        if error.errno == errnos.ELOOP:
-            return "is a loop of symbolic links"
-    return f"is a link to {os.readlink(path)}, which does not exist"
 
 
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # one path component: never '..', '/', hidden or an option
@@ -282,47 +202,18 @@ def is_plain_name(value) -> bool:
 def plain_name(value, what: str) -> str:
     """``value`` when it is a plain name; else a one-line error saying that ``what`` ("plan name") must be one."""
     if not is_plain_name(value):
-        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
         raise CharlmError(
-            f"{what} {shown} is not a plain name (letters, digits, '.', '_' and '-', starting with a "
+            f"{what} {shown(value)} is not a plain name (letters, digits, '.', '_' and '-', starting with a "
             "letter or a digit, at most 200 characters)"
         )
     return value
 
 
-def file_kind(mode: int) -> str:
-    """What a file whose ``st_mode`` is ``mode`` is, in words ("a FIFO")."""
-    for test, words in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a device"),
-        (stat.S_ISBLK, "a device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISREG, "a regular file"),
-    ):
-        if test(mode):
-            return words
-    return "a special file"
-
-
 def regular_or_directory(path: Path, what: str) -> None:
     """Refuse ``path`` when it exists and is neither a regular file nor a directory (a FIFO would hang a reader)."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return  # missing: the caller says so in its own words
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise CharlmError(f"{what} {path} is {file_kind(mode)}, not a regular file or a directory")
-
-
-def not_a_directory(path: str | Path) -> str | None:
-    """What ``path`` is ("a regular file", "a FIFO") when it exists and is not a directory; None when it
-    is one, or is missing (a directory that will be made)."""
-    try:
-        mode = os.stat(path).st_mode
-    except (OSError, ValueError):  # missing, or below a file: the reader or writer says so in its own words
-        return None
-    return None if stat.S_ISDIR(mode) else file_kind(mode)
+    with contextlib.suppress(OSError):  # missing: the caller says so in its own words
+        if not (path.is_file() or path.is_dir()) and path.exists():
+            raise CharlmError(f"{what} {path} is not a regular file or a directory")
 
 
 def make_directory(path: str | Path, action: str = "create directory") -> None:
@@ -332,21 +223,15 @@ def make_directory(path: str | Path, action: str = "create directory") -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        reason = error.strerror or str(error)
-        if error.errno in (errnos.EEXIST, errnos.ENOTDIR):
-            for place in (path, *path.parents):
-                kind = not_a_directory(place)
-                if kind is not None:
-                    reason = f"{kind} is in the way" if place == path else f"{place} is {kind}, in the way"
-                    break
+        in_the_way = next((place for place in (path, *path.parents) if place.is_file()), None)
+        reason = f"the file {in_the_way} is in the way" if in_the_way else error.strerror or str(error)
         raise WriteError(path, reason, error.errno, action=action) from None
 
 
 def check_directory(path: str | Path | None, flag: str) -> None:
     """A directory option (``--data-dir``): a directory, or a path where one can be made; a file is bad input."""
-    kind = None if path is None else not_a_directory(path)
-    if kind is not None:
-        raise CharlmError(f"{flag} must be a directory: {path} is {kind}")
+    if path is not None and Path(path).exists() and not Path(path).is_dir():
+        raise CharlmError(f"{flag} must be a directory: {path} is a file")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

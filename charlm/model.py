@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from charlm.cells import CELLS, glorot_uniform_, parse_cell_options
 from charlm.cells.base import EmbeddingLookup
+from charlm.cells.block import Block
 from charlm.settings import from_dict
 from charlm.errors import CharlmError
 
@@ -26,6 +27,9 @@ class ModelConfig:
     dropout: float = 0.0  # between layers and on the softmax input
     cell_options: dict = dataclasses.field(default_factory=dict)
     tie_layers: bool = False  # every layer the same block (a tied stack); grid-lstm ties by its own option
+    wiring: str = "stacked"  # "block": each cell in a residual block (charlm.cells.block)
+    block_conv: int = 4  # the block's causal convolution width (0: none)
+    block_expansion: float = 3.0  # the block's gated MLP width over the hidden size (0: none)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -69,11 +73,24 @@ class LanguageModel(nn.Module):
         cell_class = cell_class or CELLS.get(config.cell)
         cell_config = parse_cell_options(cell_class, config.cell_options)
         required = cell_class.required_input_size(config.hidden_size, cell_config)
+        if config.wiring not in ("stacked", "block"):
+            raise CharlmError(f"wiring must be stacked or block, not {config.wiring!r}")
+        blocks = config.wiring == "block"
+        if blocks:  # a block's residual needs the cell's input as wide as its output, the hidden size
+            if required not in (None, config.hidden_size):
+                raise CharlmError(
+                    f"cell {config.cell!r} cannot be wired in blocks: its input must be {required} wide, "
+                    f"not the hidden size {config.hidden_size}"
+                )
+            required = config.hidden_size
         embed_size = config.embed_size
         if embed_size is None:
             embed_size = required if required is not None else config.hidden_size
         elif required is not None and embed_size != required:
-            raise CharlmError(f"cell {config.cell!r} needs --embed-size {required} at hidden size {config.hidden_size}")
+            wired = " in blocks" if blocks else ""
+            raise CharlmError(
+                f"cell {config.cell!r}{wired} needs --embed-size {required} at hidden size {config.hidden_size}"
+            )
         if embed_size == 0:
             self.embedding = OneHot(config.vocab_size)
             input_size = config.vocab_size
@@ -82,14 +99,19 @@ class LanguageModel(nn.Module):
             input_size = embed_size
         try:
             if config.tie_layers:
-                self.layers = nn.ModuleList(tied_stack(cell_class, input_size, config, cell_config))
+                layers = tied_stack(cell_class, input_size, config, cell_config)
             else:
-                self.layers = nn.ModuleList(
-                    cell_class.make_stack(input_size, config.hidden_size, config.layers, cell_config)
-                )
+                layers = cell_class.make_stack(input_size, config.hidden_size, config.layers, cell_config)
+            if blocks:
+                wrapped = {}  # a tied stack repeats one cell: one block around it
+                for layer in layers:
+                    wrapped.setdefault(id(layer), Block(layer, config.block_conv, config.block_expansion))
+                layers = [wrapped[id(layer)] for layer in layers]
         except ValueError as error:
             raise CharlmError(f"cannot build cell {config.cell!r}: {error}") from None
+        self.layers = nn.ModuleList(layers)
         self.dropout = nn.Dropout(config.dropout)
+        self.final_norm = nn.RMSNorm(self.layers[-1].output_size) if blocks else nn.Identity()
         self.head = nn.Linear(self.layers[-1].output_size, config.vocab_size)
         self.reset_parameters()
 
@@ -121,7 +143,7 @@ class LanguageModel(nn.Module):
             run = layer.inference_forward if evaluating and layer.evaluates_through_step else layer
             output, layer_state = run(output, layer_state, **(bottom if index == 0 else {}))
             new_state.append(layer_state)
-        logits = self.head(self.dropout(output))
+        logits = self.head(self.dropout(self.final_norm(output)))
         return logits.transpose(0, 1), new_state
 
     def step(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
@@ -138,7 +160,7 @@ class LanguageModel(nn.Module):
                 output = self.dropout(output)
             output, layer_state = layer.step(output, layer_state)
             new_state.append(layer_state)
-        return self.head(self.dropout(output)), new_state
+        return self.head(self.dropout(self.final_norm(output))), new_state
 
     @torch.no_grad()
     def for_sampling(self) -> "InferenceModel | LanguageModel":
@@ -177,6 +199,7 @@ class InferenceModel:
                 built[id(layer)] = layer.inference_step()
         self.layers = [built[id(layer)] for layer in model.layers]
         self.table = self.layers[0].project(self.inputs)  # [V, k], or None where the cell takes nothing ahead
+        self.final_norm = model.final_norm
         self.head_weight = model.head.weight.T
         self.head_bias = model.head.bias
 
@@ -191,7 +214,7 @@ class InferenceModel:
                 projected = layer.project(output)
             output, layer_state = layer.advance(projected, output, layer_state)
             new_state.append(layer_state)
-        return torch.addmm(self.head_bias, output, self.head_weight), new_state
+        return torch.addmm(self.head_bias, self.final_norm(output), self.head_weight), new_state
 
 
 def tied_stack(cell_class, input_size: int, config: ModelConfig, cell_config) -> list:

@@ -18,6 +18,7 @@ import typing
 from pathlib import Path
 
 from charlm.errors import CharlmError, ConfigError, shown
+from charlm.files import read_bytes
 
 
 def setting(
@@ -237,8 +238,6 @@ def _as_float(owner, name: str, value) -> float:
 
 def read_config_file(path: str | Path) -> dict:
     """A JSON object of training settings (keys as in TrainConfig, e.g. "cell_options": {...})."""
-    from charlm.files import read_bytes
-
     path = Path(path)
     try:
         values = json.loads(read_bytes(path, "config file").decode("utf-8"))  # a FIFO is refused, not waited on
@@ -248,4 +247,13 @@ def read_config_file(path: str | Path) -> dict:
         raise CharlmError(f"config file {path} is not valid JSON: its values are nested too deeply") from None
     if not isinstance(values, dict):
         raise CharlmError(f"config file {path} must hold a JSON object")
-    return {key.replace("-", "_"): value for key, value in values.items()}
+    return renamed({key.replace("-", "_"): value for key, value in values.items()})
+
+
+RENAMED_SETTINGS = {"hidden": "hidden_size"}  # as files written before charlm 0.4 name them
+
+
+def renamed(values: dict) -> dict:
+    """``values`` with the settings of ``RENAMED_SETTINGS`` under their names of today."""
+    new = {key: RENAMED_SETTINGS[key] for key in values if RENAMED_SETTINGS.get(key) not in (None, *values)}
+    return {new.get(key, key): value for key, value in values.items()}

@@ -99,6 +99,39 @@ CASES = [
     CellCase("ho-gru", {}, high_order_params(3, 2)),
     CellCase("ho-gru", {"ho_form": "symmetric"}, high_order_params(3, 2, "symmetric"), same),
     CellCase("ho-gru", SMALL_SYMMETRIC, high_order_params(3, 2, "symmetric", m=3, r=2), same),
+    CellCase("qrnn", {}, lambda d, n: 3 * (2 * d * n + n)),
+    CellCase("qrnn", {"pooling": "f", "scan": "chunked"}, lambda d, n: 2 * (2 * d * n + n)),
+    CellCase("qrnn", {"width": 1, "scan": "log"}, lambda d, n: 3 * (d * n + n)),
+    # sru projects its skip when d ≠ n (a fourth matrix W′): the cell tests run d = 5, n = 6, the models d = n
+    CellCase("sru", {}, lambda d, n: (4 if d != n else 3) * d * n + 4 * n),
+    CellCase("sru", {"highway_bias": -2.0}, lambda d, n: 3 * d * n + 4 * n, same),
+    CellCase("sru", {"rescale": False}, lambda d, n: (4 if d != n else 3) * d * n + 4 * n),
+    CellCase("indrnn", {}, lambda d, n: d * n + 2 * n),
+    CellCase("indrnn", {"gamma": 10.0, "horizon": 4}, lambda d, n: d * n + 2 * n),
+    # linear-ru: d = n; N complex state units (default n): 2N(d + n) + 3N + n
+    CellCase("linear-ru", {}, lambda d, n: 2 * n * (d + n) + 4 * n, same),
+    CellCase(
+        "linear-ru", {"scan": "doubling", "max_phase": 0.3141592653589793}, lambda d, n: 2 * n * (d + n) + 4 * n, same
+    ),
+    CellCase("linear-ru", {"scan": "chunked", "state_size": 4}, lambda d, n: 2 * 4 * (d + n) + 3 * 4 + n, same),
+    CellCase(
+        "linear-ru", {"activation": "identity", "r_min": 0.0, "r_max": 0.99}, lambda d, n: 2 * n * (d + n) + 4 * n, same
+    ),
+    # hgrn: W_f, W_i, W_g and biases, LayerNorm, W_o and b_o, and the layer's row of Γ
+    CellCase("hgrn", {}, lambda d, n: 3 * d * n + n * n + 7 * n),
+    CellCase("hgrn", {"lower_bound": False}, lambda d, n: 3 * d * n + n * n + 6 * n),
+    CellCase("hgrn", {"scan": "doubling"}, lambda d, n: 3 * d * n + n * n + 7 * n),
+    # mingru, minlstm: one affine map of the input per gate/candidate, with bias (nn.Linear); no U
+    CellCase("mingru", {}, lambda d, n: 2 * (d * n + n)),
+    CellCase("mingru", {"scan": "log"}, lambda d, n: 2 * (d * n + n)),
+    CellCase("mingru", {"scan": "chunked"}, lambda d, n: 2 * (d * n + n)),
+    CellCase("minlstm", {}, lambda d, n: 3 * (d * n + n)),
+    CellCase("minlstm", {"scan": "log"}, lambda d, n: 3 * (d * n + n)),
+    CellCase("minlstm", {"scan": "doubling"}, lambda d, n: 3 * (d * n + n)),
+    # griffin-rglru: W_in (d→n) and b_in, W_a, W_x and their biases, Λ
+    CellCase("griffin-rglru", {}, lambda d, n: d * n + 2 * n * n + 4 * n),
+    CellCase("griffin-rglru", {"scan": "log"}, lambda d, n: d * n + 2 * n * n + 4 * n),
+    CellCase("griffin-rglru", {"scan": "chunked"}, lambda d, n: d * n + 2 * n * n + 4 * n),
 ]
 
 

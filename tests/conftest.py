@@ -126,7 +126,7 @@ def trained_run(tiny_corpus, tmp_path_factory) -> Path:
         TrainConfig(
             corpus="tiny",
             cell="lru",
-            hidden=32,
+            hidden_size=32,
             batch_size=16,
             bptt=25,
             epochs=2,

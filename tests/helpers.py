@@ -140,7 +140,7 @@ def tiny_config(corpus_dir, run_dir, **overrides) -> TrainConfig:
     settings = dict(
         corpus="tiny",
         cell="lstm",
-        hidden=24,
+        hidden_size=24,
         batch_size=8,
         bptt=16,
         epochs=2,

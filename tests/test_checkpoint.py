@@ -20,7 +20,7 @@ from charlm.training.trainer import Trainer
 from helpers import assert_one_line_error, cli, prepare_tiny_corpus, records
 from helpers import readme_cell_source
 
-SMALL = dict(hidden=16, batch_size=8, bptt=16, eval_batch_size=4, lr=3e-3)
+SMALL = dict(hidden_size=16, batch_size=8, bptt=16, eval_batch_size=4, lr=3e-3)
 
 
 # --- helpers ---------------------------------------------------------------------------------------

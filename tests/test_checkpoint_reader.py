@@ -243,22 +243,19 @@ def _half_state(payload):
     ]
 
 
-RESUME_DAMAGE = [
-    (
-        "an optimizer state of the wrong shape",
-        _wrong_moment,
-        f"its optimizer state exp_avg of parameter 0 has shape [7, 3], the parameter [{SYMBOLS}, 32]",
-    ),
+OPTIMIZER = "its optimizer state does not fit this run"
+RESUME_DAMAGE = [  # each part put back into the run's own optimizer on the meta device and stepped once
+    ("an optimizer state of the wrong shape", _wrong_moment, OPTIMIZER),
     (
         "an optimizer state for fewer parameters",
         lambda payload: payload["training"]["optimizer"]["param_groups"][0]["params"].pop(),
-        "its optimizer state is for 6 parameters, the model has 7",
+        OPTIMIZER,
     ),
     ("last.pt of another cell", _another_cell, "is not a checkpoint of the run in"),
     (
         "a carried state of the wrong shape",
         lambda payload: payload["training"].__setitem__("hidden", [[torch.zeros(3, 5)]]),
-        "its carried state does not fit the model it describes",
+        "its carried state does not fit this run",
     ),
     (
         "progress that is text",
@@ -268,59 +265,35 @@ RESUME_DAMAGE = [
     (
         "a damaged random-number state",
         lambda payload: payload["training"]["rng"].__setitem__("torch", [1, 2]),
-        "its random-number state is damaged",
+        "its random-number state does not fit this run",
     ),
     (
         "a random-number state no generator takes",
         lambda payload: payload["training"]["rng"]["ranks"][0].__setitem__(
             "torch", torch.full((5056,), 7, dtype=torch.uint8)
         ),
-        "its random-number state is damaged",
-    ),
-    (
-        "a learning rate that is NaN",
-        lambda payload: payload["training"]["optimizer"]["param_groups"][0].__setitem__("lr", math.nan),
-        "its optimizer setting 'lr' is nan, where the run's adam needs a finite number, zero or more",
+        "its random-number state does not fit this run",
     ),
     (
         "betas of one number",
         lambda payload: payload["training"]["optimizer"]["param_groups"][0].__setitem__("betas", (0.9,)),
-        "its optimizer setting 'betas' is (0.9,), where the run's adam needs a list of 2",
+        OPTIMIZER,
     ),
     (
         "a flag of another optimizer",
         lambda payload: payload["training"]["optimizer"]["param_groups"][0].__setitem__("amsgrad", True),
-        "its optimizer setting 'amsgrad' is True, where the run's adam needs False",
+        OPTIMIZER,
     ),
-    (
-        "its parameters in two groups",
-        _two_groups,
-        "its optimizer state holds 2 parameter group(s) of [3, 4] parameters, where the run's adam has 1 of [7]",
-    ),
+    ("its parameters in two groups", _two_groups, OPTIMIZER),
     (
         "a moment that is one number",
         lambda payload: payload["training"]["optimizer"]["state"][0].__setitem__("exp_avg", torch.tensor(0.5)),
-        f"its optimizer state exp_avg of parameter 0 is of shape [], the parameter [{SYMBOLS}, 32]",
-    ),
-    (
-        "a negative step",
-        lambda payload: payload["training"]["optimizer"]["state"][0].__setitem__("step", torch.tensor(-5.0)),
-        "its optimizer state step of parameter 0 is -5.0 (a tensor of torch.float32), not a count",
+        OPTIMIZER,
     ),
     (
         "a moment without its companion",
         lambda payload: payload["training"]["optimizer"]["state"][0].pop("exp_avg_sq"),
-        "its optimizer state of parameter 0 lacks exp_avg_sq, which the run's adam keeps",
-    ),
-    (
-        "a schedule's rate that is text",
-        lambda payload: payload["training"]["scheduler"].__setitem__("_last_lr", ["x"]),
-        "its learning-rate schedule's _last_lr is ['x'], where the run's schedule needs 1 finite number, zero or more",
-    ),
-    (
-        "a schedule key that replaces a method",
-        lambda payload: payload["training"]["scheduler"].__setitem__("step", 5),
-        "its learning-rate schedule holds 'step', which would replace the schedule's own",
+        OPTIMIZER,
     ),
     (
         "progress before the first window",
@@ -332,11 +305,7 @@ RESUME_DAMAGE = [
         lambda payload: payload["training"]["progress"]["wall_seconds"].__setitem__("train", math.nan),
         "its training progress is damaged (wall_seconds must map names to finite numbers, zero or more)",
     ),
-    (
-        "a carried state in half precision",
-        _half_state,
-        "its carried state is of torch.float16, where the model computes in torch.float32",
-    ),
+    ("a carried state in half precision", _half_state, "its carried state does not fit this run"),
 ]
 
 
@@ -360,8 +329,8 @@ CONFIG_DAMAGE = [  # a run stopped before its first checkpoint starts again from
     ),
     (
         "a setting out of bounds",
-        {"hidden": 10**9},
-        "config.json holds a setting out of its bounds: hidden must be at most",
+        {"hidden_size": 10**9},
+        "config.json holds a setting out of its bounds: hidden_size must be at most",
     ),
     (
         "an unknown setting",
@@ -487,7 +456,7 @@ def killed_before_best(tiny_corpus, tmp_path, monkeypatch):
 
     monkeypatch.setattr(Checkpoint, "save", dies_at_the_second_best)
     config = tiny_config(
-        tiny_corpus, run, cell="gru", hidden=8, bptt=32, eval_batch_size=16, train_fraction=0.05, log_every=1000
+        tiny_corpus, run, cell="gru", hidden_size=8, bptt=32, eval_batch_size=16, train_fraction=0.05, log_every=1000
     )  # two epochs, both best so far (as in test_crash_consistency)
     with pytest.raises(Killed):
         Trainer(config).fit()

@@ -45,7 +45,7 @@ def test_defaults_are_valid():
     "settings, field, message",
     [
         (TrainConfig(layers=0), "layers", "layers must be at least 1, not 0"),
-        (TrainConfig(hidden=0), "hidden", "hidden must be at least 1"),
+        (TrainConfig(hidden_size=0), "hidden_size", "hidden_size must be at least 1"),
         (TrainConfig(embed_size=-1), "embed_size", "embed_size must be zero or positive"),
         (TrainConfig(dropout=1.0), "dropout", "dropout must be in [0, 1), not 1.0"),
         (TrainConfig(dropout=NAN), "dropout", "dropout must be in [0, 1), not nan"),
@@ -67,7 +67,7 @@ def test_defaults_are_valid():
         (TrainConfig(max_minutes=0.0), "max_minutes", "max_minutes must be positive"),
         (TrainConfig(max_minutes=NAN), "max_minutes", "max_minutes must be positive"),
         (TrainConfig(device="tpu"), "device", "device must be auto, cpu, cuda, cuda:N or mps, not 'tpu'"),
-        (TrainConfig(hidden=8, params="1M"), "hidden", "hidden and --params are exclusive"),
+        (TrainConfig(hidden_size=8, params="1M"), "hidden_size", "hidden_size and --params are exclusive"),
         (TrainConfig(layers="2"), "layers", "layers must be a number, not '2'"),
         (SampleConfig(temperature=0.0), "temperature", "temperature must be positive"),
         (SampleConfig(top_p=0.0), "top_p", "top_p must be in (0, 1]"),
@@ -93,10 +93,15 @@ def test_bounds_name_the_field(settings, field, message):
 
 
 def test_from_dict_is_strict():
-    config = TrainConfig.from_dict({"layers": 2, "lr": 1, "params": 1000000, "hidden": None, "cell_options": {"a": 1}})
-    assert (config.layers, config.lr, config.params, config.hidden) == (2, 1.0, "1000000", None)
+    config = TrainConfig.from_dict(
+        {"layers": 2, "lr": 1, "params": 1000000, "hidden_size": None, "cell_options": {"a": 1}}
+    )
+    assert (config.layers, config.lr, config.params, config.hidden_size) == (2, 1.0, "1000000", None)
+    assert TrainConfig.from_dict({"hidden": 64}).hidden_size == 64  # the name in files written before 0.4
     assert isinstance(config.lr, float)
-    assert TrainConfig.from_dict(TrainConfig(cell="gru", hidden=64).to_dict()) == TrainConfig(cell="gru", hidden=64)
+    assert TrainConfig.from_dict(TrainConfig(cell="gru", hidden_size=64).to_dict()) == TrainConfig(
+        cell="gru", hidden_size=64
+    )
     with pytest.raises(CharlmError, match="unknown TrainConfig settings: 'bogus', 'warp'"):
         TrainConfig.from_dict({"bogus": 1, "warp": 2, "layers": 1})
     for values, message in [
@@ -105,7 +110,7 @@ def test_from_dict_is_strict():
         ({"layers": True}, "layers must be an integer, not True"),
         ({"lr": True}, "lr must be a number, not True"),
         ({"lr": "fast"}, "lr must be a number, not 'fast'"),
-        ({"hidden": "wide"}, "hidden must be an integer, not 'wide'"),
+        ({"hidden_size": "wide"}, "hidden_size must be an integer, not 'wide'"),
         ({"cell": 3.5}, None),  # a number for a text field is taken as text
         ({"cell_options": ["a"]}, "cell_options must be an object, not ['a']"),
         ({"tensorboard": "yes"}, "tensorboard must be true or false, not 'yes'"),
@@ -257,7 +262,7 @@ def small_run(tmp_path):
         TrainConfig(
             corpus="tiny",
             cell="lru",
-            hidden=12,
+            hidden_size=12,
             batch_size=8,
             bptt=16,
             eval_batch_size=4,

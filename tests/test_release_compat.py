@@ -56,7 +56,7 @@ def test_a_fixed_seed_run_gives_the_losses_it_gave(tiny_corpus, tmp_path):
         TrainConfig(
             corpus="tiny",
             cell="lru",
-            hidden=16,
+            hidden_size=16,
             batch_size=8,
             bptt=20,
             epochs=2,
@@ -83,7 +83,7 @@ def test_two_layers_with_dropout_give_the_losses_they_gave(tiny_corpus, tmp_path
         TrainConfig(
             corpus="tiny",
             cell=cell,
-            hidden=16,
+            hidden_size=16,
             layers=2,
             dropout=0.2,
             batch_size=8,

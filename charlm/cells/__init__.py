@@ -25,6 +25,14 @@ CELL_NAMES = (
     "grid-lstm",
     "ho-lstm",
     "ho-gru",
+    "qrnn",
+    "sru",
+    "indrnn",
+    "linear-ru",
+    "hgrn",
+    "mingru",
+    "minlstm",
+    "griffin-rglru",
 )
 
 _EXPORTS = {
@@ -56,6 +64,13 @@ def _registered_cells():
     from charlm.cells.registry import CellRegistry
     from charlm.cells.rhn import RecurrentHighwayNetwork
     from charlm.cells.scrn import SCRN
+    from charlm.cells.qrnn import QRNN
+    from charlm.cells.sru import SRU
+    from charlm.cells.indrnn import IndRNN
+    from charlm.cells.linear_ru import LinearRU
+    from charlm.cells.hgrn import HGRN
+    from charlm.cells.min_rnn import MinGRU, MinLSTM
+    from charlm.cells.rglru import GriffinRGLRU
 
     cells = CellRegistry(
         [
@@ -73,6 +88,14 @@ def _registered_cells():
             GridLSTM,
             HighOrderLSTM,
             HighOrderGRU,
+            QRNN,
+            SRU,
+            IndRNN,
+            LinearRU,
+            HGRN,
+            MinGRU,
+            MinLSTM,
+            GriffinRGLRU,
         ]
     )
     if tuple(cells.names()) != CELL_NAMES:

@@ -84,6 +84,10 @@ class RecurrentCell(nn.Module):
     # cells (peak resident memory of one forward + backward at batch 128 × bptt 50, 2 layers of 256,
     # rounded up by a quarter); a user's cell that does not say is assumed to keep more than any.
     activation_factor: ClassVar[int] = 64
+    # How the window's forward avoids a step loop with matrix products in it: "scan" (a linear recurrence,
+    # charlm.cells.scan), "elementwise" (every product hoisted, an elementwise loop left) or "" (neither).
+    # `charlm bench` times the cells that say one against their own step loop.
+    parallel_form: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs):
         """A subclass that writes its own ``step`` samples through it unless it also writes its own

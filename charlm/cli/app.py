@@ -10,9 +10,37 @@ from pathlib import PurePath
 
 import typer
 import typer.main
+from rich.table import Table
+from typer import core
+
+try:  # the click that typer runs on: its own copy in newer typer versions
+    from typer._click.exceptions import BadParameter
+except ImportError:
+    from click.exceptions import BadParameter
 
 from charlm import __version__
-from charlm.errors import CharlmError, ConfigError
+from charlm.cli import (
+    bench,
+    cells,
+    check,
+    demo,
+    evaluate,
+    export,
+    prepare,
+    report,
+    runs,
+    sample,
+    score,
+    serve,
+    sweep,
+    task,
+    train,
+)
+from charlm.errors import CharlmError, ConfigError, out_of_memory
+from charlm.files import access_error
+from charlm.logs import use_default_handler
+from charlm.runtime.openmp import set_threads
+from charlm.settings import flag_of
 
 app = typer.Typer(
     name="charlm",
@@ -24,8 +52,6 @@ app = typer.Typer(
 
 def _label_flags_without_a_type() -> None:
     """Typer 0.29 labels on/off flags ``<bool>`` in --help as if they took a value; show no type."""
-    from typer import core
-
     option = getattr(core, "TyperOption", None)
     if option is None or not hasattr(option, "display_type_rich"):
         return
@@ -46,10 +72,8 @@ def _keep_option_names_whole() -> None:
     last two columns of a row (an option's type and help text; a command's help) may wrap, folding a
     word too long for them rather than cutting it: the option names and flags before them stay whole.
     Installed when a help is first shown (typer.rich_utils takes a while to import)."""
-    from typer import core
 
     def install():
-        from rich.table import Table
         from typer import rich_utils
 
         class HelpTable(Table):
@@ -98,31 +122,11 @@ def _root(
 ):
     """Prepare corpora, train recurrent cells, evaluate bits per character, sample text."""
     if threads is not None:
-        from charlm.runtime.openmp import set_threads
-
         source = context.get_parameter_source("threads")
         set_threads(threads, "CHARLM_THREADS" if source is not None and source.name == "ENVIRONMENT" else "--threads")
 
 
 def _register_commands():
-    from charlm.cli import (
-        bench,
-        cells,
-        check,
-        demo,
-        evaluate,
-        export,
-        prepare,
-        report,
-        runs,
-        sample,
-        score,
-        serve,
-        sweep,
-        task,
-        train,
-    )
-
     for module in (
         prepare,
         cells,
@@ -149,8 +153,6 @@ _register_commands()
 def error_line(error: BaseException) -> str:
     """The one line a user sees; library field names become the flags of the command line."""
     if isinstance(error, ConfigError):
-        from charlm.settings import flag_of
-
         return f"{flag_of(error.owner, error.field)} {error.reason}"
     if _is_click_error(error):
         return error.format_message().replace("\n", " ")
@@ -159,8 +161,6 @@ def error_line(error: BaseException) -> str:
 
 def run(argv: list[str] | None = None) -> int:
     """Run the command line in this process; returns the exit code. Errors print one line."""
-    from charlm.logs import use_default_handler
-
     use_default_handler()  # follows sys.stderr, also when a caller redirects it around run()
     _replace_what_cannot_be_encoded()
     if not (sys.argv[1:] if argv is None else argv):  # bare `charlm`: the help, and nothing wrong
@@ -176,13 +176,6 @@ def run(argv: list[str] | None = None) -> int:
         print("charlm: error: interrupted", file=sys.stderr)
         return 130
     except OSError as error:  # writes fail as WriteError (a CharlmError): this is a path that cannot be used
-        if error.filename is None and NO_TEMPORARY_DIRECTORY in str(
-            error
-        ):  # tempfile, as torch imports: nothing can be written
-            print(f"charlm: error: cannot write a temporary file: {_no_temporary_file_reason(error)}", file=sys.stderr)
-            return 1
-        from charlm.files import access_error
-
         problem = access_error(error)
         print(f"charlm: error: {problem}", file=sys.stderr)
         return problem.exit_code
@@ -190,10 +183,14 @@ def run(argv: list[str] | None = None) -> int:
         if type(error).__name__ == "Abort":
             print("charlm: error: interrupted", file=sys.stderr)
             return 130
-        if not _is_click_error(error):
+        if _is_click_error(error):
+            print(f"charlm: error: {error_line(error)}", file=sys.stderr)
+            return error.exit_code
+        problem = out_of_memory(error)  # any command, any device: one line, as the checks before a run give
+        if problem is None:
             return _internal_error(error)
-        print(f"charlm: error: {error_line(error)}", file=sys.stderr)
-        return error.exit_code
+        print(f"charlm: error: {problem}", file=sys.stderr)
+        return problem.exit_code
     return result if isinstance(result, int) else 0
 
 
@@ -231,24 +228,7 @@ def _without_empty_paths(param, process_value):
 
 def click_bad_parameter(message: str, ctx, param) -> Exception:
     """The BadParameter of the click that typer runs on (its own copy in newer typer versions)."""
-    try:
-        from typer._click.exceptions import BadParameter
-    except ImportError:
-        from click.exceptions import BadParameter
     return BadParameter(message, ctx=ctx, param=param)
-
-
-NO_TEMPORARY_DIRECTORY = "No usable temporary directory"  # tempfile's words when no directory takes a test file
-
-
-def _no_temporary_file_reason(error: OSError) -> str:
-    """Why tempfile found no directory to write in: most often a file-size limit of 0 (``ulimit -f 0``)."""
-    from charlm.files import file_size_limit
-
-    limit = file_size_limit()
-    if limit is not None and limit < 1024:  # tempfile's test file is a few bytes
-        return f"this process may write files of at most {limit:,} bytes (see ulimit -f)"
-    return error.strerror or str(error)
 
 
 INTERNAL_ERROR = 70  # EX_SOFTWARE (sysexits.h): an exception charlm did not expect, a bug

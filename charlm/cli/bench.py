@@ -90,6 +90,8 @@ def bench(given: dict = None):
                 f"{values['eval_ratio']:.2f}",
                 f"{values['eval_over_train']:.1f}",
                 "-" if not result.sample.runs else f"{result.sample.median:,.0f}",
+                "-" if not result.loop_train_ratio.runs else f"{values['train_over_own_loop']:.2f}",
+                "-" if not result.loop_eval_ratio.runs else f"{values['eval_over_own_loop']:.2f}",
             ]
             + (
                 [f"{result.compile_seconds:.1f}" if result.compile_seconds is not None else "-"]
@@ -129,11 +131,15 @@ def bench(given: dict = None):
             "× fused",
             "eval/train",
             "sample chars/s",
+            "train × own loop",
+            "eval × own loop",
         ]
         + (["compile s"] if config.compile else [])
         + (["capture s"] if config.cuda_graph else []),
         rows,
         drop_order=(
+            "eval × own loop",
+            "train × own loop",
             "eval/train",
             "× fused/FLOP",
             "MFLOP/char",

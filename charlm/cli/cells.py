@@ -24,6 +24,11 @@ def cells():
         drop_order=("paper", "params"),
         wrap=("description", "paper", "params", "options"),
     )
+    typer.echo(
+        "--wiring block adds per layer n + kn + n + n + 3nm (two RMSNorm gains, a causal\n"
+        "convolution of width k, a gated MLP of width m = expansion·n), and n for the\n"
+        "final RMSNorm."
+    )
 
 
 def _default(field: dataclasses.Field):

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from typing import Optional
+import time
+from pathlib import Path
 
 import typer
 
 from charlm.cli.completion import complete_cell_lists
 from charlm.cli.loading import DEVICE
 from charlm.cli.output import print_table, stdout
+from charlm.errors import CharlmError
 
 
 def check(
@@ -56,7 +59,6 @@ def check(
     import torch
 
     from charlm.cells import CELLS
-    from charlm.errors import CharlmError
     from charlm.runtime.devices import resolve_device
     from charlm.runtime.precision import PRECISIONS, check_precision
     from charlm.tools.selfcheck import precisions_on, run_checks
@@ -114,10 +116,6 @@ def check(
 
 
 def _full(target, names: list[str], out: Optional[str], budget: float, as_json: bool) -> None:
-    import time
-    from pathlib import Path
-
-    from charlm.errors import CharlmError
     from charlm.tools.full_check import FullCheck
 
     if not (0 < budget <= 24 * 60):

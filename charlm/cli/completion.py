@@ -10,19 +10,17 @@ from __future__ import annotations
 import dataclasses
 
 from charlm.errors import CharlmError
+from charlm.cells import CELL_NAMES
+from charlm.corpora.root import data_root, prepared_names
 
 
 def complete_cells(incomplete: str) -> list[str]:
     """``--cell``: the registered cells."""
-    from charlm.cells import CELL_NAMES
-
     return list(CELL_NAMES)
 
 
 def complete_cell_lists(incomplete: str) -> list[str]:
     """``--cells lstm,gru``: ``all``, or the list typed so far and one more registered cell."""
-    from charlm.cells import CELL_NAMES
-
     done, comma, _ = incomplete.rpartition(",")
     named = set(done.split(comma)) if comma else set()
     listed = [done + comma + name for name in CELL_NAMES if name not in named]
@@ -33,7 +31,7 @@ def complete_corpora(ctx, incomplete: str) -> list[str]:
     """``--corpus``: the built-in corpora, then the others prepared in the data root (``--data-dir`` if it
     was given before, else ``$CHARLM_DATA``, else ``./data``). Names alone: typer would wrap a description
     across lines in zsh's list."""
-    from charlm.corpora.recipes import RECIPES
+    from charlm.corpora.recipes import RECIPES  # brings tqdm: loaded only where corpora complete
 
     names = [name for name in RECIPES if name != "text"]  # `prepare text` makes a corpus of another name
     return names + [name for name in _prepared(ctx) if name not in RECIPES]
@@ -41,14 +39,12 @@ def complete_corpora(ctx, incomplete: str) -> list[str]:
 
 def complete_recipes(incomplete: str) -> list[str]:
     """``charlm prepare CORPUS``: the recipes, ``text`` (the user's own files) included."""
-    from charlm.corpora.recipes import RECIPES
+    from charlm.corpora.recipes import RECIPES  # brings tqdm: loaded only where corpora complete
 
     return list(RECIPES)
 
 
 def _prepared(ctx) -> list[str]:
-    from charlm.corpora.root import data_root, prepared_names
-
     try:
         return prepared_names(data_root(ctx.params.get("data_dir")))
     except (CharlmError, OSError):  # a data root that cannot be read: the built-in corpora alone

@@ -11,6 +11,7 @@ import typer
 from charlm.cli.options import directory_option, settings_options
 from charlm.cli.output import print_summary
 from charlm.config import DemoConfig
+from charlm.settings import validate
 
 
 @settings_options(DemoConfig)
@@ -27,7 +28,6 @@ def demo(
     given: dict = None,
 ):
     """Prepare the embedded `pydoc` corpus, size a small LRU to this machine and train it for the budget, report bits per character, sample."""  # noqa: E501  the help shows the docstring's line breaks
-    from charlm.settings import validate
     from charlm.tools.demo import run_demo
 
     def write(text: str) -> None:

@@ -14,6 +14,7 @@ from charlm.cli.loading import CELL, CHECKPOINT, TRUST_CODE, load_model
 from charlm.cli.output import stdout
 from charlm.errors import CharlmError
 from charlm.inference.export_formats import FORMATS, check_available, description_path
+from charlm.files import atomic_write
 
 FORMAT_HELP = escape(
     f"One of: {', '.join(FORMATS)}. charlm: a slim checkpoint for charlm.load, eval, sample, score. torchscript "
@@ -61,7 +62,6 @@ def export(
 
 def export_step(model, output: Path, format: str) -> None:
     """The step as TorchScript or ONNX, kept only if it computes charlm's step; then its description."""
-    from charlm.files import atomic_write
     from charlm.inference.export_step import CHECK_BATCH, CHECK_STEPS, TOLERANCE, write_description, write_step
 
     differences = []

@@ -20,6 +20,7 @@ from rich.markup import escape
 
 from charlm.cli.completion import completion_for
 from charlm.settings import bound_text, flag_of
+from charlm.files import check_directory
 
 
 def help_text(owner, name: str) -> str:
@@ -38,7 +39,17 @@ def help_text(owner, name: str) -> str:
 
 # The panels `--help` groups a command's settings into, so that a long list reads at 80 columns.
 PANELS = {
-    "Model": ("cell", "hidden", "params", "layers", "embed_size", "dropout"),
+    "Model": (
+        "cell",
+        "hidden_size",
+        "params",
+        "layers",
+        "embed_size",
+        "dropout",
+        "wiring",
+        "block_conv",
+        "block_expansion",
+    ),
     "Data": ("corpus", "text", "data_dir", "train_fraction", "batch_size", "bptt", "unknown"),
     "Optimisation": (
         "optimizer",
@@ -172,7 +183,5 @@ def dynamic_option(value: str | None):
 def directory_option(param: typer.CallbackParam, value):
     """The callback of a directory option (``--data-dir``): a file where the directory belongs is bad
     input, said with the option's name as it is read (``charlm.files.check_directory``)."""
-    from charlm.files import check_directory
-
     check_directory(value, param.opts[0])
     return value

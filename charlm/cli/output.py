@@ -25,7 +25,9 @@ def epochs_text(summary: dict) -> str:
                 f"epoch{'s' if waited != 1 else ''}"
             )
         return str(summary["epochs"])
-    return f"{summary['epochs']} complete; stopped inside epoch {summary['epochs'] + 1} when the time budget ran out"
+    budget = "token" if summary.get("stopped_by") == "tokens" else "time"
+    stopped = f"stopped inside epoch {summary['epochs'] + 1} when the {budget} budget ran out"
+    return f"{summary['epochs']} complete; {stopped}"
 
 
 def best_epoch_text(summary: dict) -> str:

@@ -15,6 +15,7 @@ from charlm.cli.options import directory_option, help_text
 from charlm.cli.output import print_table
 from charlm.config import PrepareConfig
 from charlm.settings import INT64_MAX
+from charlm.corpora.root import data_root
 from charlm.corpora.splits import SPLITS, parse_fractions
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ def corpora(
 
     A corpus prepared from inputs whose checksums were not enforced (--no-verify) is marked unverified.
     """
-    from charlm.corpora import data_root, list_corpora
+    from charlm.corpora import list_corpora
 
     rows = []
     for entry in list_corpora(data_dir):

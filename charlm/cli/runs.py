@@ -66,7 +66,7 @@ def runs(
     ),
 ):
     """List runs: corpus, cell, size, epochs, best validation and test bpc, dynamic figures, time, disk, status."""
-    from charlm.runs.directory import find_runs
+    from charlm.runs.directory import find_runs  # not at every start-up (slow to import)
 
     if not prune and (dry_run or keep is not None):
         raise CharlmError(f"{'--dry-run' if dry_run else '--keep'} goes with --prune")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from typing import Optional
+import random
 
 import typer
 
@@ -57,8 +58,6 @@ def sample(
     model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
     base_seed = config.seed
     if base_seed is None and not config.beam:  # draw one, and say it, so that the text can be drawn again
-        import random
-
         base_seed = random.SystemRandom().randrange(2**31)
         get_logger().info(f"seed {base_seed} (pass --seed {base_seed} to draw the same text again)")
     for index in range(config.num_samples):

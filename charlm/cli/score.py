@@ -16,6 +16,7 @@ from charlm.config import DynamicOptions, ScoreConfig
 from charlm.logs import ProgressBars
 from charlm.settings import flag_of, validate
 from charlm.errors import CharlmError
+from charlm.files import WriteError, atomic_write_text, read_bytes
 
 
 @settings_options(DynamicOptions, into="dyn")
@@ -99,8 +100,6 @@ def _read(text_file: str) -> str:
         data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
         where = "standard input"
     else:
-        from charlm.files import read_bytes
-
         path = Path(text_file)
         data = read_bytes(path, "text file")  # a FIFO or a device is refused, not waited on
         where = f"text file {path}"
@@ -118,8 +117,6 @@ def _write_per_char(path: Path, result) -> None:
     if str(path) == "-":
         sys.stdout.write(text)
         return
-    from charlm.files import WriteError, atomic_write_text
-
     try:
         atomic_write_text(path, text)
     except WriteError as error:  # exit 1 for a full disk, 2 for a missing directory

@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 from typing import List, Optional
+import socket
 
 import typer
 
@@ -70,8 +71,6 @@ def serve(
 
 def _listen(host: str, port: int):
     """A socket bound to ``host``:``port``, or one line saying why not."""
-    import socket
-
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         listening = socket.socket(family, socket.SOCK_STREAM)

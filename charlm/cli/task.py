@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import List, Optional
+import time
 
 import typer
 from rich.markup import escape
@@ -12,6 +13,7 @@ from charlm.cli.completion import complete_cells
 from charlm.cli.options import help_text
 from charlm.errors import CharlmError
 from charlm.tasks.config import TaskConfig
+from charlm.cli.output import stdout
 
 
 def _help(name: str) -> str:
@@ -49,10 +51,7 @@ def task(
 ):
     """Train on memorization, addition or parity until 100% held-out accuracy or --max-samples; prints the
     samples at which 50/80/99/100% were first exceeded."""
-    import time
-
     from charlm.cells import parse_key_values
-    from charlm.cli.output import stdout
     from charlm.tasks.training import train_task
 
     if resume is not None:

@@ -9,8 +9,9 @@ import typer
 
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_summary
-from charlm.config import TrainConfig
+from charlm.config import TrainConfig, RESUMABLE_SETTINGS
 from charlm.errors import CharlmError
+from charlm.settings import flag_of, read_config_file
 
 
 @settings_options(TrainConfig)
@@ -35,8 +36,6 @@ def train(
 ):
     """Train a recurrent language model with truncated BPTT; keeps best.pt and last.pt."""
     from charlm.cells import parse_key_values
-    from charlm.config import RESUMABLE_SETTINGS
-    from charlm.settings import read_config_file
     from charlm.training.resume import fixed_settings, run_to_go_on_with
     from charlm.training.setup import settings_from_init
     from charlm.training.text_input import new_run_inputs
@@ -46,10 +45,10 @@ def train(
         named_cell = given.pop("cell", None)
         fixed = fixed_settings(given)
         if fixed or cell_opt or config:
-            flag = "--" + fixed[0].replace("_", "-") if fixed else ("--cell-opt" if cell_opt else "--config")
+            flag = flag_of(TrainConfig, fixed[0]) if fixed else ("--cell-opt" if cell_opt else "--config")
             raise CharlmError(
                 f"{flag} cannot change a run being resumed (only "
-                f"{', '.join('--' + n.replace('_', '-') for n in RESUMABLE_SETTINGS)} can)"
+                f"{', '.join(flag_of(TrainConfig, n) for n in RESUMABLE_SETTINGS)} can)"
             )
         trainer = Trainer.resume(resume, cells=[named_cell] if named_cell else [], trust_code=trust_code, **given)
     else:

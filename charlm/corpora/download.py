@@ -224,7 +224,7 @@ def _transfer(url: str, part: Path, timeout: float, progress: bool) -> None:
         total = offset + int(announced) if announced is not None else None
         received = 0
         target = part.with_name(part.name.removesuffix(".part"))  # the file meant, in a failed write's line
-        with writing(target, partial=part):
+        with writing(target):
             file = open(part, "ab" if resumed else "wb")
         with (
             file,
@@ -241,11 +241,11 @@ def _transfer(url: str, part: Path, timeout: float, progress: bool) -> None:
             ) as bar,
         ):
             while block := response.read(BLOCK):
-                with writing(target, partial=part):  # the disk, not the network: no retry
+                with writing(target):  # the disk, not the network: no retry
                     file.write(block)
                 received += len(block)
                 bar.update(len(block))
-            with writing(target, partial=part):
+            with writing(target):
                 file.flush()
         if announced is not None and received < int(announced):
             raise _Incomplete(f"got {offset + received:,} of {total:,} bytes")

@@ -16,7 +16,7 @@ from charlm.corpora.download import DownloadPolicy, RemoteFile, fetch, file_dige
 from charlm.corpora.sources import TAR_SUFFIXES, SizeLimits, archive_kind, read_members
 from charlm.logs import info as log_info
 from charlm.errors import CharlmError
-from charlm.files import regular_or_directory, why_missing
+from charlm.files import regular_or_directory
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ class LocalTextFiles:
         files = {}
         for path in map(Path, request.paths):
             if not path.exists():
-                raise CharlmError(f"{path} {why_missing(path)}")
+                raise CharlmError(f"{path} does not exist")
             for file in _visible_files(path):
                 files[str(file)] = file.read_bytes()
         if not files:

@@ -131,7 +131,7 @@ def write_prepared(root: Path, name: str, arrays: dict[str, np.ndarray], meta: d
     with writing(target):
         root.mkdir(parents=True, exist_ok=True)
     try:
-        with writing(target, partial=staging):  # a full disk or a file-size limit: one line naming the corpus
+        with writing(target):  # a full disk or a file-size limit: one line naming the corpus
             staging.mkdir()
             for which, array in arrays.items():
                 np.save(staging / f"{which}.npy", array)

@@ -10,6 +10,7 @@ import torch
 
 from charlm.corpora.tokenizer_kinds import TOKENIZER_KINDS
 from charlm.corpora.vowel_subwords import END_OF_WORD, LETTERS
+from charlm.errors import kind_of, shown
 
 SINGLE_SYMBOL_KINDS = ("char", "byte")
 REQUIRED_SYMBOLS = {"word": ("<eos>",), "vowel-linked": (END_OF_WORD, *LETTERS)}
@@ -20,39 +21,39 @@ def vocabulary_problem(state: dict) -> str | None:
     "whose" (``vocabulary holds 'a' twice``), or None when it can."""
     kind = state.get("kind")
     if not isinstance(kind, str) or kind not in TOKENIZER_KINDS:  # a list is no key of the table
-        return f"vocabulary is of unknown kind {str(kind)[:40]!r}"
+        return f"vocabulary is of unknown kind {shown(kind, 40)}"
     vocab, unk = state.get("vocab"), state.get("unk")
     if not isinstance(vocab, list):
-        return f"vocabulary is {value_kind(vocab)}, not a list of symbols"
+        return f"vocabulary is {kind_of(vocab)}, not a list of symbols"
     if not vocab:
         return "vocabulary is empty"
     if unk is not None and (not isinstance(unk, str) or unk not in vocab):
-        return f"vocabulary lacks its own unknown-symbol entry {str(unk)[:40]!r}"
+        return f"vocabulary lacks its own unknown-symbol entry {shown(unk, 40)}"
     seen = set()
     for entry in vocab:
         if not isinstance(entry, str):
-            return f"vocabulary holds {value_kind(entry)} ({entry!r:.40}), not a symbol"
+            return f"vocabulary holds {kind_of(entry)} ({shown(entry, 40)}), not a symbol"
         if not entry:
             return "vocabulary holds an empty entry, not a symbol"
         if entry in seen:
-            return f"vocabulary holds {entry[:40]!r} twice"
+            return f"vocabulary holds {shown(entry, 40)} twice"
         if not _is_text(entry):  # "\ud800" from a JSON escape or a pickle: no output could print it
-            return f"vocabulary holds {entry[:40]!r}, which is not Unicode text (a lone surrogate)"
+            return f"vocabulary holds {shown(entry, 40)}, which is not Unicode text (a lone surrogate)"
         seen.add(entry)
         if kind in SINGLE_SYMBOL_KINDS and entry != unk and (len(entry) != 1 or (kind == "byte" and ord(entry) > 255)):
-            return f"{kind} vocabulary holds {entry[:40]!r}, not one {'byte' if kind == 'byte' else 'character'}"
+            return f"{kind} vocabulary holds {shown(entry, 40)}, not one {'byte' if kind == 'byte' else 'character'}"
     space = state.get("space_symbol")
     if space is not None and (not isinstance(space, str) or len(space) != 1 or not _is_text(space)):
-        return f"vocabulary's space symbol is {space!r:.40}, not one character"
+        return f"vocabulary's space symbol is {shown(space, 40)}, not one character"
     model = state.get("model")
     if kind == "subword" and model is not None and not _is_model_bytes(model):
-        return f"subword model is {value_kind(model)}, not the bytes of a sentencepiece model"
+        return f"subword model is {kind_of(model)}, not the bytes of a sentencepiece model"
     missing = [symbol for symbol in REQUIRED_SYMBOLS.get(kind, ()) if symbol not in seen]
     if missing:
         return f"{kind} vocabulary lacks {', '.join(map(repr, missing[:5]))}{' …' if len(missing) > 5 else ''}"
     min_count = state.get("min_count")
     if kind == "vowel-linked" and min_count is not None and (type(min_count) is not int or min_count < 0):
-        return f"vowel-linked vocabulary's minimum count is {min_count!r:.40}, not a count"
+        return f"vowel-linked vocabulary's minimum count is {shown(min_count, 40)}, not a count"
     return None
 
 
@@ -78,19 +79,3 @@ def _is_model_bytes(model) -> bool:
     if isinstance(model, (bytes, bytearray)):
         return True
     return isinstance(model, list) and all(type(byte) is int and 0 <= byte <= 255 for byte in model)
-
-
-def value_kind(value) -> str:
-    """A value's kind in words (``a number``, ``a list``, ``a tensor``), for messages about files."""
-    if torch.is_tensor(value):
-        return "a tensor"
-    return {
-        list: "a list",
-        tuple: "a list",
-        str: "text",
-        bool: "true or false",
-        type(None): "missing",
-        dict: "a mapping",
-        int: "a number",
-        float: "a number",
-    }.get(type(value), f"a {type(value).__name__}")

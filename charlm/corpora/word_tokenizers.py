@@ -5,6 +5,7 @@ from string import ascii_lowercase
 
 import numpy as np
 import sentencepiece
+import torch
 
 from charlm.corpora.tokenizer import UNK, Tokenizer, as_id_list, distinct_characters, id_dtype
 from charlm.corpora.vowel_subwords import (
@@ -89,8 +90,6 @@ class SubwordTokenizer(Tokenizer):
         return "\n".join(self.processor.decode(line) for line in lines)
 
     def to_state(self):
-        import torch  # only checkpoints need the tensor form
-
         model = torch.frombuffer(bytearray(self.model), dtype=torch.uint8)
         return {**self.plain_state(), "model": model}
 

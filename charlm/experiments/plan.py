@@ -55,6 +55,7 @@ from charlm.settings import from_dict
 from charlm.errors import CharlmError
 from charlm.experiments.plan_checks import CELL_OPTION, check_document, check_task_points, check_train_points, key_path
 from charlm.files import plain_name, read_text
+from charlm.tasks.config import TaskConfig
 
 MAX_POINT_NAME = 200  # a longer run directory name is cut, with a digest of its values to keep it unique
 MAX_POINTS = 10_000  # runs in one plan: far beyond any paper's grid, and checked point by point before anything trains
@@ -139,6 +140,7 @@ def load_plan(reference: str | Path, profile: str | None = None) -> Plan:
     text, source = _plan_text(str(reference))
     try:
         raw = tomllib.loads(text)
+        json.dumps(raw, default=str)  # 0x, 0o and 0b spell integers too long to print: refused here, not in a message
     except ValueError as error:  # TOMLDecodeError, or an integer of more digits than Python converts
         raise CharlmError(f"plan {source} is not valid TOML: {error}") from None
     except RecursionError:  # arrays or tables nested thousands deep
@@ -218,8 +220,6 @@ def _plan_text(reference: str) -> tuple[str, str]:
 
 def task_config(plan: Plan, point: Point):
     """The ``TaskConfig`` of a point of a task plan."""
-    from charlm.tasks.training import TaskConfig
-
     return from_dict(TaskConfig, {**point.settings, "task": plan.task})
 
 
@@ -253,10 +253,10 @@ def point_name(values: dict) -> str:
     parts = []
     for key, value in values.items():
         if isinstance(value, dict):
-            shown = "-".join(_shown(item) for item in value.values())
+            label = "-".join(_name_part(item) for item in value.values())
         else:
-            shown = _shown(value)
-        parts.append(f"{key.removeprefix(CELL_OPTION)}-{shown}")
+            label = _name_part(value)
+        parts.append(f"{key.removeprefix(CELL_OPTION)}-{label}")
     name = re.sub(r"[^A-Za-z0-9._=+-]+", "-", "_".join(parts)) or "run"
     if len(name) > MAX_POINT_NAME:  # a file name has at most 255 bytes
         digest = hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -264,7 +264,8 @@ def point_name(values: dict) -> str:
     return name
 
 
-def _shown(value) -> str:
+def _name_part(value) -> str:
+    """An axis value as it reads in a run directory's name: ``true``, ``10M``, ``[1, 2]``."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (dict, list)):

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from charlm.experiments.plan import Point, task_config
+from charlm.cells import CELLS
+from charlm.corpora.catalog import vocabulary_size
+from charlm.model import LanguageModel, count_parameters
+from charlm.training.setup import model_config_for
+from charlm.tasks.models import build_task_model
 
 
 def describe_point(sweep, point: Point) -> dict:
     """What a dry run shows of a point: its settings, hidden size and parameter count."""
-    from charlm.cells import CELLS
-    from charlm.corpora.catalog import vocabulary_size
-    from charlm.model import LanguageModel, count_parameters
-    from charlm.training.setup import model_config_for
-
     if sweep.plan.task is not None:
         return _describe_task_point(sweep, point)
     config = sweep.config(point)
@@ -36,7 +38,7 @@ def describe_point(sweep, point: Point) -> dict:
                 vocabulary,
                 config.cell,
                 config.params,
-                config.hidden,
+                config.hidden_size,
                 config.layers,
                 config.embed_size,
                 config.cell_options,
@@ -44,8 +46,6 @@ def describe_point(sweep, point: Point) -> dict:
             sort_keys=True,
         )
         if key not in sweep.model_sizes:
-            import torch
-
             cell_class = CELLS.get(config.cell)
             model_config = model_config_for(config, vocabulary, cell_class)
             with torch.device("meta"):
@@ -58,11 +58,6 @@ def describe_point(sweep, point: Point) -> dict:
 
 
 def _describe_task_point(sweep, point: Point) -> dict:
-    import torch
-
-    from charlm.model import count_parameters
-    from charlm.tasks.models import build_task_model
-
     config = task_config(sweep.plan, point).resolved()
     with torch.device("meta"):
         model = build_task_model(

@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-from charlm.config import TrainConfig
+from charlm.config import TrainConfig, RESUMABLE_SETTINGS
 from charlm.settings import from_dict
 from charlm.errors import CharlmError
 from charlm.files import WriteError, append_text, atomic_write_text, make_directory, read_bytes
@@ -26,6 +26,11 @@ from charlm.logs import get_logger
 from charlm.experiments.plan import EvalStep, Plan, Point, task_config
 from charlm.experiments.sweep_checks import check_devices, check_on_corpora, damage
 from charlm.runs.directory import Run
+from charlm.experiments.preview import describe_point
+from charlm.tasks.training import train_task
+from charlm.training.trainer import StorageError, Trainer, TrainingDiverged, TrainingInterrupted
+from charlm.corpora import load_corpus, prepare_corpus
+from charlm.api import load
 
 
 @dataclasses.dataclass
@@ -127,8 +132,6 @@ class Sweep:
 
     def describe(self, point: Point) -> dict:
         """What a dry run shows of a point: its settings, hidden size and parameter count."""
-        from charlm.experiments.preview import describe_point
-
         return describe_point(self, point)
 
     def warnings(self, points: list[Point]) -> list[str]:
@@ -142,8 +145,6 @@ class Sweep:
                 "the sweep would refuse it; choose another --dir"
             )
         if self.plan.task is None:
-            from charlm.corpora import load_corpus
-
             corpora = sorted({self.config(point).corpus for point in points} - {"pydoc"})
             for corpus in corpora:
                 try:
@@ -155,8 +156,6 @@ class Sweep:
 
     def _train_task(self, point: Point, state: str) -> dict:
         """Train or resume one point of a task plan; the summary the sweep prints."""
-        from charlm.tasks.training import train_task
-
         run_dir = self.directory / point.name
         if state == "new":
             end = train_task(task_config(self.plan, point), run_dir=run_dir, progress_every=60.0)
@@ -176,8 +175,6 @@ class Sweep:
         stop the sweep, Ctrl-C does (re-running the command continues). A point that cannot run, whose
         evaluation fails or whose directory is damaged is an outcome ``failed`` or ``damaged`` with
         its reason in the log (and sweep.log); the sweep goes on with the next."""
-        from charlm.training.trainer import StorageError, Trainer, TrainingDiverged, TrainingInterrupted
-
         self._prepare_embedded(points)
         self.check(points)  # before the sweep directory is made: a bad value is one line, nothing written
         check_devices(self, points)
@@ -280,8 +277,6 @@ class Sweep:
 
     def _prepare_embedded(self, points: list[Point]) -> None:
         """The embedded corpus needs no download: prepare it when a point trains on it."""
-        from charlm.corpora import load_corpus, prepare_corpus
-
         if self.plan.task is None and any(
             point.settings.get("corpus", TrainConfig.corpus) == "pydoc" for point in points
         ):
@@ -292,8 +287,6 @@ class Sweep:
 
     def _resumable(self, point: Point) -> dict:
         """The plan's settings a resumption may carry (a new --epochs or time budget in the plan)."""
-        from charlm.config import RESUMABLE_SETTINGS
-
         config = self.config(point)
         names = ("epochs", "max_minutes", "save_every") + (("data_dir",) if self.data_dir is not None else ())
         return {name: getattr(config, name) for name in names if name in RESUMABLE_SETTINGS}
@@ -302,8 +295,6 @@ class Sweep:
         """The plan's evaluation steps a run has not had yet, recorded in its metrics.jsonl."""
         if not self.plan.evals:
             return
-        from charlm.api import load
-
         run = Run(self.directory / point.name)
         done = {_eval_label(record) for record in run.history().evaluations}
         missing = [step for step in self.plan.evals if step.label not in done]

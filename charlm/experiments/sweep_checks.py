@@ -18,16 +18,16 @@ import zipfile
 
 from charlm.errors import CharlmError, ConfigError
 from charlm.experiments.plan_checks import point_error
+from charlm.cells import CELLS
+from charlm.config import DynamicOptions, EvalConfig
+from charlm.corpora import load_corpus
+from charlm.inference.scoring import check_splits_fit
+from charlm.training.setup import check_streams, model_config_for
+from charlm.runtime.devices import resolve_device
 
 
 def check_on_corpora(sweep, points) -> None:
     """The values of ``points`` that depend on their prepared corpus, checked before anything trains."""
-    from charlm.cells import CELLS
-    from charlm.config import DynamicOptions, EvalConfig
-    from charlm.corpora import load_corpus
-    from charlm.inference.scoring import check_splits_fit
-    from charlm.training.setup import check_streams, model_config_for
-
     plan, corpora, sized = sweep.plan, {}, set()
     if plan.task is not None:
         return
@@ -74,8 +74,6 @@ def check_devices(sweep, points) -> None:
     """Each device the points train on, available on this machine: before a real sweep starts (not a
     dry run, whose plan may be meant for another machine), so that a plan naming `cuda:99` is one line
     rather than every point failing in turn."""
-    from charlm.runtime.devices import resolve_device
-
     if sweep.plan.task is not None:  # a task plan names no device: its runs take the machine's
         return
     seen = set()

@@ -30,7 +30,6 @@ from charlm.errors import CharlmError
 from charlm.logs import get_logger
 from charlm.settings import INT64_MAX, flag_of
 from charlm.corpora.streams import check_streams_fit
-from charlm.runtime.memory import DYNAMIC_ADVICE, check_evaluation_fits
 from charlm.inference.scoring import Score, characters_per_token, check_splits_fit, score_tokens
 
 # The grids --dyn-search tries: η for both methods, λ for rms (tuned on War and Peace, 1M parameters).
@@ -208,38 +207,6 @@ def check_protocol(split: str, adapt_on: str | None, search_prefix: int | None) 
         )
 
 
-def check_protocol_fits(
-    model, corpus, options: DynamicOptions, splits, prefix, *, device=None, cuda_graph: bool = True
-) -> None:
-    """Refuse, before anything is scored, a protocol whose longest text (the ``splits``, None entries
-    skipped, and the search ``prefix``) ``device`` cannot score statically or adapt on in
-    ``options``' windows beside ``model`` (``charlm.runtime.memory.check_evaluation_fits``)."""
-    lengths = [len(corpus.split(name)) for name in splits if name is not None]
-    predictions = max(lengths + ([len(prefix)] if prefix is not None else [])) - 1
-    train_predictions = max(len(corpus.split("train")) - 1, 0) if options.method == "rms" else 0
-    check_evaluation_fits(
-        model,
-        device,
-        predictions=predictions,
-        batch_size=options.batch_size,
-        bptt=options.segment,
-        cuda_graph=cuda_graph,
-        advice=DYNAMIC_ADVICE["sgd"],
-    )  # the static figures, same windows
-    check_evaluation_fits(
-        model,
-        device,
-        predictions=predictions,
-        batch_size=options.batch_size,
-        bptt=options.segment,
-        method=options.method,
-        stat_batch_size=options.stat_batch_size,
-        train_predictions=train_predictions,
-        restore_copy=prefix is not None,
-        advice=DYNAMIC_ADVICE[options.method],
-    )
-
-
 def _abandoning_beyond(nats_per_token: float, callback):
     """``callback``, raising DynamicDiverged once the running loss exceeds ``nats_per_token``."""
     seen_tokens, seen_nats = 0, 0.0
@@ -286,7 +253,6 @@ def evaluate_dynamic(
             "batch_size",
             f"the search prefix ({search_prefix:,} characters of the valid split)",
         )
-    check_protocol_fits(model, corpus, options, (split, adapt_on), prefix, device=device, cuda_graph=cuda_graph)
     progress = progress or NoProgress()
     tokens = corpus.split(split)
     chars_per_token = characters_per_token(corpus, split)

@@ -113,7 +113,7 @@ def write_step(model: LanguageModel, path: Path, format: str) -> float:
         except CharlmError:
             raise
         except Exception as error:  # an operation the tracer or the exporter cannot take
-            if is_write_failure(error, path):
+            if is_write_failure(error):
                 raise  # a full disk or a file-size limit: atomic_write says so, naming the file meant
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise CharlmError(f"cannot export cell {model.config.cell!r} to {format}: {first}") from None

@@ -18,7 +18,6 @@ import math
 import os
 import platform
 import re
-import stat
 import time
 from pathlib import Path
 
@@ -27,12 +26,11 @@ try:
 except ImportError:  # Windows: no advisory locks, one training per directory is up to the user
     fcntl = None
 
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, kind_of, shown
 from charlm.files import (
     WriteError,
     append_text,
     atomic_write_text,
-    file_kind,
     flush_directory,
     make_directory,
     path_value,
@@ -73,7 +71,7 @@ CONFIG_FIELDS = {
         "cell": str,
         "params": str,
         "layers": int,
-        "hidden": int,
+        "hidden_size": int,
         "train_fraction": float,
         "seed": int,
         "keep_checkpoints": int,
@@ -130,41 +128,10 @@ class Run:
             raise CharlmError(f"no run directory {run.path} to resume")
         if not (run.config_file.exists() or run.last.exists()):
             raise CharlmError(f"{run.path} is not a run directory (it has no config.json or last.pt)")
-        run.check_files()
         run.acquire()
         for leftover in run.path.glob(".*.tmp"):
             leftover.unlink(missing_ok=True)
         return run
-
-    def check_files(self) -> None:
-        """Refuse a run whose files a training writes are not regular files (a directory, a FIFO, a
-        link to nowhere or a loop of links where train.log or best.pt belongs): said before anything
-        is written or trained, not when the first write fails or waits on a FIFO for ever."""
-        for path in (
-            self.config_file,
-            self.provenance_file,
-            self.metrics,
-            self.log_file,
-            self.last,
-            self.previous,
-            self.best,
-            self.running_file,
-            self.lock_file,
-        ):
-            if not os.path.lexists(path):
-                continue
-            try:
-                mode = os.stat(path).st_mode
-            except OSError as error:  # a link to nowhere, a loop of links
-                raise CharlmError(
-                    f"run directory {self.path} cannot be resumed: {path} cannot be used "
-                    f"({error.strerror or error}); remove it"
-                ) from None
-            if not stat.S_ISREG(mode):
-                raise CharlmError(
-                    f"run directory {self.path} cannot be resumed: {path} is {file_kind(mode)}, where the "
-                    "run keeps a file; remove it"
-                )
 
     # --- owning the directory --------------------------------------------------------------------
     def acquire(self, claim: bool = True) -> None:
@@ -257,11 +224,11 @@ class Run:
         except RecursionError:
             raise CharlmError(f"{self.config_file} is not valid JSON (its values are nested too deeply)") from None
         if not isinstance(config, dict):
-            raise CharlmError(f"{self.config_file} must hold a JSON object, not {_json_kind(config)}")
+            raise CharlmError(f"{self.config_file} must hold a JSON object, not {kind_of(config)}")
         for section, fields in CONFIG_FIELDS.items():
             values = config.get(section, {})
             if not isinstance(values, dict):
-                raise CharlmError(f"{self.config_file}: {section} must be an object, not {_json_kind(values)}")
+                raise CharlmError(f"{self.config_file}: {section} must be an object, not {kind_of(values)}")
             for name, kind in fields.items():
                 value = values.get(name)
                 if value is not None and (
@@ -269,7 +236,7 @@ class Run:
                 ):
                     raise CharlmError(
                         f"{self.config_file}: {section}.{name} must be {KIND_WORDS[kind]}"
-                        f"{' (finite)' if kind is float else ''}, not {json.dumps(value)[:60]}"
+                        f"{' (finite)' if kind is float else ''}, not {shown(value, 60)}"
                     )
         return config
 
@@ -432,10 +399,6 @@ def default_run_dir(corpus: str, cell: str) -> Path:
 def _not_json(constant: str):
     """``json.loads``'s ``parse_constant``: NaN, Infinity and -Infinity are not JSON."""
     raise ValueError(f"{constant} is not JSON")
-
-
-def _json_kind(value) -> str:
-    return {list: "a list", str: "a string", bool: "true or false", type(None): "null"}.get(type(value), "a number")
 
 
 def _alive(pid) -> bool:

@@ -24,6 +24,9 @@ import typing
 from pathlib import Path
 from typing import ClassVar
 
+from charlm.errors import CharlmError, shown
+from charlm.files import read_bytes
+
 SCHEMA_VERSION = 2
 LEGACY_SCHEMA = 1  # a record without a ``schema`` key
 
@@ -325,14 +328,14 @@ def record_type_problem(row: dict) -> str | None:
     Unknown events and fields are not checked."""
     event = row.get("event")
     if not isinstance(event, str):
-        return f"a record's event must be a string, not {_shown(event)}"
+        return f"a record's event must be a string, not {shown(event, 60)}"
     for name, kind in _field_kinds(RECORDS.get(event)).items():
         value = row.get(name)
         if value is not None and not is_of_kind(value, kind):
-            return f"the {event} record's {name} must be {KIND_WORDS[kind]}, not {_shown(value)}"
+            return f"the {event} record's {name} must be {KIND_WORDS[kind]}, not {shown(value, 60)}"
         if (name == "time" or name.endswith("seconds")) and isinstance(value, float) and not math.isfinite(value):
             # a loss may be NaN, a time not
-            return f"the {event} record's {name} must be a finite number, not {_shown(value)}"
+            return f"the {event} record's {name} must be a finite number, not {shown(value, 60)}"
     return None
 
 
@@ -360,11 +363,6 @@ def is_of_kind(value, kind: type) -> bool:
     if kind is float:
         return isinstance(value, (int, float))
     return isinstance(value, kind)
-
-
-def _shown(value) -> str:
-    text = json.dumps(value) if not isinstance(value, str) or len(value) <= 40 else json.dumps(value[:37] + "...")
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def encode(record: Record) -> str:
@@ -430,9 +428,6 @@ class RunHistory:
         one that is not a JSON object, is skipped. A record whose event is not a string, or with a
         field of the wrong type (a string where a number belongs), is damage, not a crash: a
         ``CharlmError`` names the file and the line. So is a metrics.jsonl that is not a regular file."""
-        from charlm.errors import CharlmError
-        from charlm.files import read_bytes
-
         if not os.path.lexists(path):
             return cls(())
         text = read_bytes(path, "run record file").decode("utf-8", errors="replace")

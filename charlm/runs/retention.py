@@ -25,6 +25,9 @@ import re
 import tempfile
 from pathlib import Path
 
+from charlm.errors import CharlmError
+from charlm.files import WriteError
+
 EPOCH_FILE = re.compile(r"epoch(\d+)-(?:valid|ppl)(?:\d+\.\d+|inf|nan)\.pt")
 
 
@@ -113,9 +116,6 @@ def prune(run, keep: int | None = None, dry_run: bool = False) -> Pruning:
     """Free what ``run`` (a ``charlm.runs.directory.Run``) needs neither to resume nor to use its best
     model; ``keep``: the epoch checkpoints to keep (default: the run's ``--keep-checkpoints``).
     The run's lock is held meanwhile, so no training starts; one that a training holds is skipped."""
-    from charlm.errors import CharlmError
-    from charlm.files import WriteError
-
     try:
         run.acquire(claim=False)
     except WriteError:  # its lock cannot even be opened (a read-only file system): said as it is, not as "in use"
@@ -167,7 +167,6 @@ def _resume_point(path: Path):
     import torch
 
     from charlm.checkpoint import FORMAT, Checkpoint
-    from charlm.errors import CharlmError
 
     if not path.exists():
         return None, f"{path.name} is missing"
@@ -191,7 +190,6 @@ def _resume_point(path: Path):
 def _slim_best(path: Path, result: Pruning, dry_run: bool) -> None:
     """Rewrite a ``best.pt`` that still holds the optimizer's state without it (atomically)."""
     from charlm.checkpoint import Checkpoint
-    from charlm.errors import CharlmError
 
     if not path.exists():
         return

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 
+from charlm.errors import CharlmError
+
 SPIN_COUNT = "1000"
 
 
@@ -37,8 +39,6 @@ MAX_THREADS = 1024  # torch starts every thread it is given: more than any machi
 def set_threads(count: int, name: str = "--threads") -> None:
     """torch's CPU threads (``--threads``, or ``CHARLM_THREADS`` as ``name``): from 1 to ``MAX_THREADS``,
     checked here, so that a count beyond torch's own integers is one line, not an overflow inside torch."""
-    from charlm.errors import CharlmError
-
     if isinstance(count, bool) or not isinstance(count, int):
         raise CharlmError(f"{name} must be a whole number, not {count!r}")
     if not 1 <= count <= MAX_THREADS:

@@ -18,6 +18,7 @@ Parity reads all k bits at once, so its networks are feed-forward along depth on
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 from torch import Tensor, nn
@@ -139,8 +140,6 @@ def wavefront(block, depth: int, inputs: Tensor) -> Tensor:
 def check_wavefront(model: SequenceTaskModel, tokens: Tensor, tolerance: float = 1e-4) -> dict:
     """Hold the wavefront to the layer-by-layer code on ``tokens``: the largest difference of the
     logits, and whether it is within ``tolerance`` (the wavefront is turned off where it is not)."""
-    import time
-
     started = time.perf_counter()
     with torch.no_grad():
         model.use_wavefront = True
@@ -215,7 +214,6 @@ def estimate_task_memory(
     cell_options: dict,
     batch_size: int,
     eval_samples: int,
-    device_type: str = "cpu",
 ) -> MemoryEstimate:
     """The memory a run of ``task`` needs (``charlm.runtime.memory``), from its network built on the meta
     device: weights, gradients and optimizer state; one batch's activations (a sequence task's are a
@@ -238,6 +236,5 @@ def estimate_task_memory(
         width,
         batch_size,
         steps,
-        device_type=device_type,
     )
     return dataclasses.replace(estimate, sample_bytes=(batch_size + eval_samples) * task.sample_bytes)

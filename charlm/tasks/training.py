@@ -23,6 +23,7 @@ from torch import nn
 
 from charlm.runtime.seeds import torch_seed
 from charlm.settings import flag_of
+from charlm.checkpoint import TrainingState, read_task_payload, task_payload
 from charlm.errors import CharlmError
 from charlm.files import atomic_write
 from charlm.model import count_parameters
@@ -37,7 +38,6 @@ from charlm.training.optimizers import optimizer_named
 
 THRESHOLDS = (0.5, 0.8, 0.99, 1.0)  # held-out per-symbol accuracy: exceeded (or, for 1.0, reached)
 EVAL_STREAM = 1_000_003  # the held-out samples' seed is the run's seed plus this
-CHECKPOINT_FORMAT = "charlm-task-1"
 
 
 @dataclasses.dataclass
@@ -90,7 +90,6 @@ def check_task_fits(
         config.cell_options,
         config.batch_size,
         config.eval_samples,
-        device.type,
     )
     network = f"a smaller {flag_of(TaskConfig, 'hidden_size')} or fewer --layers"
     samples = f"a smaller --batch-size, {TASK_FLAGS[task.name]} or --eval-samples"
@@ -111,14 +110,11 @@ def update_thresholds(progress: TaskProgress, accuracy: float) -> list[float]:
 
 
 def save_checkpoint(path: Path, config: TaskConfig, model, optimizer, generator, progress: TaskProgress) -> None:
-    payload = {
-        "format": CHECKPOINT_FORMAT,
-        "config": config.to_dict(),
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "generator": generator.get_state(),
-        "progress": dataclasses.asdict(progress),
-    }
+    """``last.pt``: the charlm checkpoint format, of kind "task" (``charlm.checkpoint.task_payload``)."""
+    training = TrainingState(
+        optimizer.state_dict(), None, {"torch": generator.get_state()}, dataclasses.asdict(progress), None
+    )
+    payload = task_payload(config.to_dict(), model.state_dict(), training)
     atomic_write(path, lambda temporary: torch.save(payload, temporary))
 
 
@@ -130,18 +126,6 @@ class _Saver:
 
     def save(self, path):
         save_checkpoint(Path(path), *self.parts)
-
-
-def load_checkpoint(path: Path) -> dict:
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # a damaged or foreign file: one line
-        from charlm.checkpoint import load_failure
-
-        raise CharlmError(f"cannot read task checkpoint {path}: {load_failure(error, path)}") from None
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        raise CharlmError(f"{path} is not a task checkpoint (charlm task writes them)")
-    return payload
 
 
 def train_task(
@@ -161,12 +145,12 @@ def train_task(
         if not run.last.exists():
             run.release()
             raise CharlmError(f"{run.path} has no last.pt to resume")
-        payload = load_checkpoint(run.last)
-        config = TaskConfig.from_dict(payload["config"])
+        payload = read_task_payload(run.last)
+        config = TaskConfig.from_dict(payload["task_config"])
         if max_samples is not None:
             config.max_samples = max_samples
         config = config.resolved()
-        state = TaskProgress(**payload["progress"])
+        state = TaskProgress(**payload["training"]["progress"])
         if "1.0" in state.reached:
             run.release()
             raise CharlmError(
@@ -194,9 +178,9 @@ def train_task(
     optimizer = optimizer_named(config.optimizer, model.parameters(), config.lr)  # torch's defaults otherwise
     generator = torch.Generator().manual_seed(torch_seed(config.seed))
     if payload is not None:
-        model.load_state_dict(payload["model"])
-        optimizer.load_state_dict(payload["optimizer"])
-        generator.set_state(payload["generator"])
+        model.load_state_dict(payload["weights"])
+        optimizer.load_state_dict(payload["training"]["optimizer"])
+        generator.set_state(payload["training"]["rng"]["torch"])
     else:
         record = {
             "task": {"name": task.name, **dataclasses.asdict(task)},
@@ -234,6 +218,7 @@ def train_task(
     )
     saver = _Saver(config, model, optimizer, generator, state)
     stopped_by, started, last_print = None, time.perf_counter(), time.perf_counter()
+    samples_before = state.samples
     seconds_before = state.seconds
     next_eval = (state.samples // config.eval_every + 1) * config.eval_every
     with StopRequest() as stop:
@@ -287,7 +272,7 @@ def train_task(
             now = time.perf_counter()
             if crossed or stopped_by or now - last_print >= progress_every:
                 last_print = now
-                rate = (state.samples - (payload["progress"]["samples"] if payload else 0)) / max(now - started, 1e-9)
+                rate = (state.samples - samples_before) / max(now - started, 1e-9)
                 run.log(
                     f"{state.samples:>10,} samples  loss {figures['loss']:.4f}  accuracy {figures['accuracy']:.2%}  "
                     f"sequences {figures['sequence_accuracy']:.2%}  {rate:,.0f} samples/s"

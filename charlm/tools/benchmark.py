@@ -31,12 +31,14 @@ import dataclasses
 import os
 import statistics
 import time
+import types
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from charlm.cells.base import RecurrentCell
 from charlm.runtime.seeds import torch_seed
 from charlm.runtime.compiling import CompiledForward
 from charlm.config import BenchmarkConfig, SampleConfig
@@ -82,6 +84,8 @@ class Throughput:
     sample: Spread = field(default_factory=Spread)
     train_ratio: Spread = field(default_factory=Spread)  # against the baseline in the same round
     eval_ratio: Spread = field(default_factory=Spread)
+    loop_train_ratio: Spread = field(default_factory=Spread)  # a parallel_form cell against its own step loop
+    loop_eval_ratio: Spread = field(default_factory=Spread)
     compile_seconds: float | None = None  # with --compile: the warm-up step, compilation included
     capture_seconds: float | None = None  # with --cuda-graph: the warm-up step, graph capture included
     eval_path: str = "eager"  # "cuda graph" where evaluation replays a checked graph, as `charlm eval` does
@@ -106,6 +110,9 @@ class Throughput:
             "eval_path": self.eval_path,
             "train_path": self.train_path,
         }
+        if self.loop_train_ratio.runs:
+            values["train_over_own_loop"] = self.loop_train_ratio.median
+            values["eval_over_own_loop"] = self.loop_eval_ratio.median
         if self.layer_dtypes:
             values["layer_dtypes"] = self.layer_dtypes
         if self.sample.runs:
@@ -296,9 +303,24 @@ def _cell_model(cell: str, config: BenchmarkConfig) -> LanguageModel:
     return LanguageModel(dataclasses.replace(model_config, hidden_size=hidden_size))
 
 
+def own_loop(model: LanguageModel) -> LanguageModel:
+    """A copy of ``model`` whose layers run their ``step`` one time step at a time, in training and in
+    evaluation: the reference a cell's parallel form (``RecurrentCell.parallel_form``) is timed against."""
+    loop = LanguageModel(model.config)
+    loop.load_state_dict(model.state_dict())
+    for layer in loop.layers:
+        layer.forward = types.MethodType(RecurrentCell.forward, layer)  # the base class's: step after step
+        layer.folds_embedding, layer.evaluates_through_step = False, True
+    return loop
+
+
+LOOP_SUFFIX = " (own step loop)"
+
+
 def benchmark_cells(cells: list[str], config: BenchmarkConfig, progress=None) -> list[Throughput]:
     """The fused-LSTM baseline first, then every cell, each sized to the same parameter budget,
-    timed in ``config.repeat`` interleaved rounds. ``progress(text)`` is told each round."""
+    timed in ``config.repeat`` interleaved rounds; after a cell with a ``parallel_form``, the same
+    model through its own step loop. ``progress(text)`` is told each round."""
     device = torch.device(config.device)
     torch.manual_seed(torch_seed(config.seed))
     baseline_model = FusedLSTMBaseline(config.vocab_size, _baseline_size(config), config.layers).to(device)
@@ -321,6 +343,8 @@ def benchmark_cells(cells: list[str], config: BenchmarkConfig, progress=None) ->
         )
         dtypes = layer_output_dtypes(model, config.precision, device)
         contenders[-1].result.layer_dtypes = [str(dtype).removeprefix("torch.") for dtype in dtypes]
+        if type(model.layers[0]).parallel_form:
+            contenders.append(_Contender(cell + LOOP_SUFFIX, own_loop(model).to(device), config, device, flops))
     baseline = contenders[0].result
     for round_index in range(config.repeat):
         if progress:
@@ -333,6 +357,12 @@ def benchmark_cells(cells: list[str], config: BenchmarkConfig, progress=None) ->
                 result.sample.runs.append(contender.time_sampling())
             result.train_ratio.runs.append(result.train.runs[-1] / baseline.train.runs[-1])
             result.eval_ratio.runs.append(result.eval.runs[-1] / baseline.eval.runs[-1])
+        for parallel, loop in zip(contenders, contenders[1:]):
+            if loop.result.name == parallel.result.name + LOOP_SUFFIX:
+                parallel.result.loop_train_ratio.runs.append(
+                    parallel.result.train.runs[-1] / loop.result.train.runs[-1]
+                )
+                parallel.result.loop_eval_ratio.runs.append(parallel.result.eval.runs[-1] / loop.result.eval.runs[-1])
     return [contender.result for contender in contenders]
 
 

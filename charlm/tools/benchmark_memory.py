@@ -23,6 +23,7 @@ from charlm.runtime.memory import (
     check_fits,
     estimate_training_memory,
 )
+from charlm.tools.benchmark import FusedLSTMBaseline, _baseline_size
 
 ADVICE = (
     "use a smaller --params, fewer --cells or --layers, a smaller --vocab-size, or a smaller --batch-size or --bptt"
@@ -34,8 +35,6 @@ def check_benchmark_fits(
 ) -> MemoryEstimate:
     """The memory the benchmark of ``cells`` needs on ``device``, refused (one line naming the
     options) where ``device`` has less free; nothing is allocated to find out."""
-    from charlm.tools.benchmark import FusedLSTMBaseline, _baseline_size
-
     available = available_memory(device) if available is None else available
     budget = parse_budget(config.params)
     check_budget_fits(budget, device, available)  # --params 1e23: at once, before any model is sized
@@ -54,7 +53,7 @@ def check_benchmark_fits(
         baseline = count_parameters(FusedLSTMBaseline(config.vocab_size, baseline_hidden, config.layers))
     reference = ModelConfig("lstm", config.vocab_size, baseline_hidden, config.layers)  # its FLOPs are counted
     shapes.append((CELLS.get("lstm").activation_factor, reference))  # the baseline's activations are the same
-    held, activations, workspace, parameters = 0, 0, 0, baseline
+    held, activations, parameters = 0, 0, baseline
     for factor, model_config in shapes:
         with torch.device("meta"):
             count = count_parameters(LanguageModel(model_config))
@@ -67,14 +66,12 @@ def check_benchmark_fits(
             model_config.hidden_size,
             config.batch_size,
             config.bptt,
-            device_type=device.type,
             cuda_graph=config.cuda_graph,
         )
         held += estimate.state_bytes if model_config is not reference else count * 4  # the reference: weights only
         activations = max(activations, estimate.activation_bytes + estimate.graph_bytes)
-        workspace = max(workspace, estimate.workspace_bytes)
         parameters += count
     held += baseline * BYTES_PER_PARAMETER  # the fused baseline trains, with its Adam state, beside the others
-    total = MemoryEstimate(parameters, held, activations, workspace_bytes=workspace)
+    total = MemoryEstimate(parameters, held, activations)
     check_fits(total, device, available, advice=ADVICE)
     return total

@@ -117,7 +117,7 @@ def demo_config(config: DemoConfig, hidden_size: int, minutes: float, data_dir=N
     return TrainConfig(
         corpus="pydoc",
         cell=config.cell,
-        hidden=hidden_size,
+        hidden_size=hidden_size,
         layers=config.layers,
         batch_size=config.batch_size,
         bptt=config.bptt,

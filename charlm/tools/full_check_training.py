@@ -9,12 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import charlm
+from charlm.corpora import prepare_corpus
+
 
 def train_each_cell(arguments: dict) -> None:
     """The training step's child: each cell eagerly (and with graphs on a GPU), one JSON line each."""
-    import charlm
-    from charlm.corpora import prepare_corpus
-
     out, device = Path(arguments["out"]), arguments["device"]
     data = out / "data"
     prepare_corpus("pydoc", data_dir=data, progress=False)

@@ -30,6 +30,7 @@ from charlm.runtime.fast_path_check import TOLERANCES, largest_difference, probe
 from charlm.runtime.precision import PRECISIONS, layer_output_dtypes, set_tf32, tf32_in_use, wrong_layer_dtypes
 
 NO_CUDA = "skipped: no CUDA device"
+BLOCK_CELLS = {"lstm", "mingru"}  # checked in blocks too: a fused kernel and a scan
 VOCAB, HIDDEN, LAYERS, BATCH, STEPS = 7, 6, 2, 3, 5  # small enough for a minute on a GPU for every cell
 
 
@@ -98,6 +99,13 @@ def run_checks(
             rows.append(
                 _guarded(f"{cell}: compiled step vs eager, 3 windows", lambda: compiled_against_eager(cell, device))
             )
+    for cell in BLOCK_CELLS & set(cells):
+        rows.append(
+            _guarded(
+                f"{cell} in blocks (--wiring block): window, evaluation and sampling paths vs step (float64)",
+                lambda: paths_against_step(cell, device, wiring="block"),
+            )
+        )
     if device.type == "cuda":
         rows.append(_guarded("synchronisations in one training step", lambda: synchronisations(device)))
     else:
@@ -153,11 +161,13 @@ def environment_rows(device: torch.device) -> list[CheckRow]:
 
 
 # --- each cell --------------------------------------------------------------------------------------------
-def small_model(cell: str, device: torch.device, dtype=torch.float32, seed: int = 0) -> LanguageModel:
+def small_model(
+    cell: str, device: torch.device, dtype=torch.float32, seed: int = 0, wiring: str = "stacked"
+) -> LanguageModel:
     """A small model of ``cell`` with weights spread wider than their initialisation (gates away from
     their resting values, so a wrong term shows)."""
     torch.manual_seed(seed)
-    model = LanguageModel(ModelConfig(cell, vocab_size=VOCAB, hidden_size=HIDDEN, layers=LAYERS))
+    model = LanguageModel(ModelConfig(cell, vocab_size=VOCAB, hidden_size=HIDDEN, layers=LAYERS, wiring=wiring))
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.3 * torch.randn_like(parameter))
@@ -171,11 +181,11 @@ def random_state(model: LanguageModel, batch: int, device, dtype) -> list:
     ]
 
 
-def paths_against_step(cell: str, device: torch.device) -> CheckRow:
+def paths_against_step(cell: str, device: torch.device, wiring: str = "stacked") -> CheckRow:
     """The window's logits, new state and gradients, the evaluation path's logits and the sampling
     step's logits, against ``model.step`` one step at a time, all in float64."""
     dtype = torch.float64
-    model = small_model(cell, device, dtype)
+    model = small_model(cell, device, dtype, wiring=wiring)
     tokens = torch.randint(VOCAB, (BATCH, STEPS), device=device)  # more positions than symbols: the folded path
     state = random_state(model, BATCH, device, dtype)
     logits, new_state = model(tokens, state)

@@ -307,7 +307,9 @@ def training_checkpoint(trainer, scores: dict | None = None) -> Checkpoint:
     state = None
     if trainer.state is not None:  # every stream's state, gathered from the processes that carry them
         gather = trainer.world.gather_rows
-        state = [[gather(t.detach(), trainer.config.batch_size).cpu() for t in layer] for layer in trainer.state]
+        state = [  # cloned: a state that is a view of a window's outputs (a scan's last step) saves only itself
+            [gather(t.detach(), trainer.config.batch_size).cpu().clone() for t in layer] for layer in trainer.state
+        ]
     training = TrainingState(
         optimizer=trainer.optimizer.state_dict(),
         scheduler=trainer.scheduler.state_dict(),

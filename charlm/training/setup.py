@@ -16,16 +16,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from charlm.cells import CELLS
+from charlm.cells.block import block_activation_factor
 from charlm.checkpoint import Checkpoint
-from charlm.checkpoint_checks import (
-    check_against_model,
-    check_carried_state,
-    check_optimizer_state,
-    check_random_state,
-    check_schedule_state,
-    compare_weights,
-)
-from charlm.config import TrainConfig
+from charlm.checkpoint_checks import check_against_model, compare_weights
+from charlm.config import DEFAULT_HIDDEN, TrainConfig
 from charlm.corpora.streams import TokenStreams, check_streams_fit
 from charlm.errors import CharlmError, ConfigError
 from charlm.inference.scoring import check_splits_fit
@@ -36,10 +30,12 @@ from charlm.runtime.devices import resolve_device
 from charlm.runtime.distributed import World, device_for_rank, world_from_environment
 from charlm.runtime.memory import check_budget_fits, check_fits, estimate_training_memory
 from charlm.runtime.precision import check_precision, set_tf32
+from charlm.runs import tensorboard, wandb_sink
 from charlm.training.optimizers import build_optimizer
 from charlm.training.control import tokens_used_up
 from charlm.training.resume import read_progress
 from charlm.training.schedules import Schedule
+from charlm.logs import get_logger
 
 
 def cell_class_for(config: TrainConfig, resumed_run=None, checkpoint=None, cells=(), trust_code: bool = False):
@@ -112,11 +108,14 @@ def model_config_for(
     model_config = ModelConfig(
         cell=config.cell,
         vocab_size=vocab_size,
-        hidden_size=config.hidden_size,
+        hidden_size=config.hidden_size or DEFAULT_HIDDEN,
         layers=config.layers,
         embed_size=config.embed_size,
         dropout=config.dropout,
         cell_options=dict(config.cell_options),
+        wiring=config.wiring,
+        block_conv=config.block_conv,
+        block_expansion=config.block_expansion,
     )
     if config.params is not None:
         budget = budget_of(config.params, model_config)
@@ -133,6 +132,8 @@ def check_model_fits(model_config: ModelConfig, config: TrainConfig, device: tor
         shape = LanguageModel(model_config, cell_class)
     embed_size = getattr(shape.embedding, "embedding_dim", 0)
     activation_factor = (cell_class or CELLS.get(model_config.cell)).activation_factor
+    if model_config.wiring == "block":
+        activation_factor += block_activation_factor(model_config.block_conv, model_config.block_expansion)
     estimate = estimate_training_memory(
         count_parameters(shape),
         activation_factor,
@@ -142,7 +143,6 @@ def check_model_fits(model_config: ModelConfig, config: TrainConfig, device: tor
         embed_size,
         max(config.batch_size, config.eval_batch_size),
         config.bptt,
-        device_type=device.type,
         cuda_graph=config.cuda_graph,
     )
     check_fits(estimate, device, advice=oversize_advice(model_config, count_parameters(shape), cell_class))
@@ -200,37 +200,48 @@ def optimizer_and_schedule(model: LanguageModel, config: TrainConfig, windows_pe
 
 
 def check_training_state(training, model, config, path) -> None:
-    """The training state of a checkpoint a run resumes from (``charlm.checkpoint_checks`` has
-    checked its weights against ``model``, the meta-device shape it returned): what resuming puts back, against
-    what the run's own optimizer and schedule are (built from
-    its settings over ``model``, on the meta device): the optimizer's and the schedule's states, the
-    carried state and the random-number generators' states."""
-    optimizer, schedule = optimizer_and_schedule(model, config)  # over meta parameters: nothing allocated
-    if training.optimizer is not None:
-        check_optimizer_state(
-            training.optimizer,
-            list(model.parameters()),
-            path,
-            optimizer.state_dict()["param_groups"],
-            _state_of_one_step(config),
-            config.optimizer,
-        )
-    if training.scheduler is not None:
-        check_schedule_state(training.scheduler, schedule.scheduler, path)
-    if training.hidden is not None:
-        check_carried_state(
-            training.hidden, model.initial_state(config.batch_size, device="meta"), path, next(model.parameters()).dtype
-        )
-    check_random_state(training.rng, path)
+    """The training state of a checkpoint a run resumes from, put back as resuming will, into the run's
+    own optimizer and schedule built over ``model`` (the meta-device model ``check_against_model``
+    returned: nothing is allocated), with one optimizer step taken there; the carried state against the
+    model's, and the random-number states on generators of their own. Whatever torch refuses is one
+    line naming the file."""
+    optimizer, schedule = optimizer_and_schedule(model, config)
+    part = "optimizer"
+    try:
+        if training.optimizer is not None:
+            saved = training.optimizer
+            optimizer.load_state_dict(
+                {**saved, "state": {index: _copied_counts(entry) for index, entry in saved["state"].items()}}
+            )
+            for parameter in model.parameters():
+                parameter.grad = torch.empty_like(parameter)
+            optimizer.step()  # on the meta device: shapes and entries only
+        part = "learning-rate schedule"
+        if training.scheduler is not None:
+            schedule.scheduler.load_state_dict(training.scheduler)
+        part = "carried"
+        if training.hidden is not None:
+            expected = model.initial_state(config.batch_size, device="meta")
+            dtype = next(model.parameters()).dtype
+            if [[(tuple(t.shape), t.dtype) for t in layer] for layer in training.hidden] != [
+                [(tuple(t.shape), dtype) for t in layer] for layer in expected
+            ]:
+                raise ValueError("its shapes or precision are not those of the model it describes")
+        part = "random-number"
+        rng = training.rng
+        for state in [rng["torch"]] + [rank["torch"] for rank in rng.get("ranks") or ()]:
+            torch.Generator().set_state(state)
+    except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise CharlmError(f"{path}: its {part} state does not fit this run ({reason})") from None
 
 
-def _state_of_one_step(config) -> dict:
-    """The state the run's optimizer keeps per parameter, as one step over a one-element parameter makes it."""
-    weight = torch.zeros(1, requires_grad=True)
-    optimizer = build_optimizer([weight], config)
-    weight.grad = torch.zeros(1)
-    optimizer.step()
-    return dict(optimizer.state[weight])
+def _copied_counts(entry: dict) -> dict:
+    """An optimizer's state of one parameter, its one-number tensors (``step``, which torch keeps on the
+    CPU and counts in place) copied: the dry step must not count in the checkpoint's own."""
+    return {
+        key: value.clone() if torch.is_tensor(value) and value.dim() == 0 else value for key, value in entry.items()
+    }
 
 
 def updates_per_epoch(windows: int, accumulate: int) -> int:
@@ -256,17 +267,12 @@ def training_streams(corpus, config: TrainConfig, world: World) -> TokenStreams:
     used = training_tokens(corpus, config)
     streams = TokenStreams(tokens[:used], config.batch_size, config.bptt, rows=world.share(config.batch_size))
     if streams.stream_length < config.bptt:
-        from charlm.logs import get_logger
-
         get_logger().warning(
             f"warning: --batch-size {config.batch_size} cuts the {used:,} training tokens into streams "
             f"of {streams.stream_length} tokens, shorter than one --bptt window ({config.bptt}): an "
             "epoch is a single short step; a smaller --batch-size trains more steps"
         )
     return streams
-
-
-MODEL_SETTINGS = ("cell", "hidden", "layers", "embed_size", "dropout", "cell_options")  # what --init-from can supply
 
 
 def settings_from_init(settings: dict) -> dict:
@@ -280,16 +286,19 @@ def settings_from_init(settings: dict) -> dict:
     model, trained = checkpoint.model_config, checkpoint.train_config
     known = {
         "cell": model.cell,
-        "hidden": model.hidden_size,
+        "hidden_size": model.hidden_size,
         "layers": model.layers,
         "embed_size": trained.embed_size,
         "dropout": model.dropout,
         "cell_options": model.cell_options,
+        "wiring": model.wiring,
+        "block_conv": model.block_conv,
+        "block_expansion": model.block_expansion,
         "corpus": trained.corpus,
     }
     filled = dict(settings)
     for name, value in known.items():
-        if name in filled or (name == "hidden" and "params" in filled):
+        if name in filled or (name == "hidden_size" and "params" in filled):
             continue
         filled[name] = value
     return filled
@@ -321,12 +330,8 @@ def checked_settings(config: TrainConfig) -> TrainConfig:
         raise CharlmError(f"config must be a charlm.TrainConfig, not {type(config).__name__}")
     config.validate()
     if config.tensorboard:
-        from charlm.runs.tensorboard import check_available
-
-        check_available()
+        tensorboard.check_available()
     if config.wandb:
-        from charlm.runs import wandb_sink
-
         wandb_sink.check_available()
     return config
 

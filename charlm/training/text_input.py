@@ -28,7 +28,7 @@ from charlm.corpora.root import META, data_root
 from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS
 from charlm.corpora.store import read_meta
 from charlm.errors import CharlmError, ConfigError
-from charlm.files import is_plain_name, regular_or_directory, why_missing
+from charlm.files import is_plain_name, regular_or_directory
 from charlm.logs import info
 from charlm.runtime.distributed import environment_rank, launched_by_torchrun
 
@@ -62,7 +62,7 @@ def check_corpus_path(corpus: str) -> None:
         raise CharlmError(f"--corpus {corpus} is a directory: to train on the text files in it, give --text {corpus}")
     if not os.path.exists(corpus):
         raise CharlmError(
-            f"--corpus {corpus} is not a corpus name, and as a file it {why_missing(corpus)}: give a "
+            f"--corpus {corpus} is not a corpus name, and as a file it does not exist: give a "
             "prepared corpus (see `charlm corpora`) or a text file"
         )
     regular_or_directory(Path(corpus), "--corpus")

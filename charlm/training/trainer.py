@@ -38,6 +38,8 @@ from charlm.model import LanguageModel, count_parameters
 from charlm.runs import provenance
 from charlm.runs.directory import FollowerRun, Run, default_run_dir
 from charlm.runs.retention import epoch_checkpoint_name, save_epoch_checkpoint
+from charlm.runs.tensorboard import TensorBoardSink
+from charlm.runs.wandb_sink import WandbSink
 from charlm.runtime.distributed import environment_rank
 from charlm.runtime.precision import grad_scaler
 from charlm.training import reporting
@@ -275,12 +277,8 @@ class Trainer:
         what trains and from where."""
         config, progress, run = self.config, self.progress, self.run
         if config.tensorboard and self.world.is_main:
-            from charlm.runs.tensorboard import TensorBoardSink
-
             run.sinks.append(TensorBoardSink(run.path / "tensorboard"))
         if config.wandb and self.world.is_main:
-            from charlm.runs.wandb_sink import WandbSink
-
             run.sinks.append(
                 WandbSink(
                     run.path,

@@ -219,7 +219,7 @@ BAD_PLAN_FILES = {  # the plans of the sweep cases (the full table: tests/experi
     "late-bad-value.toml": '[base]\ncorpus = "tiny"\n[axes]\nlayers = [1, 2, 2.5]\n',
     "misspelled-plan.toml": '[base]\nbatchsize = 32\n[axes]\ncell = ["gru"]\n',
     "wide-eval-plan.toml": '[base]\ncorpus = "tiny"\n[axes]\ncell = ["gru"]\n[[eval]]\nbatch_size = 100000\n',
-    "absent-device-plan.toml": '[base]\ncorpus = "tiny"\nhidden = 8\n[axes]\ndevice = ["cpu", "cuda:99"]\n',
+    "absent-device-plan.toml": '[base]\ncorpus = "tiny"\nhidden_size = 8\n[axes]\ndevice = ["cpu", "cuda:99"]\n',
 }
 
 BASE_ARGS = {  # put before the case's own arguments, which win; not shown in the tables
@@ -242,7 +242,7 @@ def places(trained_run, tiny_corpus, tmp_path_factory) -> dict[str, Path]:
     torch.save({"weights": torch.zeros(3)}, files / "other.pt")
     (files / "code.pt").write_bytes(pickle.dumps(_WritesAMarker(str(files / "MARKER"))))
     (files / "broken.json").write_text('{"cell": "lstm",', encoding="utf-8")
-    (files / "unknown-key.json").write_text('{"hidden_size": 64}', encoding="utf-8")
+    (files / "unknown-key.json").write_text('{"hiden": 64}', encoding="utf-8")
     (files / "wrong-type.json").write_text('{"epochs": "many"}', encoding="utf-8")
     (files / "module-cell.json").write_text('{"cell": "evilmod:Nope"}', encoding="utf-8")
     (files / "huge-number.json").write_text('{"lr": 1' + "0" * 400 + "}", encoding="utf-8")

@@ -305,7 +305,7 @@ def test_charlm_data_that_is_a_file_is_said_as_data_dir_is(monkeypatch, tmp_path
     a_file.write_text("not a directory", encoding="utf-8")
     monkeypatch.setenv("CHARLM_DATA", str(a_file))
     for command in (("corpora",), ("train", "--corpus", "tiny", "--epochs", "1", "--run-dir", str(tmp_path / "run"))):
-        assert_one_line_error(cli(*command), f"CHARLM_DATA must be a directory: {a_file} is a regular file", code=2)
+        assert_one_line_error(cli(*command), f"CHARLM_DATA must be a directory: {a_file} is a file", code=2)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.txt"]
 
 
@@ -337,11 +337,11 @@ def _train_from_python(tmp_path, tiny_corpus, **settings):
 @pytest.mark.parametrize("kind", PYTHON_REFUSED)
 def test_train_from_python_names_the_setting(kind, tmp_path, monkeypatch, tiny_corpus):
     import charlm
-    import charlm.training.trainer as trainer
+    import charlm.api as api
 
     name, value, fragment = PYTHON_REFUSED[kind]
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(trainer, "Trainer", _started)  # the work
+    monkeypatch.setattr(api, "Trainer", _started)  # the work
     with pytest.raises(charlm.CharlmError) as caught:
         _train_from_python(tmp_path, tiny_corpus, **{name: value})
     error = caught.value
@@ -351,11 +351,11 @@ def test_train_from_python_names_the_setting(kind, tmp_path, monkeypatch, tiny_c
 
 
 def test_train_from_python_takes_every_kind_of_edge(tmp_path, monkeypatch, tiny_corpus):
-    import charlm.training.trainer as trainer
+    import charlm.api as api
 
     monkeypatch.chdir(tmp_path)
     received = []
-    monkeypatch.setattr(trainer, "Trainer", lambda config: received.append(config) or _started())
+    monkeypatch.setattr(api, "Trainer", lambda config: received.append(config) or _started())
     edges = dict(epochs=1, clip=0.0, lr=1e37, dropout=0.999, dist_timeout=10080.0, layers=1024, seed=INT64_MAX)
     with pytest.raises(Started):
         _train_from_python(tmp_path, tiny_corpus, **edges)

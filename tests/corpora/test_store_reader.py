@@ -11,7 +11,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import random
 import shutil
 import struct
@@ -87,7 +86,7 @@ DAMAGED_CORPORA = {  # what is done to the corpus → the file named, and what i
     "meta.json a link to nowhere": (
         lambda d: ((d / "fox/meta.json").unlink(), (d / "fox/meta.json").symlink_to(d / "gone")),
         "meta",
-        "is a link to ",
+        "is missing",
     ),
     "meta.json a link to itself": (
         lambda d: ((d / "fox/meta.json").unlink(), (d / "fox/meta.json").symlink_to("meta.json")),
@@ -114,7 +113,7 @@ DAMAGED_CORPORA = {  # what is done to the corpus → the file named, and what i
     "vocab_size a string": (
         lambda d: edit_meta(d, lambda m: m.update(vocab_size="30")),
         "meta",
-        "has 'vocab_size' '30', not an integer",
+        "is damaged: 'vocab_size' is text ('30')",
     ),
     "vocab with duplicates": (
         lambda d: edit_meta(d, duplicated_vocab),
@@ -124,12 +123,12 @@ DAMAGED_CORPORA = {  # what is done to the corpus → the file named, and what i
     "tokenizer of an unknown kind": (
         lambda d: edit_meta(d, lambda m: m["tokenizer"].update(kind="morse")),
         "meta",
-        "names the tokenizer kind 'morse', not one of char, byte, word, subword",
+        "has a tokenizer whose vocabulary is of unknown kind 'morse'",
     ),
     "tokenizer kind a list": (
         lambda d: edit_meta(d, lambda m: m["tokenizer"].update(kind=["char"])),
         "meta",
-        "names the tokenizer kind ['char'], not one of char, byte, word, subword",
+        "has a tokenizer whose vocabulary is of unknown kind ['char']",
     ),
     "a symbol no output can print": (
         lambda d: edit_meta(d, lambda m: [v.__setitem__(0, "\ud800") for v in (m["vocab"], m["tokenizer"]["vocab"])]),
@@ -176,6 +175,7 @@ DAMAGED_CORPORA = {  # what is done to the corpus → the file named, and what i
         "train",
         "holds 100 token ids, but meta.json records 12,150 for the train split",
     ),
+    ".npy missing": (lambda d: (d / "fox/train.npy").unlink(), "train", "is missing"),
     ".npy not an array": (
         lambda d: (d / "fox/train.npy").write_bytes(b"not numpy at all" * 10),
         "train",
@@ -187,11 +187,6 @@ DAMAGED_CORPORA = {  # what is done to the corpus → the file named, and what i
         ),
         "train",
         "is not a readable .npy array",
-    ),
-    ".npy a FIFO": (
-        lambda d: ((d / "fox/train.npy").unlink(), os.mkfifo(d / "fox/train.npy")),
-        "train",
-        "is a FIFO, not a regular file",
     ),
     # a split's ids and checksum are checked when it is first used: the valid split before any model is built
     "id equal to the vocabulary size": (
@@ -300,7 +295,7 @@ def test_prepare_through_the_command_line_says_it_prepares_again(data):
     edit_meta(data, lambda meta: meta.update(tokenizer=[]))
     result = cli("prepare", "text", data.parent / "prose.txt", "--name", "fox", "--quiet", "--data-dir", data)
     assert result.returncode == 0, result.stderr
-    assert result.stderr == (f"{data / 'fox/meta.json'}: has 'tokenizer' [], not an object: preparing fox again\n")
+    assert result.stderr == (f"{data / 'fox/meta.json'}: is damaged: 'tokenizer' is a list ([]): preparing fox again\n")
     assert load_corpus("fox", data).tokens("train") == TRAIN_TOKENS
 
 

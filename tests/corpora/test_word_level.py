@@ -47,7 +47,7 @@ def word_run(tmp_path_factory):
         charlm.TrainConfig(
             corpus="ptb-word",
             cell="lstm",
-            hidden=24,
+            hidden_size=24,
             embed_size=16,
             batch_size=8,
             bptt=20,

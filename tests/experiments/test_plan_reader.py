@@ -27,7 +27,7 @@ BAD_PLANS = [  # (what, the plan's text, the message after "plan FILE: ")
     (
         "eval a table",
         "[eval]\nsplit = 'test'\n" + GOOD_AXES,
-        'eval must be a list of tables ([[eval]]), not {"split": "test"}',
+        "eval must be a list of tables ([[eval]]), not {'split': 'test'}",
     ),
     (
         "profiles a string",
@@ -35,8 +35,8 @@ BAD_PLANS = [  # (what, the plan's text, the message after "plan FILE: ")
         "profiles must be a table of profiles ([profiles.NAME]), not 'small'",
     ),
     ("description a number", "description = 3\n" + GOOD_AXES, "description must be a string, not 3"),
-    ("task a list", 'task = ["parity"]\n' + GOOD_AXES, 'task must be a string, not ["parity"]'),
-    ("budget blank", 'budget = " "\n' + GOOD_AXES, "budget must be a label such as \"0.9M per layer\", not ' '"),
+    ("task a list", 'task = ["parity"]\n' + GOOD_AXES, "task must be a string, not ['parity']"),
+    ("budget a number", "budget = 3\n" + GOOD_AXES, 'budget must be a label such as "0.9M per layer", not 3'),
     (
         "paper count negative",
         "[paper_parameters]\nlstm = -5\n" + GOOD_AXES,
@@ -51,7 +51,7 @@ BAD_PLANS = [  # (what, the plan's text, the message after "plan FILE: ")
     (
         "profile a number",
         GOOD_AXES + "[profiles]\nsmall = 3\n",
-        "profiles.small must be a table (base, axes, eval, budget), not 3",
+        "profiles.small must be a table (axes, base, budget, eval), not 3",
     ),
     (
         "profile key misspelled",
@@ -71,8 +71,8 @@ BAD_PLANS = [  # (what, the plan's text, the message after "plan FILE: ")
     (
         "profile name climbing",
         GOOD_AXES + '[profiles."../up"]\nbase = {}\n',
-        "profile name '../up' is not a plain name (letters, digits, '.', '_' and '-', starting with a letter or "
-        "a digit)",
+        "profile '../up' is not a plain name (letters, digits, '.', '_' and '-', starting with a letter or a digit, "
+        "at most 200 characters)",
     ),
     # axes
     ("axis empty", "[axes]\ncell = []\n", "axes.cell must be a non-empty list of values, not []"),
@@ -100,7 +100,7 @@ BAD_PLANS = [  # (what, the plan's text, the message after "plan FILE: ")
     (
         "eval batch a string",
         GOOD_AXES + '[[eval]]\nbatch_size = "4"\n',
-        "eval[0].batch_size must be a whole number, not '4'",
+        "eval[0].batch_size must be a number, not '4'",
     ),
     ("eval batch zero", GOOD_AXES + "[[eval]]\nbatch_size = 0\n", "eval[0].batch_size must be at least 1, not 0"),
     (
@@ -119,8 +119,8 @@ BAD_PLANS = [  # (what, the plan's text, the message after "plan FILE: ")
     (
         "paired setting misspelled",
         '[axes]\nmodel = [{ cell = "gru", hiden = 8 }]\n',
-        "axes.model[0].hiden: unknown setting 'hiden' (did you mean 'hidden'? any `charlm train` setting but data_dir, "
-        "init_from, run_dir, or cell_options.NAME)",
+        "axes.model[0].hiden: unknown setting 'hiden' (did you mean 'hidden_size'? any `charlm train` setting but "
+        "data_dir, init_from, run_dir, or cell_options.NAME)",
     ),
     (
         "a path as a setting",
@@ -164,19 +164,14 @@ BAD_PLANS = [  # (what, the plan's text, the message after "plan FILE: ")
     (
         "two points, one directory",
         '[axes]\nwandb_project = ["a/b", "a-b"]\n',
-        'two runs would share the directory wandb_project-a-b ({"wandb_project": "a/b"} and {"wandb_project": "a-b"}): '
+        "two runs would share the directory wandb_project-a-b ({'wandb_project': 'a/b'} and {'wandb_project': 'a-b'}): "
         "give each axis distinct values",
     ),
     (
         "a repeated value",
         '[axes]\ncell = ["gru", "gru"]\n',
-        'two runs would share the directory cell-gru ({"cell": "gru"} and {"cell": "gru"}): give each axis '
+        "two runs would share the directory cell-gru ({'cell': 'gru'} and {'cell': 'gru'}): give each axis "
         "distinct values",
-    ),
-    (
-        "an integer of 20,000 bits",
-        "[base]\nhidden = 0x" + "f" * 5000 + "\n" + GOOD_AXES,
-        "base.hidden is a number of 20,000 bits, more than any setting takes",
     ),
     (
         "a grid too large to enumerate",
@@ -185,7 +180,7 @@ BAD_PLANS = [  # (what, the plan's text, the message after "plan FILE: ")
             f"{axis} = [{', '.join(map(str, range(1, 30)))}]\n"
             for axis in (
                 "seed",
-                "hidden",
+                "hidden_size",
                 "bptt",
                 "batch_size",
                 "epochs",
@@ -241,7 +236,7 @@ def test_a_bad_value_in_the_last_point_stops_the_sweep_before_the_first_trains(t
     monkeypatch.setattr(charlm.training.trainer.Trainer, "__init__", never)
     plan = tmp_path / "late.toml"
     plan.write_text(
-        '[base]\ncorpus = "tiny"\nhidden = 8\nepochs = 1\n[axes]\nlayers = [1, 2]\n'
+        '[base]\ncorpus = "tiny"\nhidden_size = 8\nepochs = 1\n[axes]\nlayers = [1, 2]\n'
         '"cell_options.peephole" = ["none", "sideways"]\ncell = ["lstm"]\n',
         encoding="utf-8",
     )
@@ -260,7 +255,7 @@ def test_more_eval_streams_than_a_prepared_split_is_refused_before_anything_is_w
     predictions = len(load_corpus("tiny", tiny_corpus).split("valid")) - 1
     plan = tmp_path / "wide.toml"
     plan.write_text(
-        f'[base]\ncorpus = "tiny"\nhidden = 8\n[axes]\ncell = ["gru"]\n[[eval]]\nsplit = "valid"\n'
+        f'[base]\ncorpus = "tiny"\nhidden_size = 8\n[axes]\ncell = ["gru"]\n[[eval]]\nsplit = "valid"\n'
         f"batch_size = {predictions + 1}\n",
         encoding="utf-8",
     )
@@ -275,7 +270,7 @@ def test_more_eval_streams_than_a_prepared_split_is_refused_before_anything_is_w
     plan.write_text(
         plan.read_text()
         .replace(f"batch_size = {predictions + 1}", "batch_size = 4")
-        .replace("hidden = 8", "hidden = 8\neval_batch_size = 100000")
+        .replace("hidden_size = 8", "hidden_size = 8\neval_batch_size = 100000")
     )
     assert_one_line_error(
         cli("sweep", plan, "--dir", tmp_path / "sweep", "--data-dir", tiny_corpus),
@@ -283,7 +278,7 @@ def test_more_eval_streams_than_a_prepared_split_is_refused_before_anything_is_w
     )
     dynamic = tmp_path / "dynamic.toml"  # a dynamic step (#2 adapts on valid first) is checked as widely
     dynamic.write_text(
-        '[base]\ncorpus = "tiny"\nhidden = 8\n[axes]\ncell = ["gru"]\n[[eval]]\nsplit = "valid"\n'
+        '[base]\ncorpus = "tiny"\nhidden_size = 8\n[axes]\ncell = ["gru"]\n[[eval]]\nsplit = "valid"\n'
         '[[eval]]\nsplit = "test"\ndynamic = "sgd"\nadapt_on = "valid"\nbatch_size = 100000\n',
         encoding="utf-8",
     )
@@ -312,12 +307,12 @@ def test_a_paired_axis_cell_options_merge_with_the_base_ones(tmp_path):
     path = tmp_path / "pairs.toml"
     path.write_text(
         '[base]\ncell = "lstm"\n"cell_options.peephole" = "full"\n'
-        '[axes]\nmodel = [{ hidden = 8, cell_options = { peephole = "diagonal" } }, { hidden = 9 }]\n',
+        '[axes]\nmodel = [{ hidden_size = 8, cell_options = { peephole = "diagonal" } }, { hidden_size = 9 }]\n',
         encoding="utf-8",
     )
     assert [point.settings for point in load_plan(path).points()] == [
-        {"cell": "lstm", "hidden": 8, "cell_options": {"peephole": "diagonal"}},
-        {"cell": "lstm", "hidden": 9, "cell_options": {"peephole": "full"}},
+        {"cell": "lstm", "hidden_size": 8, "cell_options": {"peephole": "diagonal"}},
+        {"cell": "lstm", "hidden_size": 9, "cell_options": {"peephole": "full"}},
     ]
 
 
@@ -337,7 +332,7 @@ def test_a_profile_not_chosen_is_checked_too(tmp_path, profile, expected):
     plan = tmp_path / "profiles.toml"
     plan.write_text(
         f'[base]\ncorpus = "pydoc"\n[axes]\ncell = ["gru"]\n[profiles.small.{profile}]\n{value}\n'
-        "[profiles.tiny.base]\nhidden = 8\n",
+        "[profiles.tiny.base]\nhidden_size = 8\n",
         encoding="utf-8",
     )
     for chosen in (None, "tiny"):

@@ -27,7 +27,7 @@ description = "two cells, two fractions"
 
 [base]
 corpus = "tiny"
-hidden = 12
+hidden_size = 12
 batch_size = 4
 bptt = 16
 epochs = 2
@@ -114,7 +114,7 @@ def test_shards_cover_every_point_exactly_once(plan_file):
 
 
 def test_dry_run_lists_sizes_without_training(plan_file, tiny_corpus, tmp_path):
-    text = plan_file.read_text().replace("hidden = 12", 'params = "5k"')
+    text = plan_file.read_text().replace("hidden_size = 12", 'params = "5k"')
     plan_file.write_text(text)
     result = cli(*sweep_args(plan_file, tmp_path / "sweep", tiny_corpus, "--dry-run"), check_code=0)
     plan = load_plan(plan_file)
@@ -132,7 +132,7 @@ def test_diverged_run_is_recorded_and_the_sweep_goes_on(tiny_corpus, tmp_path):
         """
 [base]
 corpus = "tiny"
-hidden = 12
+hidden_size = 12
 batch_size = 8
 epochs = 3
 clip = 0.0
@@ -251,13 +251,15 @@ def test_dry_run_and_list_fit_80_columns(tmp_path, monkeypatch):
         ("[axes]\nlr = [0.001, -1.0]\n", "axes.lr[1] must be positive, not -1.0 (run lr--1.0)"),
         ('[axes]\ncell = ["mycells:Cell"]\n', "asks to import module 'mycells'"),
         ("[axes\n", "is not valid TOML"),
-        ("[base]\nhidden = " + "9" * 5000 + "\n", "is not valid TOML: Exceeds the limit (4300 digits)"),
+        ("[base]\nhidden_size = " + "9" * 5000 + "\n", "is not valid TOML: Exceeds the limit (4300 digits)"),
+        # 0x spells 20,000 bits in 5,000 digits: read, but too long to print, so refused as the plan is read
+        ("[base]\nhidden_size = 0x" + "f" * 5000 + "\n", "is not valid TOML: Exceeds the limit (4300 digits)"),
         ("[axes]\ncell = " + "[" * 50_000 + "]" * 50_000 + "\n", "is not valid TOML: its values are nested too deeply"),
         (
             "",
             "has no axes: a plan names its runs with [axes] NAME = [values, ...]",
         ),  # empty, or cut short before its axes
-        ('name = "cut"\n[base]\nhidden = 8\n', "has no axes"),
+        ('name = "cut"\n[base]\nhidden_size = 8\n', "has no axes"),
         ('[base]\nrun_dir = "x"\n', "base.run_dir: a plan cannot set 'run_dir'"),
         ('[[eval]]\nsplit = "train"\n', "eval[0].split must be valid or test"),
         ("base = 3\n", "base must be a table"),
@@ -302,7 +304,8 @@ def test_other_bad_sweep_input_is_one_line(plan_file, tiny_corpus, tmp_path):
 def test_a_point_that_cannot_run_is_reported_and_the_sweep_goes_on(tiny_corpus, tmp_path):
     plan = tmp_path / "partly.toml"
     plan.write_text(
-        '[base]\nhidden = 8\nbatch_size = 8\nepochs = 1\neval_batch_size = 8\n[axes]\ncorpus = ["absent", "tiny"]\n',
+        "[base]\nhidden_size = 8\nbatch_size = 8\nepochs = 1\neval_batch_size = 8\n"
+        '[axes]\ncorpus = ["absent", "tiny"]\n',
         encoding="utf-8",
     )
     dry = cli(*sweep_args(plan, tmp_path / "sweep", tiny_corpus, "--dry-run"), check_code=0)
@@ -387,7 +390,7 @@ def test_the_plans_budget_label_is_recorded_in_sweep_json(plan_file, tmp_path):
 ONE_POINT = """
 [base]
 corpus = "tiny"
-hidden = 8
+hidden_size = 8
 batch_size = 4
 bptt = 16
 epochs = 1
@@ -501,7 +504,7 @@ def test_a_plan_cannot_make_a_sweep_write_outside_its_directory(tmp_path):
         ('[base]\nrun_dir = "/tmp/x"\n', "a plan cannot set 'run_dir'"),
         ('[base]\ninit_from = "/tmp/x.pt"\n', "a plan cannot set 'init_from'"),
         ('[base]\ndata_dir = "/tmp"\n', "a plan cannot set 'data_dir'"),
-        ('[profiles."../up"]\n', "profile name '../up'"),
+        ('[profiles."../up"]\n', "profile '../up' is not a plain name"),
     ):
         plan.write_text(
             text + '[axes]\ncell = ["gru"]\n' if "profiles" not in text else '[axes]\ncell = ["gru"]\n' + text

@@ -37,7 +37,7 @@ def trained_run(tiny_corpus, tmp_path_factory):
         TrainConfig(
             corpus="tiny",
             cell="lstm",
-            hidden=48,
+            hidden_size=48,
             batch_size=16,
             bptt=25,
             epochs=3,

@@ -161,7 +161,7 @@ def test_a_time_that_is_nan_is_damage_and_a_loss_that_is_nan_is_a_record(tmp_pat
     with metrics.open("a", encoding="utf-8") as file:
         file.write('{"event": "epoch", "epoch": 1, "valid_bpc": 2.0, "train_seconds": Infinity}\n')
     with pytest.raises(
-        CharlmError, match=f"{metrics} line 3: the epoch record's train_seconds must be a finite number, not Infinity"
+        CharlmError, match=f"{metrics} line 3: the epoch record's train_seconds must be a finite number, not inf"
     ):
         Run(tmp_path).history()
 

@@ -28,7 +28,7 @@ def kept_run(tmp_path_factory) -> Path:
         charlm.TrainConfig(
             corpus="tiny",
             cell="lru",
-            hidden=8,
+            hidden_size=8,
             batch_size=8,
             bptt=16,
             epochs=3,

@@ -42,7 +42,7 @@ def small_config(data_dir, run_dir, **changes) -> charlm.TrainConfig:
     values = dict(
         corpus="tiny",
         cell="lru",
-        hidden=16,
+        hidden_size=16,
         batch_size=8,
         bptt=16,
         eval_batch_size=4,

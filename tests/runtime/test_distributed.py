@@ -33,7 +33,7 @@ def settings(corpus_dir, run_dir, **changes) -> dict:
     values = dict(
         corpus="tiny",
         cell="gru",
-        hidden=12,
+        hidden_size=12,
         batch_size=5,
         bptt=10,
         epochs=2,

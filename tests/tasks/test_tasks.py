@@ -211,11 +211,33 @@ def test_resume_continues_exactly(tmp_path):
     resumed = train_task(run_dir=tmp_path / "resumed", resume=True, max_samples=1_200)
     assert resumed["samples"] == straight["samples"] == 1_200
     assert resumed["accuracy"] == straight["accuracy"] and resumed["reached"] == straight["reached"]
-    weights = [torch.load(tmp_path / name / "last.pt", weights_only=True)["model"] for name in ("straight", "resumed")]
+    weights = [
+        torch.load(tmp_path / name / "last.pt", weights_only=True)["weights"] for name in ("straight", "resumed")
+    ]
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
     assert [r["accuracy"] for r in records(tmp_path / "straight", "task_eval")] == [
         r["accuracy"] for r in records(tmp_path / "resumed", "task_eval")
     ]
+
+
+def test_a_task_checkpoint_is_a_charlm_checkpoint_of_its_own_kind(tmp_path):
+    """The task loop writes the language-model loop's format (kind "task", a TrainingState); the
+    language-model readers say what it is, and a task checkpoint of charlm 0.3 still resumes."""
+    train_task(tiny(cell="lstm", tied=True, max_samples=300, eval_every=300), run_dir=tmp_path / "run")
+    payload = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert (payload["format"], payload["kind"]) == ("charlm-checkpoint", "task")
+    assert set(payload["training"]) == {"optimizer", "scheduler", "rng", "progress", "hidden"}
+    assert_one_line_error(cli("eval", tmp_path / "run" / "last.pt"), "is a checkpoint of `charlm task`")
+    old = {  # the format charlm 0.3 wrote
+        "format": "charlm-task-1",
+        "config": payload["task_config"],
+        "model": payload["weights"],
+        "optimizer": payload["training"]["optimizer"],
+        "generator": payload["training"]["rng"]["torch"],
+        "progress": payload["training"]["progress"],
+    }
+    torch.save(old, tmp_path / "run" / "last.pt")
+    assert train_task(run_dir=tmp_path / "run", resume=True, max_samples=600)["samples"] == 600
 
 
 def test_the_command_line_trains_resumes_and_lists_the_run(tmp_path):

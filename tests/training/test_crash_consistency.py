@@ -63,7 +63,7 @@ def settings(corpus, run, **overrides):
     write of the protocol, the rotation after a previous.pt exists included, in about a second."""
     values = dict(
         cell="gru",
-        hidden=8,
+        hidden_size=8,
         bptt=32,
         eval_batch_size=16,
         train_fraction=0.05,

@@ -225,7 +225,9 @@ def test_windows_group_by_their_index_and_the_last_group_takes_the_rest():
     assert [[w.index for w in group] for group in update_groups(windows, 1)] == [[0], [1], [2], [3], [4]]
 
 
-SMALL = dict(cell="gru", hidden=8, batch_size=4, bptt=8, train_fraction=0.02, eval_fraction=0.2, eval_batch_size=16)
+SMALL = dict(
+    cell="gru", hidden_size=8, batch_size=4, bptt=8, train_fraction=0.02, eval_fraction=0.2, eval_batch_size=16
+)
 
 
 def test_steps_count_updates_and_the_schedule_steps_per_update(tiny_corpus, tmp_path):

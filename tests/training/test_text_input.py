@@ -115,7 +115,7 @@ def test_python_and_config_files_take_text_too(tmp_path, shakespeare_text):
         text=source,
         data_dir=tmp_path / "data",
         run_dir=tmp_path / "api",
-        hidden=8,
+        hidden_size=8,
         epochs=1,
         batch_size=4,
         bptt=16,

@@ -42,7 +42,7 @@ def test_sigterm_inside_an_epoch_then_resume_equals_straight_run(tiny_corpus, tm
     """A real SIGTERM to this process in the middle of the second epoch (after the scheduler's
     first step): last.pt is saved, TrainingInterrupted (exit 130); the resumed run ends exactly
     as the uninterrupted one, learning-rate schedule and optimizer state included."""
-    settings = dict(cell="gru", hidden=16, epochs=3, train_fraction=0.3)
+    settings = dict(cell="gru", hidden_size=16, epochs=3, train_fraction=0.3)
     straight = tmp_path / "straight"
     Trainer(tiny_config(tiny_corpus, straight, **settings)).fit()
 
@@ -128,7 +128,9 @@ def test_train_fraction_uses_leading_part(tiny_corpus, tmp_path):
 
 
 def test_params_budget_chooses_hidden_size(tiny_corpus, tmp_path):
-    trainer = Trainer(tiny_config(tiny_corpus, tmp_path / "budget", hidden=None, params="20k", cell="gru", epochs=1))
+    trainer = Trainer(
+        tiny_config(tiny_corpus, tmp_path / "budget", hidden_size=None, params="20k", cell="gru", epochs=1)
+    )
     total = sum(p.numel() for p in trainer.model.parameters())
     assert abs(total - 20_000) < 0.05 * 20_000
 
@@ -315,7 +317,7 @@ def test_init_from_starts_from_checkpoint_weights(tiny_corpus, tmp_path):
 def test_init_from_takes_the_model_from_the_checkpoint(tiny_corpus, tmp_path):
     """Issue 24: --init-from alone is enough; the cell, size, layers and corpus come from the checkpoint."""
     source = tmp_path / "source"
-    Trainer(tiny_config(tiny_corpus, source, epochs=1, cell="gru", hidden=12, layers=2, train_fraction=0.2)).fit()
+    Trainer(tiny_config(tiny_corpus, source, epochs=1, cell="gru", hidden_size=12, layers=2, train_fraction=0.2)).fit()
     cli(
         "train",
         "--init-from",
@@ -368,9 +370,9 @@ def test_max_minutes_stops_with_a_resumable_evaluated_run(tiny_corpus, tmp_path)
 def test_max_minutes_then_resume_equals_straight_run(tiny_corpus, tmp_path):
     """Stopped by its time budget inside the first epoch (and evaluated there), resumed to the end."""
     straight = tmp_path / "straight"
-    Trainer(tiny_config(tiny_corpus, straight, cell="gru", hidden=16, train_fraction=0.3)).fit()
+    Trainer(tiny_config(tiny_corpus, straight, cell="gru", hidden_size=16, train_fraction=0.3)).fit()
     timed = tmp_path / "timed"
-    Trainer(tiny_config(tiny_corpus, timed, cell="gru", hidden=16, train_fraction=0.3, max_minutes=0.0002)).fit()
+    Trainer(tiny_config(tiny_corpus, timed, cell="gru", hidden_size=16, train_fraction=0.3, max_minutes=0.0002)).fit()
     progress = Checkpoint.load(timed / "last.pt").training.progress
     assert progress["epoch"] == 0 and 0 < progress["window"]
     Trainer.resume(str(timed)).fit()
@@ -518,3 +520,13 @@ def test_a_step_reads_back_from_the_device_once(monkeypatch):
     adam_steps = [state["step"] for state in step.optimizer.state.values()]  # kept on the CPU by Adam, even on a GPU
     assert [name for name, tensor in reads if not any(tensor is kept for kept in adam_steps)] == ["tolist"]
     assert set(result.grad_norms) == set(model.layer_groups()) and math.isfinite(result.loss)
+
+
+def test_a_checkpoint_holds_the_carried_state_and_not_the_window_it_was_cut_from(tiny_corpus, tmp_path):
+    """A scan cell's state is the last step of its window's outputs, a view of them: saved as it is, it
+    would carry the whole window into every checkpoint (10 MB for a 200k-parameter model)."""
+    config = tiny_config(tiny_corpus, tmp_path / "run", cell="mingru", epochs=1, bptt=64, max_tokens=1024)
+    Trainer(config).fit()  # stopped inside the epoch, by its token budget: last.pt carries the state
+    hidden = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["training"]["hidden"]
+    tensors = [tensor for layer in hidden for tensor in layer]
+    assert tensors and all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in tensors)

@@ -13,6 +13,10 @@ import functools
 import math
 from pathlib import Path
 
+import matplotlib.style
+from matplotlib import colormaps
+from matplotlib.colors import LogNorm
+from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from charlm.files import atomic_write
@@ -63,8 +67,6 @@ def _styled(draw):
 
     @functools.wraps(draw)
     def styled(*arguments) -> None:
-        import matplotlib.style
-
         with matplotlib.style.context(["default", STYLE]):
             draw(*arguments)
 
@@ -73,8 +75,6 @@ def _styled(draw):
 
 def cell_colours(cells: list[str]) -> dict[str, str]:
     """A colour per cell, the same in every figure of a report."""
-    from matplotlib import colormaps
-
     palette = colormaps["tab10"].colors
     return {cell: _hex(palette[index % len(palette)]) for index, cell in enumerate(cells)}
 
@@ -144,8 +144,6 @@ def efficiency_lines(panels: dict[str, list[Line]], path: Path) -> None:
 @_styled
 def gradient_heatmaps(maps: list[HeatMap], path: Path) -> None:
     """Per-layer gradient norms over the logged steps, on a logarithmic colour scale; one map per run."""
-    from matplotlib.colors import LogNorm
-
     figure = _figure(HEATMAP_SIZE[0], HEATMAP_SIZE[1] * len(maps))
     for axes, heat in zip(figure.subplots(len(maps), 1, squeeze=False)[:, 0], maps):
         positive = [value for row in heat.values for value in row if math.isfinite(value) and value > 0]
@@ -218,8 +216,6 @@ def threshold_panels(panels: dict[str, dict[str, list[Marker]]], path: Path) -> 
 
 
 def _figure(width: float, height: float):
-    from matplotlib.figure import Figure
-
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
