@@ -33,8 +33,7 @@ from charlm.checkpoint_checks import check_against_model, check_consistency, che
 from charlm.config import TrainConfig
 from charlm.errors import CharlmError
 from charlm.files import atomic_write, path_value
-from charlm.model import LanguageModel, ModelConfig, count_parameters
-from charlm.runtime.memory import check_weights_fit
+from charlm.model import LanguageModel, ModelConfig
 from charlm.corpora.tokenizer_kinds import tokenizer_from_state
 from charlm.corpora import load_corpus
 
@@ -174,9 +173,8 @@ class Checkpoint:
                 "it cannot score, sample or export"
             )
         cell_class = self.cell_class(cells, trust_code)
-        shape = check_against_model(self, cell_class)  # on the meta device: every weight's shape, nothing allocated
+        check_against_model(self, cell_class)  # on the meta device: every weight's shape, nothing allocated
         device = torch.device(device)
-        check_weights_fit(count_parameters(shape), device, str(self.path or "the checkpoint"))
         model = LanguageModel(self.model_config, cell_class=cell_class)
         try:
             model.load_state_dict(self.weights)

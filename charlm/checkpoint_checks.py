@@ -26,7 +26,6 @@ from charlm.errors import CharlmError, ConfigError, kind_of, shown
 from charlm.settings import validate
 from charlm.model import LanguageModel
 
-TRAINING_PARTS = ("optimizer", "scheduler", "rng", "progress", "hidden")
 # The model's settings, as TrainConfig names them and bounds them.
 MODEL_FIELDS = ("hidden_size", "layers", "embed_size", "dropout", "wiring", "block_conv", "block_expansion")
 
@@ -57,29 +56,6 @@ def check_parts(payload: dict, path) -> None:
             raise CharlmError(
                 f"{path} is a damaged charlm checkpoint: its score {shown(name, 40)} is {kind_of(value)}, not a number"
             )
-    training = payload.get("training")
-    if training is not None:
-        missing = [part for part in TRAINING_PARTS if part not in training]
-        if missing or set(training) - set(TRAINING_PARTS):
-            raise CharlmError(
-                f"{path} is a damaged charlm checkpoint: its training state "
-                + (
-                    f"lacks {missing[0]}"
-                    if missing
-                    else f"holds an unknown part {sorted(set(training) - set(TRAINING_PARTS))[0]!r}"
-                )
-            )
-        for part, kind in (
-            ("optimizer", dict),
-            ("scheduler", dict),
-            ("rng", dict),
-            ("progress", dict),
-            ("hidden", list),
-        ):
-            if (training[part] is not None or part in ("rng", "progress")) and not isinstance(training[part], kind):
-                raise CharlmError(
-                    f"{path} is a damaged charlm checkpoint: its {part} state is {kind_of(training[part])}"
-                )
     check_vocabulary(payload["tokenizer"], path)
 
 
@@ -120,14 +96,6 @@ def check_against_model(checkpoint, cell_class) -> torch.nn.Module:
     """The model ``checkpoint`` describes, built on the meta device, with every weight, the optimizer's
     state and the carried state checked against its shapes; returned for sizing (nothing is allocated)."""
     path, config, weights = checkpoint.path, checkpoint.model_config, checkpoint.weights
-    layers = {
-        int(name.split(".")[1]) for name in weights if name.startswith("layers.") and name.split(".")[1].isdigit()
-    }
-    if layers != set(range(config.layers)):  # before a meta model of a million layers is built for nothing
-        raise CharlmError(
-            f"{path}: its settings say layers {config.layers:,}, but its weights are of {len(layers):,} "
-            f"layer{'s' if len(layers) != 1 else ''}"
-        )
     try:
         with torch.device("meta"):
             model = LanguageModel(config, cell_class)

@@ -209,13 +209,6 @@ def plain_name(value, what: str) -> str:
     return value
 
 
-def regular_or_directory(path: Path, what: str) -> None:
-    """Refuse ``path`` when it exists and is neither a regular file nor a directory (a FIFO would hang a reader)."""
-    with contextlib.suppress(OSError):  # missing: the caller says so in its own words
-        if not (path.is_file() or path.is_dir()) and path.exists():
-            raise CharlmError(f"{what} {path} is not a regular file or a directory")
-
-
 def make_directory(path: str | Path, action: str = "create directory") -> None:
     """``mkdir -p path``; a failure is a ``WriteError`` (``cannot ACTION PATH: ...``), which names what
     is in the way where a file stands at ``path`` or at one of its parents."""

@@ -16,7 +16,6 @@ from charlm.corpora.download import DownloadPolicy, RemoteFile, fetch, file_dige
 from charlm.corpora.sources import TAR_SUFFIXES, SizeLimits, archive_kind, read_members
 from charlm.logs import info as log_info
 from charlm.errors import CharlmError
-from charlm.files import regular_or_directory
 
 
 @dataclass(frozen=True)
@@ -156,7 +155,6 @@ class LocalTextFiles:
 
 def _visible_files(path: Path) -> list[Path]:
     """``path`` itself, or the files under it whose names do not start with a dot, sorted."""
-    regular_or_directory(path, "input")  # a FIFO or a device would be waited on for ever
     if path.is_file():
         return [path]
     return [

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from charlm.errors import CharlmError
-from charlm.files import regular_or_directory
 
 TAR_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz")
 GZIP_MAGIC = b"\x1f\x8b"
@@ -100,7 +99,6 @@ def read_members(source: Path, members: tuple[str, ...], limits: SizeLimits) -> 
     source = Path(source)
     if not source.exists():
         raise CharlmError(f"--source {source} does not exist")
-    regular_or_directory(source, "--source")  # a FIFO or a device would be waited on for ever
     names = {member for member in members if not is_pattern(member)}
     patterns = [member for member in members if is_pattern(member)]
     reader = BoundedReader(source, limits)

@@ -99,18 +99,6 @@ def check_budget_fits(budget: int, device: torch.device, available: int | None =
         )
 
 
-def check_weights_fit(parameters: int, device: torch.device, source: str, available: int | None = None) -> None:
-    """Refuse, before it is built, a model read from ``source`` (a checkpoint) whose float32 weights
-    alone ``device`` cannot hold: the file's own weights are already in memory, the model is a second copy."""
-    available = available_memory(device) if available is None else available
-    needed = parameters * 4
-    if available is not None and needed > available:
-        raise CharlmError(
-            f"the model in {source} has {parameters:,} parameters, which need about {_gib(needed)} on "
-            f"{device}, but it has {_gib(available)} free: load it where more memory is free"
-        )
-
-
 # Beam search, per live beam: 16 bytes a value of its recurrent state (the beams' and the rows picked
 # for the next step, float32); 32 a symbol of the vocabulary (the step's logits, log-probabilities and
 # candidate totals, float32, with the ranking's copies); 100 a symbol of its text so far (the Python

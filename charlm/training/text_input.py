@@ -28,7 +28,7 @@ from charlm.corpora.root import META, data_root
 from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS
 from charlm.corpora.store import read_meta
 from charlm.errors import CharlmError, ConfigError
-from charlm.files import is_plain_name, regular_or_directory
+from charlm.files import is_plain_name
 from charlm.logs import info
 from charlm.runtime.distributed import environment_rank, launched_by_torchrun
 
@@ -65,7 +65,6 @@ def check_corpus_path(corpus: str) -> None:
             f"--corpus {corpus} is not a corpus name, and as a file it does not exist: give a "
             "prepared corpus (see `charlm corpora`) or a text file"
         )
-    regular_or_directory(Path(corpus), "--corpus")
 
 
 def corpus_name_for(path: str) -> str:

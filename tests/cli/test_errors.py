@@ -176,7 +176,6 @@ CASES = [
     Case("prepare text under a built-in corpus's name", "prepare text FILES/short.txt --name pydoc"),
     Case("download from a non-address", "prepare wp --url 'not a url'"),
     Case("download from a local file URL", "prepare wp --url file:///etc/passwd"),
-    Case("local copy that is a FIFO", "prepare ptb --source FILES/fifo"),
     Case("local copy that is a loop of links", "prepare ptb --source FILES/loop"),
     Case("prepare a link to nowhere", "prepare text FILES/dangling --name mine"),
     Case("prepare into a data directory that is a file", "prepare pydoc --data-dir FILES/latin-1.txt"),
