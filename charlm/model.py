@@ -111,7 +111,12 @@ class LanguageModel(nn.Module):
             raise CharlmError(f"cannot build cell {config.cell!r}: {error}") from None
         self.layers = nn.ModuleList(layers)
         self.dropout = nn.Dropout(config.dropout)
-        self.final_norm = nn.RMSNorm(self.layers[-1].output_size) if blocks else nn.Identity()
+        if blocks:
+            self.final_norm = nn.RMSNorm(self.layers[-1].output_size)
+        elif cell_class.final_layer_norm:
+            self.final_norm = nn.LayerNorm(self.layers[-1].output_size)
+        else:
+            self.final_norm = nn.Identity()
         self.head = nn.Linear(self.layers[-1].output_size, config.vocab_size)
         self.reset_parameters()
 
@@ -343,20 +348,26 @@ def size_for_budget(config: ModelConfig, budget: int, max_hidden_size: int = 163
     ones and a user's own included, is sized by what it really allocates.
     """
 
-    def total(hidden_size: int) -> int:
-        sized = dataclasses.replace(config, hidden_size=hidden_size)
+    resolved = cell_class or CELLS.get(config.cell)
+    multiple = max(1, resolved.hidden_size_multiple(parse_cell_options(resolved, config.cell_options)))
+    largest = max_hidden_size // multiple  # sizes are counted in units of the multiple the cell is built at
+
+    def total(units: int) -> int:
+        sized = dataclasses.replace(config, hidden_size=units * multiple)
         return _meta_count(repr(sized), sized, cell_class)
 
-    solved = _solve_quadratic_count(total, budget, max_hidden_size)
+    if largest < 1:
+        raise CharlmError(f"cell {config.cell!r} needs a hidden size that is a multiple of {multiple}")
+    solved = _solve_quadratic_count(total, budget, largest)
     if solved is not None:
-        return solved, total(solved)
-    if total(max_hidden_size) < budget:
+        return solved * multiple, total(solved)
+    if total(largest) < budget:
         raise CharlmError(
             f"a parameter budget of {budget:,} is beyond the largest model charlm sizes "
-            f"(hidden {max_hidden_size:,}: {total(max_hidden_size):,} parameters)"
+            f"(hidden {largest * multiple:,}: {total(largest):,} parameters)"
         )
     low, high = 1, 1
-    while total(high) < budget and high < max_hidden_size:
-        low, high = high, min(high * 2, max_hidden_size)
+    while total(high) < budget and high < largest:
+        low, high = high, min(high * 2, largest)
     best = _closest_size(total, budget, low, high)
-    return best, total(best)
+    return best * multiple, total(best)

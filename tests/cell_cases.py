@@ -132,6 +132,12 @@ CASES = [
     CellCase("griffin-rglru", {}, lambda d, n: d * n + 2 * n * n + 4 * n),
     CellCase("griffin-rglru", {"scan": "log"}, lambda d, n: d * n + 2 * n * n + 4 * n),
     CellCase("griffin-rglru", {"scan": "chunked"}, lambda d, n: d * n + 2 * n * n + 4 * n),
+    # transformer: d = n; LN_1, W_qkv, W_o, LN_2 and the MLP (n → 4n → n), all with biases: 12n² + 13n.
+    # Heads 1 (the tests' widths 6 and 16 give even head widths); memory ≥ 1, where the window, the step and
+    # the carried memory are one function (memory=0 is tested in test_transformer.py).
+    CellCase("transformer", {"heads": 1, "memory": 4}, lambda d, n: 12 * n * n + 13 * n, same),
+    CellCase("transformer", {"heads": 1, "memory": 1, "mlp_ratio": 2}, lambda d, n: 8 * n * n + 11 * n, same),
+    CellCase("transformer", {"heads": 1, "memory": 12}, lambda d, n: 12 * n * n + 13 * n, same),
 ]
 
 

@@ -33,6 +33,7 @@ CELL_NAMES = (
     "mingru",
     "minlstm",
     "griffin-rglru",
+    "transformer",
 )
 
 _EXPORTS = {
@@ -71,6 +72,7 @@ def _registered_cells():
     from charlm.cells.hgrn import HGRN
     from charlm.cells.min_rnn import MinGRU, MinLSTM
     from charlm.cells.rglru import GriffinRGLRU
+    from charlm.cells.transformer import TransformerBlock
 
     cells = CellRegistry(
         [
@@ -96,6 +98,7 @@ def _registered_cells():
             MinGRU,
             MinLSTM,
             GriffinRGLRU,
+            TransformerBlock,
         ]
     )
     if tuple(cells.names()) != CELL_NAMES:

@@ -88,6 +88,9 @@ class RecurrentCell(nn.Module):
     # charlm.cells.scan), "elementwise" (every product hoisted, an elementwise loop left) or "" (neither).
     # `charlm bench` times the cells that say one against their own step loop.
     parallel_form: ClassVar[str] = ""
+    # Whether the model normalises the last layer's output (a LayerNorm with bias) before the softmax, as a
+    # pre-norm residual stack needs (GPT-2's final ln_f); block wiring has its own RMSNorm there.
+    final_layer_norm: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         """A subclass that writes its own ``step`` samples through it unless it also writes its own
@@ -111,6 +114,11 @@ class RecurrentCell(nn.Module):
     def required_input_size(cls, hidden_size: int, config) -> int | None:
         """The embedding width the bottom layer needs, or None to accept any."""
         return None
+
+    @classmethod
+    def hidden_size_multiple(cls, config) -> int:
+        """The hidden sizes the cell can be built at are the multiples of this (``--params`` sizes to one)."""
+        return 1
 
     @classmethod
     def make_stack(cls, input_size: int, hidden_size: int, num_layers: int, config) -> list["RecurrentCell"]:

@@ -166,8 +166,13 @@ def small_model(
 ) -> LanguageModel:
     """A small model of ``cell`` with weights spread wider than their initialisation (gates away from
     their resting values, so a wrong term shows)."""
+    from charlm.cells import CELLS, parse_cell_options
+
     torch.manual_seed(seed)
-    model = LanguageModel(ModelConfig(cell, vocab_size=VOCAB, hidden_size=HIDDEN, layers=LAYERS, wiring=wiring))
+    cell_class = CELLS.get(cell)
+    multiple = cell_class.hidden_size_multiple(parse_cell_options(cell_class, {}))
+    hidden = -(-HIDDEN // multiple) * multiple  # the smallest size the cell is built at from HIDDEN up
+    model = LanguageModel(ModelConfig(cell, vocab_size=VOCAB, hidden_size=hidden, layers=LAYERS, wiring=wiring))
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.3 * torch.randn_like(parameter))
