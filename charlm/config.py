@@ -248,9 +248,9 @@ class TrainConfig:
 
     def validate(self) -> None:
         validate(self)
-        if self.wiring == "stacked" and (self.block_conv != 4 or self.block_expansion != 3.0):
-            changed = "block_conv" if self.block_conv != 4 else "block_expansion"
-            raise ConfigError(TrainConfig, changed, "needs --wiring block")
+        changed = [name for name in ("block_conv", "block_expansion") if getattr(self, name) != _DEFAULTS[name]]
+        if self.wiring == "stacked" and changed:
+            raise ConfigError(TrainConfig, changed[0], "needs --wiring block")
         if self.hidden_size is not None and self.params is not None:
             raise ConfigError(TrainConfig, "hidden_size", "and --params are exclusive: give one, not both")
         if not DEVICE_PATTERN.fullmatch(self.device):
@@ -313,6 +313,9 @@ class TrainConfig:
         """From plain values (a config file, a checkpoint); unknown keys and wrong types are errors. A
         file written before 0.4 names the hidden size ``hidden`` (``charlm.settings.renamed``)."""
         return from_dict(cls, renamed(values))
+
+
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
 
 
 def save_interval(text: str) -> tuple[str, float] | None:

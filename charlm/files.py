@@ -133,7 +133,7 @@ def append_text(path: str | Path, text: str) -> None:
     """Append ``text`` (UTF-8) to ``path``, made if absent; a failed write cuts the file back to
     its length before, so no half line is left, and raises ``WriteError``."""
     path, data = Path(path), text.encode("utf-8")
-    with writing(path):  # non-blocking: a FIFO made since fails at once (ENXIO), never waits for a reader
+    with writing(path):  # non-blocking: a FIFO without a reader fails at once (ENXIO), never waits for one
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
         try:
             start = os.fstat(descriptor).st_size

@@ -240,7 +240,7 @@ def read_config_file(path: str | Path) -> dict:
     """A JSON object of training settings (keys as in TrainConfig, e.g. "cell_options": {...})."""
     path = Path(path)
     try:
-        values = json.loads(read_bytes(path, "config file").decode("utf-8"))  # a FIFO is refused, not waited on
+        values = json.loads(read_bytes(path, "config file").decode("utf-8"))  # not a regular file: refused
     except ValueError as error:  # not UTF-8, not JSON, or an integer of more digits than Python converts
         raise CharlmError(f"config file {path} is not valid JSON: {error}") from None
     except RecursionError:

@@ -224,7 +224,9 @@ class LinearRU(RecurrentCell):
         toeplitz = torch.cat([torch.cat([k_re, -k_im], 1), torch.cat([k_im, k_re], 1)]).permute(2, 0, 1)
         pairs = torch.cat([b_re.view(chunks, chunk, batch, N), b_im.view(chunks, chunk, batch, N)], dim=1)
         columns = pairs.permute(3, 1, 0, 2).reshape(N, 2 * chunk, chunks * batch)
-        local = torch.bmm(toeplitz, columns).view(N, 2 * chunk, chunks, batch).permute(2, 1, 3, 0)  # [K, 2C, B, N]
+        with torch.autocast(columns.device.type, enabled=False):  # the recurrence in the state's precision
+            local = torch.bmm(toeplitz.to(columns.dtype), columns)
+        local = local.view(N, 2 * chunk, chunks, batch).permute(2, 1, 3, 0)  # [K, 2C, B, N]
         # Between chunks: x at chunk position i = local_i + λ^{i+1} x_(end of the chunk before).
         p_re, p_im = self.lambda_powers(torch.arange(1, chunk + 1, device=b_re.device, dtype=b_re.dtype))
         p_re, p_im = p_re.unsqueeze(1), p_im.unsqueeze(1)

@@ -17,7 +17,7 @@ for a different scale (``small`` for a laptop; without ``--profile`` the plan ru
     corpus = ["wp", "ptb-contiguous"]
     params = ["10M", "24M"]
     "cell_options.peephole" = [true, false]   # one cell option as an axis
-    model = [{ cell = "gru", hidden = 387 }, { cell = "lstm", hidden = 335 }]  # settings that go together
+    model = [{ cell = "gru", hidden_size = 387 }, { cell = "lstm", hidden_size = 335 }]  # settings that go together
 
     [[eval]]
     split = "test"
@@ -111,7 +111,9 @@ class Plan:
     def fingerprint(self) -> str:
         """What the runs of a sweep directory depend on: base, axes and evaluation steps."""
         identity = {"base": self.base, "axes": self.axes, "eval": [dataclasses.asdict(e) for e in self.evals]}
-        if self.task is not None:
+        if self.task is None:  # `charlm train`'s hidden size as charlm 0.3 named it: its sweeps go on
+            identity = json.loads(json.dumps(identity).replace('"hidden_size":', '"hidden":'))
+        else:
             identity["task"] = self.task
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -238,7 +240,7 @@ def settings_for(base: dict, values: dict) -> dict:
             if not isinstance(value, dict):
                 raise CharlmError(f"cell_options values must be tables, not {value!r}")
             options.update(value)
-        elif isinstance(value, dict):  # paired settings: {cell = "gru", hidden = 387}
+        elif isinstance(value, dict):  # paired settings: {cell = "gru", hidden_size = 387}
             settings.update({name: item for name, item in value.items() if name != "cell_options"})
             options.update(value.get("cell_options", {}))
         else:

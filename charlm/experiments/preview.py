@@ -42,6 +42,9 @@ def describe_point(sweep, point: Point) -> dict:
                 config.layers,
                 config.embed_size,
                 config.cell_options,
+                config.wiring,
+                config.block_conv,
+                config.block_expansion,
             ],
             sort_keys=True,
         )

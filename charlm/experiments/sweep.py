@@ -20,7 +20,7 @@ from pathlib import Path
 
 from charlm.config import TrainConfig, RESUMABLE_SETTINGS
 from charlm.settings import from_dict
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, out_of_memory
 from charlm.files import WriteError, append_text, atomic_write_text, make_directory, read_bytes
 from charlm.logs import get_logger
 from charlm.experiments.plan import EvalStep, Plan, Point, task_config
@@ -236,7 +236,10 @@ class Sweep:
                 )
                 continue
             try:
-                self._evaluate(point, log, prefix)
+                try:
+                    self._evaluate(point, log, prefix)
+                except (RuntimeError, MemoryError) as error:  # scoring ran out of memory: this point's failure
+                    raise out_of_memory(error) or error
             except WriteError:
                 raise
             except CharlmError as error:  # the trained run is kept; the next command evaluates it again

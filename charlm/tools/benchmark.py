@@ -304,8 +304,10 @@ def _cell_model(cell: str, config: BenchmarkConfig) -> LanguageModel:
 
 
 def own_loop(model: LanguageModel) -> LanguageModel:
-    """A copy of ``model`` whose layers run their ``step`` one time step at a time, in training and in
-    evaluation: the reference a cell's parallel form (``RecurrentCell.parallel_form``) is timed against."""
+    """A copy of ``model`` whose layers run one time step at a time: in training their ``step`` (the
+    base class's ``forward``), in evaluation their sampling step (``inference_forward``: the input's
+    share for the whole window, then ``advance`` step by step). The reference a cell's parallel form
+    (``RecurrentCell.parallel_form``) is timed against."""
     loop = LanguageModel(model.config)
     loop.load_state_dict(model.state_dict())
     for layer in loop.layers:

@@ -25,6 +25,7 @@ import warnings
 
 import torch
 
+from charlm.cells import CELLS, parse_cell_options
 from charlm.model import LanguageModel, ModelConfig, detach_state
 from charlm.runtime.fast_path_check import TOLERANCES, largest_difference, probe_loss, tolerance_for
 from charlm.runtime.precision import PRECISIONS, layer_output_dtypes, set_tf32, tf32_in_use, wrong_layer_dtypes
@@ -166,8 +167,6 @@ def small_model(
 ) -> LanguageModel:
     """A small model of ``cell`` with weights spread wider than their initialisation (gates away from
     their resting values, so a wrong term shows)."""
-    from charlm.cells import CELLS, parse_cell_options
-
     torch.manual_seed(seed)
     cell_class = CELLS.get(cell)
     multiple = cell_class.hidden_size_multiple(parse_cell_options(cell_class, {}))

@@ -443,6 +443,32 @@ def test_a_failed_evaluation_exits_1_naming_the_point_and_the_log_and_a_rerun_ev
     assert [(row["split"], row["mode"]) for row in records(directory / "cell-gru", "eval")] == [("valid", "static")]
 
 
+def test_an_evaluation_that_runs_out_of_memory_fails_its_point_not_the_sweep(tiny_corpus, tmp_path, monkeypatch):
+    import charlm.api
+
+    plan, directory = tmp_path / "one.toml", tmp_path / "sweep"
+    plan.write_text(ONE_POINT, encoding="utf-8")
+
+    def out_of_memory(self, *args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:116] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(charlm.api.Model, "evaluate", out_of_memory)
+    result = cli(*sweep_args(plan, directory, tiny_corpus))
+    assert_one_line_error(result, "1 of 1 runs did not finish: cell-gru (evaluation failed)", code=1)
+    assert "its evaluation failed: out of memory on cpu" in result.stderr
+
+
+def test_a_sweep_of_charlm_0_3_keeps_its_fingerprint_with_hidden_renamed(tmp_path):
+    """0.3 plans named the hidden size `hidden`; the fingerprint of a sweep directory names it so still."""
+    import hashlib
+
+    path = tmp_path / "plan.toml"
+    path.write_text('[base]\nhidden_size = 8\n[axes]\nmodel = [{ cell = "gru", hidden_size = 9 }]\n', encoding="utf-8")
+    identity = {"base": {"hidden": 8}, "axes": {"model": [{"cell": "gru", "hidden": 9}]}, "eval": []}
+    written_by_0_3 = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    assert load_plan(path).fingerprint() == written_by_0_3
+
+
 def _damage_config(run):
     (run / "config.json").write_text("[1, 2]", encoding="utf-8")
 
