@@ -95,16 +95,33 @@ StartRecord = _record_class(
 StepRecord = _record_class(
     "StepRecord",
     "step",
-    [("epoch", int), ("step", int), ("loss", float), ("bpc", float), ("lr", float), ("grad_norm", dict)],
+    [
+        ("epoch", int),
+        ("step", int),
+        ("loss", float),
+        ("bpc", float),
+        ("lr", float),
+        ("grad_norm", dict),
+        ("tokens", int),
+        ("seconds", float),
+    ],
     ("epoch", "step", "loss"),
-    "Every ``log_every`` steps: the step's loss (nats per token), bpc, lr, per-layer gradient norms before clipping.",
+    "Every ``log_every`` steps: the step's loss (nats per token), bpc, lr, per-layer gradient norms before clipping, "
+    "and the run's training tokens and training seconds so far (from charlm 0.4).",
 )
 ValidRecord = _record_class(
     "ValidRecord",
     "valid",
-    [("epoch", int), ("step", int), *_score_fields("valid_"), ("valid_fraction", float)],
+    [
+        ("epoch", int),
+        ("step", int),
+        *_score_fields("valid_"),
+        ("valid_fraction", float),
+        ("tokens", int),
+        ("seconds", float),
+    ],
     ("epoch", "step", "valid_bpc"),
-    "Every ``eval_every`` steps: the validation score.",
+    "Every ``eval_every`` steps: the validation score, and the run's training tokens and seconds so far.",
 )
 EpochRecord = _record_class(
     "EpochRecord",

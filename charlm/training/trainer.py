@@ -390,6 +390,7 @@ class Trainer:
                 bpc=bpc,
                 lr=self.lr,
                 grad_norm=result.grad_norms,
+                **self._position(),
             )
         if config.print_every and progress.step % config.print_every == 0 and self.world.is_main:
             bar.write(
@@ -413,8 +414,22 @@ class Trainer:
         self.last_valid_bpc = valid.bpc
         self.model.train()
         self.run.record(
-            "valid", epoch=progress.epoch + 1, step=progress.step, **valid.as_dict("valid_"), **self._valid_fraction()
+            "valid",
+            epoch=progress.epoch + 1,
+            step=progress.step,
+            **valid.as_dict("valid_"),
+            **self._valid_fraction(),
+            **self._position(),
         )
+
+    def _position(self) -> dict:
+        """How far the run has trained, for the step and valid records: tokens, and training seconds
+        (every session, validation left out)."""
+        progress = self.progress
+        return {
+            "tokens": progress.tokens_seen,
+            "seconds": round(progress.wall_seconds.get("train", 0.0) + progress.train_seconds, 3),
+        }
 
     def _save_within_epoch(self) -> None:
         """``--save-every``: last.pt, the ``checkpoint`` record before its commit (a kill between them

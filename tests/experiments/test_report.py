@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import charlm
-from charlm.experiments.report.compare import budget_label, data_needed
+from charlm.experiments.report.compare import budget_label, data_needed, device_label, read_runs
 from charlm.experiments.report.write import build_report
 from charlm.training.trainer import Trainer
 from helpers import assert_one_line_error, cli, prepare_tiny_corpus, records
@@ -26,6 +26,7 @@ SWEEP_FILES = {
     "convergence.csv",
     "convergence.png",
     "curves.png",
+    "progress.png",
     "efficiency.md",
     "efficiency.csv",
     "efficiency.png",
@@ -124,7 +125,7 @@ def test_report_writes_every_table_and_figure(report):
     for name in SWEEP_FILES - {"index.md"}:
         assert f"]({name})" in index, name
     assert "Report on 11 runs" in index and "| small-gru | small | gru |" in index
-    assert "Table 1, 3k parameters" in stdout and f"report: {out / 'index.md'} (12 files)" in stdout
+    assert "Table 1, 3k parameters" in stdout and f"report: {out / 'index.md'} (13 files)" in stdout
 
 
 def test_table1_is_the_test_loss_at_the_best_validation_epoch(report, sweep):
@@ -210,8 +211,6 @@ def test_runs_sized_by_hidden_share_a_budget_of_their_rounded_count():
 def test_a_plans_nominal_budget_groups_runs_sized_by_hidden(sweep, tmp_path):
     """lru-depth sizes each cell by --hidden to ≈0.9M per layer: its totals differ (GRU 1.84M, Grid
     LSTM 0.95M at 2 layers), and the report groups them under the plan's label, not their counts."""
-    from charlm.experiments.report.compare import read_runs
-
     assert budget_label(None, 948_050, "≈0.9M per layer") == ("≈0.9M per layer", 9e5)
     assert budget_label("10M", 9_998_123, "≈0.9M per layer") == ("10M", 1e7)  # --params wins
     copied = tmp_path / "depth"
@@ -241,6 +240,7 @@ def test_dynamic_table_holds_both_protocols(report, sweep):
 def test_figures_are_pngs_of_their_size(report):
     out, _ = report
     assert png_size(out / "curves.png") == (1000, 700)  # two corpora: a row each
+    assert png_size(out / "progress.png") == (1000, 700)
     assert png_size(out / "convergence.png") == (600, 400)
     assert png_size(out / "efficiency.png") == (500, 400)  # one corpus with partial-data runs
     assert png_size(out / "gradnorms.png") == (800, 500)  # more than four runs: one heat map per cell
@@ -263,6 +263,7 @@ def test_one_run_gets_its_summary_curves_and_gradient_norms(sweep, tmp_path):
         "summary.md",
         "summary.csv",
         "curves.png",
+        "progress.png",
         "gradnorms.png",
     }
     summary = {row["setting"]: row["value"] for row in read_csv(out / "summary.csv")}
@@ -283,7 +284,7 @@ def test_a_run_without_gradient_norms_says_so_and_stale_files_go(sweep, tmp_path
     out = tmp_path / "out"
     build_report([sweep], out=out)
     report = build_report([run], out=out)
-    assert sorted(report.files) == ["curves.png", "index.md", "summary.csv", "summary.md"]
+    assert sorted(report.files) == ["curves.png", "index.md", "progress.png", "summary.csv", "summary.md"]
     assert {path.name for path in out.iterdir()} == set(report.files)
     assert "No step record holds per-layer gradient norms" in (out / "index.md").read_text()
 
@@ -369,3 +370,57 @@ def test_an_axis_with_one_value_is_widened():
     before = wide.get_xlim()
     sensible_limits(wide)
     assert wide.get_xlim() == before
+
+
+def test_step_records_say_how_far_training_has_come(sweep):
+    """Each step record carries the run's training tokens and seconds so far; they grow, and end at
+    most at the epochs' own counts."""
+    run = sweep / "tiny-lstm-f1-s1"
+    steps, epochs = records(run, "step"), records(run, "epoch")
+    assert len(steps) >= 4
+    tokens, seconds = [row["tokens"] for row in steps], [row["seconds"] for row in steps]
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens) and seconds == sorted(seconds)
+    assert tokens[-1] <= epochs[-1]["tokens_seen"]
+    assert seconds[-1] <= sum(row["train_seconds"] for row in epochs) + 1e-3
+    per_step = steps[0]["tokens"] / steps[0]["step"]  # a batch of whole windows, until an epoch's last
+    inside = [row for row in steps if row["step"] < epochs[0]["step"]]
+    assert [row["tokens"] for row in inside] == [row["step"] * per_step for row in inside]
+
+
+def test_progress_of_runs_written_before_0_4_is_placed_between_epoch_ends(sweep, tmp_path):
+    """Step records without tokens and seconds (charlm 0.3) are placed by their step between the epoch
+    ends; with steps of (nearly) equal size that is about where the newer records say they are."""
+    run = tmp_path / "old"
+    shutil.copytree(sweep / "tiny-lstm-f1-s1", run)
+    (exact,) = read_runs([run])
+    keep_records(run, lambda row: True)
+    rows = [
+        {k: v for k, v in row.items() if row["event"] != "step" or k not in ("tokens", "seconds")}
+        for row in records(run)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (placed,) = read_runs([run])
+    assert [p.tokens for p in placed.trained] == pytest.approx([p.tokens for p in exact.trained], rel=0.02)
+    assert [p.bpc for p in placed.trained] == [p.bpc for p in exact.trained]
+    assert [p.tokens for p in placed.validated] == [row["tokens_seen"] for row in records(run, "epoch")]
+
+
+def test_the_device_labels_the_time_axis():
+    assert device_label({"device": "cuda", "device_name": "NVIDIA H200", "threads": 16}) == "NVIDIA H200"
+    assert device_label({"device": "cpu", "device_name": "x86_64", "threads": 2}) == "cpu (x86_64, 2 threads)"
+    assert device_label({}) is None
+
+
+def test_cells_at_their_own_depths_share_a_row(sweep, tmp_path):
+    """The eras plan compares cells at equal parameters, each at its own depth (rhn 1 layer, the
+    transformer 4): one row per corpus, the depth beside each cell."""
+    copied = tmp_path / "eras"
+    for name in ("tiny-lstm-f1-s1", "tiny-gru-f1-s1"):
+        shutil.copytree(sweep / name, copied / name)
+    settings = json.loads((copied / "tiny-gru-f1-s1" / "config.json").read_text())
+    settings["model"]["layers"] = 2
+    (copied / "tiny-gru-f1-s1" / "config.json").write_text(json.dumps(settings))
+    build_report([copied], out=tmp_path / "out")
+    table = (tmp_path / "out" / "table1.md").read_text()
+    assert "| corpus | gru (2 layers) | lstm (1 layer) |" in table
+    assert len([line for line in table.splitlines() if line.startswith("| tiny")]) == 1

@@ -10,6 +10,8 @@ below the given directories with ``read_runs`` and writes, into ``runs/sweep/rep
   cell of each row in bold; full-data runs only;
 - ``convergence.csv/.png``: epochs to the best validation loss per run, a box plot per cell;
 - ``curves.png``: validation bpc against epochs and against training time, one panel per corpus;
+- ``progress.png``: training bpc (step records) and validation bpc against training tokens and against
+  training time, the time labelled with the device the runs trained on;
 - ``efficiency.md/.csv/.png``: test bpc against the training fraction, and the fraction of the data
   each cell needs to match the reference cell's full-data test loss;
 - ``gradnorms.png``: per-layer gradient norms of the step records as heat maps;
@@ -38,6 +40,15 @@ from charlm.runs.records import EpochRecord, EvalRecord, StepRecord
 
 
 @dataclasses.dataclass(frozen=True)
+class Point:
+    """A bpc measured after ``tokens`` training tokens and ``seconds`` of training."""
+
+    tokens: float
+    seconds: float
+    bpc: float
+
+
+@dataclasses.dataclass(frozen=True)
 class RunRecord:
     """One run read back from its directory: its settings, status and the records a report needs."""
 
@@ -60,6 +71,9 @@ class RunRecord:
     evaluations: tuple[EvalRecord, ...]  # dynamic "eval" records
     tokens_seen: int | None = None  # training tokens of the whole run (None: written before it was counted)
     stopped_by: str | None = None  # epochs, patience, tokens, time, diverged, interrupted; None while it runs
+    device: str | None = None  # what it trained on, from provenance.json: ``NVIDIA H200``, ``cpu (x86_64, 2 threads)``
+    trained: tuple[Point, ...] = ()  # training bpc of the step records, by tokens and training seconds
+    validated: tuple[Point, ...] = ()  # validation bpc of the valid and epoch records
 
     @property
     def completed_epochs(self) -> int:
@@ -173,7 +187,54 @@ def read_run(run: Run, name: str) -> RunRecord:
         evaluations=tuple(evaluation for evaluation in history.evaluations if evaluation.mode == "dynamic"),
         tokens_seen=_tokens_seen(history),
         stopped_by=_stopped_by(history, run.status(history)),
+        device=device_label(run.read_json(run.provenance_file)),
+        **progress_points(history),
     )
+
+
+def device_label(provenance: dict) -> str | None:
+    """``NVIDIA H200`` for a GPU, ``cpu (x86_64, 2 threads)`` for a CPU; None when not recorded."""
+    device, name, threads = provenance.get("device"), provenance.get("device_name"), provenance.get("threads")
+    if not isinstance(device, str):
+        return None
+    if device.startswith("cuda") and isinstance(name, str):
+        return name
+    details = [str(part) for part in (name, threads and f"{threads} threads") if part]
+    return f"{device} ({', '.join(details)})" if details else device
+
+
+def progress_points(history) -> dict[str, tuple[Point, ...]]:
+    """The run's training bpc (``trained``) and validation bpc (``validated``) as points by tokens and
+    training seconds. Step and valid records since charlm 0.4 carry both; older ones are placed by their
+    step between the epoch ends, which record them, as if each epoch trained at an even pace."""
+    anchors, ends, seconds = [(0, 0, 0.0)], [], 0.0  # (step, tokens, seconds) at the start and each epoch end
+    for epoch in history.epochs:
+        seconds += epoch.train_seconds or 0.0
+        if epoch.step is not None and epoch.tokens_seen is not None:
+            anchors.append((epoch.step, epoch.tokens_seen, seconds))
+            ends.append(Point(epoch.tokens_seen, seconds, epoch.valid_bpc))
+
+    def placed(record, bpc) -> Point | None:
+        if record.tokens is not None and record.seconds is not None:
+            return Point(record.tokens, record.seconds, bpc)
+        for (step0, tokens0, seconds0), (step1, tokens1, seconds1) in zip(anchors, anchors[1:]):
+            if record.step is not None and step0 <= record.step <= step1 and step1 > step0:
+                share = (record.step - step0) / (step1 - step0)
+                return Point(tokens0 + share * (tokens1 - tokens0), seconds0 + share * (seconds1 - seconds0), bpc)
+        return None  # past the last epoch end of a run written before charlm 0.4
+
+    trained = [placed(record, record.bpc) for record in history.steps]
+    validated = [placed(record, record.valid_bpc) for record in history.of("valid")] + ends
+    return {
+        "trained": tuple(point for point in trained if point is not None and _finite(point.bpc)),
+        "validated": tuple(
+            sorted((point for point in validated if point is not None and _finite(point.bpc)), key=lambda p: p.tokens)
+        ),
+    }
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _tokens_seen(history) -> int | None:
@@ -249,14 +310,31 @@ def table1_sections(groups: list[Group]) -> list[tuple[str, list[str], list[tupl
     for budget in _unique(group.budget for group in full):
         inside = [group for group in full if group.budget == budget]
         cells = sorted({group.cell for group in inside})
-        show_layers = any(group.layers not in (1, None) for group in inside)
+        depths = {cell: {group.layers for group in inside if group.cell == cell} for cell in cells}
+        if all(len(layers) == 1 for layers in depths.values()):  # a depth per cell (lstm 2, rhn 1): a row per corpus
+            shared = {layers for (layers,) in depths.values()}
+            depth = f" ({layers_text(next(iter(shared)))})" if len(shared) == 1 and shared != {1} else ""
+            rows = [
+                (
+                    corpus + depth,
+                    [next((g for g in inside if (g.corpus, g.cell) == (corpus, cell)), None) for cell in cells],
+                )
+                for corpus in _unique(group.corpus for group in inside)
+            ]
+            if len(shared) > 1:
+                cells = [f"{cell} ({layers_text(*depths[cell])})" for cell in cells]
+            sections.append((budget, cells, rows))
+            continue
         rows = []
         for corpus, layers in _unique((group.corpus, group.layers) for group in inside):
             by_cell = {group.cell: group for group in inside if (group.corpus, group.layers) == (corpus, layers)}
-            label = f"{corpus} ({layers} layer{'' if layers == 1 else 's'})" if show_layers else corpus
-            rows.append((label, [by_cell.get(cell) for cell in cells]))
+            rows.append((f"{corpus} ({layers_text(layers)})", [by_cell.get(cell) for cell in cells]))
         sections.append((budget, cells, rows))
     return sections
+
+
+def layers_text(layers) -> str:
+    return "1 layer" if layers == 1 else "layers not recorded" if layers is None else f"{layers} layers"
 
 
 def unequal_data(row: list[Group | None]) -> list[int] | None:

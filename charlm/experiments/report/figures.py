@@ -42,6 +42,16 @@ class Curve:
 
 
 @dataclasses.dataclass(frozen=True)
+class Progress:
+    """One run's training bpc (a line) and validation bpc (dots) by tokens and training seconds."""
+
+    label: str
+    colour: str
+    trained: list  # compare.Point
+    validated: list
+
+
+@dataclasses.dataclass(frozen=True)
 class Line:
     """Test bpc (mean, standard deviation) of one cell against the training fraction."""
 
@@ -75,7 +85,7 @@ def _styled(draw):
 
 def cell_colours(cells: list[str]) -> dict[str, str]:
     """A colour per cell, the same in every figure of a report."""
-    palette = colormaps["tab10"].colors
+    palette = colormaps["tab10"].colors + colormaps["tab20"].colors[1::2]  # then tab10's lighter shades
     return {cell: _hex(palette[index % len(palette)]) for index, cell in enumerate(cells)}
 
 
@@ -101,6 +111,46 @@ def learning_curves(panels: dict[str, list[Curve]], path: Path) -> None:
         by_time.set(title=f"{corpus}: validation bpc by training time", xlabel=f"training time ({unit})")
         by_epoch.xaxis.set_major_locator(MaxNLocator(integer=True))
         _legend(by_epoch)
+    _save(figure, path)
+
+
+@_styled
+def progress_curves(panels: dict[str, tuple[str, list[Progress]]], path: Path) -> None:
+    """Per corpus (its device label, its runs): bpc against training tokens (left) and training time
+    (right, labelled with the device). Lines: training bpc of the step records; dots: validation bpc."""
+    figure = _figure(CURVES_SIZE[0], CURVES_SIZE[1] * len(panels))
+    axes = figure.subplots(len(panels), 2, squeeze=False)
+    longest = max(
+        (point.seconds for _, runs in panels.values() for run in runs for point in run.trained + run.validated),
+        default=0.0,
+    )
+    unit, scale = ("hours", 3600) if longest > 7200 else ("minutes", 60) if longest > 600 else ("seconds", 1)
+    for (corpus, (device, runs)), (by_tokens, by_time) in zip(panels.items(), axes):
+        for run in runs:
+            for panel, x in ((by_tokens, lambda p: p.tokens / 1e6), (by_time, lambda p: p.seconds / scale)):
+                panel.plot(
+                    [x(p) for p in run.trained],
+                    [p.bpc for p in run.trained],
+                    color=run.colour,
+                    linewidth=1,
+                    alpha=0.7,
+                    label=run.label,
+                )
+                panel.plot(
+                    [x(p) for p in run.validated],
+                    [p.bpc for p in run.validated],
+                    color=run.colour,
+                    marker="o",
+                    markersize=4,
+                    linestyle="none",
+                )
+        by_tokens.set(
+            title=f"{corpus}: bpc by training tokens (lines: training; dots: validation)",
+            xlabel="training tokens (millions)",
+            ylabel="bpc",
+        )
+        by_time.set(title=f"{corpus}: bpc by training time", xlabel=f"training time ({unit}) on {device}")
+        _legend(by_tokens)
     _save(figure, path)
 
 

@@ -6,6 +6,7 @@ each ``write_*`` method writes one part, or adds a note to the index saying why 
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import io
@@ -24,6 +25,7 @@ from charlm.experiments.report.compare import (
     dynamic_rows,
     efficiency_families,
     group_runs,
+    layers_text,
     protocol_name,
     ordering_note,
     read_runs,
@@ -46,6 +48,7 @@ REPORT_FILES = (
     "convergence.csv",
     "convergence.png",
     "curves.png",
+    "progress.png",
     "efficiency.md",
     "efficiency.csv",
     "efficiency.png",
@@ -68,6 +71,7 @@ TABLES = {
 }
 FIGURES = {
     "curves.png": "Learning curves: validation bpc against epochs and training time",
+    "progress.png": "Convergence: training and validation bpc against training tokens and training time",
     "convergence.png": "Epochs to the best validation loss, per cell",
     "efficiency.png": "Test bpc against the fraction of training data",
     "gradnorms.png": "Gradient norm per layer and logged step",
@@ -106,6 +110,7 @@ class ReportWriter:
             self.write_convergence()
             self.write_efficiency()
         self.write_curves()
+        self.write_progress()
         self.write_gradnorms()
         self.write_dynamic()
         if not self.tables:  # no Table 1 (no run used all the data): the runs themselves, so a table is always shown
@@ -329,7 +334,7 @@ class ReportWriter:
                 )
                 rows.append([cell, *[_bpc_text(own.get(fraction)) for fraction in fractions], needed])
             parts.append(
-                f"## {corpus}, {budget} parameters, {_layers_text(layers)}\n\n"
+                f"## {corpus}, {budget} parameters, {layers_text(layers)}\n\n"
                 + _markdown(["cell", *[f"bpc at {fraction:g}" for fraction in fractions], match], rows)
             )
         return "\n".join(parts)
@@ -341,7 +346,7 @@ class ReportWriter:
             for cell in sorted({group.cell for group in groups}):
                 own = [group for group in groups if group.cell == cell and group.bpc is not None]
                 if own:
-                    label = f"{cell} ({budget}, {_layers_text(layers)})" if several else cell
+                    label = f"{cell} ({budget}, {layers_text(layers)})" if several else cell
                     panels.setdefault(corpus, []).append(
                         figures.Line(
                             label,
@@ -373,6 +378,35 @@ class ReportWriter:
             self.notes.append("No run has finished an epoch: no learning curves.")
             return
         self.figure("curves.png", figures.learning_curves, dict(sorted(panels.items())))
+
+    def write_progress(self) -> None:
+        chosen = [record for record in self.records if record.fraction == 1.0] or self.records
+        panels = {}
+        for corpus in sorted({record.corpus for record in chosen}):
+            runs = [record for record in chosen if record.corpus == corpus and (record.trained or record.validated)]
+            depths = collections.defaultdict(set)
+            for record in runs:
+                depths[record.cell].add(record.layers)
+            devices = sorted({record.device or "an unrecorded device" for record in runs})
+            panels[corpus] = (
+                " / ".join(devices),
+                [
+                    figures.Progress(
+                        f"{record.cell} ({layers_text(record.layers)})"
+                        if len(depths[record.cell]) > 1
+                        else record.cell,
+                        self.colours[record.cell],
+                        list(record.trained),
+                        list(record.validated),
+                    )
+                    for record in runs
+                ],
+            )
+        panels = {corpus: panel for corpus, panel in panels.items() if panel[1]}
+        if not panels:
+            self.notes.append("No run has logged a step: no convergence by tokens and time.")
+            return
+        self.figure("progress.png", figures.progress_curves, panels)
 
     def write_gradnorms(self) -> None:
         chosen = [record for record in self.records if record.steps]
@@ -470,10 +504,6 @@ def needed_text(needed: tuple[float | None, bool]) -> str:
     if fraction is None:
         return "not reached"
     return f"≤ {fraction:.2f}" if upper_bound else f"{fraction:.2f}"
-
-
-def _layers_text(layers) -> str:
-    return "1 layer" if layers == 1 else f"{layers} layers"
 
 
 def _settings(record: RunRecord) -> dict:
