@@ -51,11 +51,6 @@ def check_parts(payload: dict, path) -> None:
         problem = tensor_problem(tensor)
         if problem:
             raise CharlmError(f"{path} is a damaged charlm checkpoint: its weight {name[:60]} is {problem}")
-    for name, value in (payload.get("scores") or {}).items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise CharlmError(
-                f"{path} is a damaged charlm checkpoint: its score {shown(name, 40)} is {kind_of(value)}, not a number"
-            )
     check_vocabulary(payload["tokenizer"], path)
 
 
@@ -128,8 +123,6 @@ def tensor_problem(tensor) -> str | None:
     tensor, not a dense one"), or None."""
     if tensor.layout != torch.strided:
         return f"a {str(tensor.layout).removeprefix('torch.').replace('_', ' ')} tensor, not a dense one"
-    if tensor.is_nested or tensor.is_quantized:
-        return f"a {'nested' if tensor.is_nested else 'quantized'} tensor, not a dense one"
     if tensor.device.type == "meta":
         return "a tensor without data (on the meta device)"
     return None

@@ -19,11 +19,12 @@ from charlm.errors import ConfigError, shown
 from charlm.settings import INT64_MAX, from_dict, renamed, setting, validate
 
 DEFAULT_HIDDEN = 256  # hidden size when neither a hidden size nor a parameter budget is given
-MAX_LAYERS = 1024  # a model is built layer by layer (on the meta device too, to size it): 2**31 would never end
-MAX_WIDTH = 2**20  # --hidden, --embed-size: terabytes of weights already, and no weight's size overflows int64
-FLOAT32_MAX = 3.4028234663852886e38  # --weight-decay: torch's optimizers hold it as a float32
+MAX_LAYERS = 1024  # bounds of what makes sense, shown in the help: far beyond any model in the papers
+MAX_WIDTH = 2**20  # --hidden, --embed-size: terabytes of weights already
+MAX_LR = 1000  # learning rates: SGD's largest in use is AWD-LSTM's 30
+MAX_WEIGHT_DECAY = 10
+MAX_DYNAMIC_LR = 100
 MAX_SAMPLE_LENGTH = 10**9  # --length, Model.sample: the symbols drawn are all kept (ids, the text), gigabytes already
-MAX_LR = 1e37  # learning rates: torch's optimizers take them as float32, and Adam's first step divides by 1 - β₁ = 0.1
 DIST_TIMEOUT_MINUTES = 10.0  # --dist-timeout: how long a torchrun process waits for the others
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")  # --optimizer; built by charlm.training.optimizers
@@ -49,13 +50,13 @@ class TrainConfig:
         show_default="none",
     )
     cell: str = setting("lstm", "Recurrent cell (see `charlm cells`), or module:Class for your own.")
-    layers: int = setting(1, "Number of stacked recurrent layers.", min=1, limit=MAX_LAYERS)
+    layers: int = setting(1, "Number of stacked recurrent layers.", min=1, max=MAX_LAYERS)
     hidden_size: int | None = setting(
         None,
         "Hidden size n.",
         flag="--hidden",
         min=1,
-        limit=MAX_WIDTH,
+        max=MAX_WIDTH,
         show_default=f"{DEFAULT_HIDDEN} when neither --hidden nor --params is given",
     )
     params: str | None = setting(
@@ -69,7 +70,7 @@ class TrainConfig:
         None,
         "Embedding width; 0 feeds one-hot symbols.",
         min=0,
-        limit=MAX_WIDTH,
+        max=MAX_WIDTH,
         show_default="what the cell needs, else n",
     )
     dropout: float = setting(0.0, "Dropout between layers and on the softmax input.", min=0, max=1, max_open=True)
@@ -88,7 +89,7 @@ class TrainConfig:
     batch_size: int = setting(32, "Parallel streams per step (the LRU paper's protocol: 250).", min=1)
     bptt: int = setting(50, "Truncated backpropagation window (steps).", min=1)
     lr: float = setting(
-        3e-3, "Initial learning rate (the LRU paper's protocol: 1e-3).", min=0, min_open=True, limit=MAX_LR
+        3e-3, "Initial learning rate (the LRU paper's protocol: 1e-3).", min=0, min_open=True, max=MAX_LR
     )
     lr_decay: float = setting(
         0.9, "Learning rate factor applied after every epoch (--schedule epoch-decay).", min=0, min_open=True
@@ -100,9 +101,7 @@ class TrainConfig:
         "paper), constant, or warmup-cosine (linear warmup over --warmup-steps, then a cosine down to --min-lr).",
         choices=("epoch-decay", "plateau-halving", "constant", "warmup-cosine"),
     )
-    min_lr: float = setting(
-        0.0, "Lower bound of plateau-halving; the final rate of warmup-cosine.", min=0, limit=MAX_LR
-    )
+    min_lr: float = setting(0.0, "Lower bound of plateau-halving; the final rate of warmup-cosine.", min=0, max=MAX_LR)
     plateau_factor: float = setting(
         0.5,
         "plateau-halving: the rate's factor after an epoch without improvement.",
@@ -126,7 +125,7 @@ class TrainConfig:
         "Weight decay of every weight: adamw's is decoupled (each update also multiplies the weights by 1 − lr × "
         "decay); adam's, sgd's and rmsprop's is L2 (decay × weight added to the gradient).",
         min=0,
-        limit=FLOAT32_MAX,
+        max=MAX_WEIGHT_DECAY,
         show_default="0.01 for adamw, else 0",
     )
     momentum: float | None = setting(
@@ -388,7 +387,7 @@ class ScoreConfig:
 class SampleConfig:
     """`charlm sample` and `Model.sample`."""
 
-    length: int = setting(500, "Symbols (tokens) to generate per sample.", min=0, limit=MAX_SAMPLE_LENGTH)
+    length: int = setting(500, "Symbols (tokens) to generate per sample.", min=0, max=MAX_SAMPLE_LENGTH)
     temperature: float = setting(1.0, "Softmax temperature: below 1 is more conservative.", min=0, min_open=True)
     top_k: int = setting(0, "Draw only from the k most likely symbols (0: off).", min=0)
     top_p: float = setting(
@@ -452,7 +451,7 @@ class DynamicOptions:
         "sgd", "sgd (Delta-RNN paper) or rms (Krause et al. 2018).", choices=("sgd", "rms"), cli=False
     )
     lr: float | None = setting(
-        None, "Step size η.", flag="--dyn-lr", min=0, limit=FLOAT32_MAX, show_default="0.01 sgd, 0.0001 rms"
+        None, "Step size η.", flag="--dyn-lr", min=0, max=MAX_DYNAMIC_LR, show_default="0.01 sgd, 0.0001 rms"
     )
     decay: float = setting(0.01, "rms: λ, the pull back towards the trained weights.", flag="--dyn-decay", min=0, max=1)
     eps: float = setting(
@@ -501,7 +500,7 @@ class BenchmarkConfig:
 
     cells: str = setting("lstm,gru,lru", "Comma-separated cell names, or 'all'.")
     params: str = setting("1M", "Parameter budget every model is sized to.")
-    layers: int = setting(1, "Recurrent layers.", min=1, limit=MAX_LAYERS)
+    layers: int = setting(1, "Recurrent layers.", min=1, max=MAX_LAYERS)
     vocab_size: int = setting(82, "Vocabulary size of the synthetic data.", min=2)
     batch_size: int = setting(250, "Streams per step.", min=1)
     bptt: int = setting(50, "Window length.", min=1)
@@ -551,7 +550,7 @@ class DemoConfig:
     calibration_steps: int = setting(
         3, "Training steps timed per size measured (after one warm-up step).", min=1, cli=False
     )
-    layers: int = setting(1, "Layers.", min=1, limit=MAX_LAYERS, cli=False)
+    layers: int = setting(1, "Layers.", min=1, max=MAX_LAYERS, cli=False)
     batch_size: int = setting(32, "Streams.", cli=False)
     bptt: int = setting(50, "Window.", cli=False)
     lr: float = setting(3e-3, "Learning rate.", cli=False)

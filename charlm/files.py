@@ -1,6 +1,5 @@
-"""Files: reading a file the user named (a regular file only: anything else is refused, never
-waited on), the plain names that files may give to paths, and writing files atomically (a temporary file
-beside the target, flushed to disk, then a rename).
+"""Files: reading a file the user named, the plain names that files may give to paths, and writing
+files atomically (a temporary file beside the target, flushed to disk, then a rename).
 
 At every moment a target being written is either its old or its new complete contents, whatever
 kills the process (``kill -9``, a full disk, a power cut once the data reached the disk).
@@ -17,7 +16,6 @@ import contextlib
 import errno as errnos
 import os
 import re
-import stat
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
@@ -158,26 +156,16 @@ def read_text(path: str | Path, what: str) -> str:
 
 
 def read_bytes(path: str | Path, what: str) -> bytes:
-    """The bytes of a regular file. Anything else (a FIFO, a device, a socket, a directory) is refused
-    at once, without waiting on it: the file is opened non-blocking and judged by what it is."""
+    """The bytes of a file the user named (a pipe too: ``charlm score RUN <(zcat text.gz)``)."""
     path = Path(path)
     try:
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        return path.read_bytes()
     except FileNotFoundError:
         raise CharlmError(f"{what} {path} does not exist") from None
     except IsADirectoryError:
         raise CharlmError(f"{what} {path} is a directory") from None
-    except OSError as error:  # a socket (ENXIO), no permission, a loop of links
+    except OSError as error:  # no permission, a loop of links, an I/O error
         raise CharlmError(f"cannot read {what} {path}: {error.strerror or error}") from None
-    kind = os.fstat(descriptor).st_mode
-    if not stat.S_ISREG(kind):  # judged before open() wraps it: that refuses a directory with an OSError
-        os.close(descriptor)
-        raise CharlmError(f"{what} {path} is {'a directory' if stat.S_ISDIR(kind) else 'not a regular file'}")
-    with open(descriptor, "rb") as file:
-        try:
-            return file.read()
-        except OSError as error:
-            raise CharlmError(f"cannot read {what} {path}: {error.strerror or error}") from None
 
 
 def path_value(value, what: str) -> Path:

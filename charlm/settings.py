@@ -33,12 +33,8 @@ def setting(
     choices: tuple | None = None,
     show_default: str | None = None,
     cli: bool = True,
-    limit=None,
 ):
     """A dataclass field with its help text and bounds; ``flag`` overrides ``--field-name``.
-
-    ``limit``: the largest value the setting's type can take here, beyond any use (``--layers``
-    1024: a model is built layer by layer), checked with the type (``check_number``), not shown as a bound.
 
     ``show_default`` replaces the default in the help text (for defaults that depend on others);
     ``cli=False`` keeps the field off the command line.
@@ -53,7 +49,6 @@ def setting(
         "choices": choices,
         "show_default": show_default,
         "cli": cli,
-        "limit": limit,
     }
     if isinstance(default, (dict, list)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
@@ -100,9 +95,9 @@ def _type_hints(owner) -> dict:
     return typing.get_type_hints(owner)  # read once per class: evaluating the annotations is slow
 
 
-def check_number(owner, name: str, value, kind: type, limit=None) -> None:
+def check_number(owner, name: str, value, kind: type) -> None:
     """``value`` is a number of ``kind`` that its type can hold: a finite float, or an integer
-    (not a bool, not 1.5) within 64 bits; and at most ``limit`` where the setting has one."""
+    (not a bool, not 1.5) within 64 bits."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral if kind is int else numbers.Real):
         raise ConfigError(owner, name, f"must be {_KIND_NAMES[kind]}, not {value!r}")
     if kind is float and not math.isfinite(value):
@@ -110,12 +105,6 @@ def check_number(owner, name: str, value, kind: type, limit=None) -> None:
     if kind is int and not INT64_MIN <= value <= INT64_MAX:
         limit = f"at most {INT64_MAX}" if value > 0 else f"at least {INT64_MIN}"
         raise ConfigError(owner, name, f"must be {limit} (a 64-bit integer), not {shown(value, 40)}")
-    if limit is not None and value > limit:
-        raise ConfigError(
-            owner,
-            name,
-            f"must be at most {limit:g}, not {value}" if kind is float else f"must be at most {limit}, not {value}",
-        )
 
 
 def validate(settings) -> None:
@@ -135,7 +124,7 @@ def validate(settings) -> None:
         _check_bounds(owner, field.name, value, meta)
         kind = number_kind(owner, field.name)
         if kind is not None:  # after the bounds, which say more of a NaN ("must be positive, not nan")
-            check_number(owner, field.name, value, kind, meta.get("limit"))
+            check_number(owner, field.name, value, kind)
 
 
 def _check_bounds(owner, name: str, value, meta) -> None:
@@ -144,8 +133,6 @@ def _check_bounds(owner, name: str, value, meta) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(owner, name, f"must be a number, not {value!r}")
-    if isinstance(value, float) and math.isinf(value):  # an int is finite, however large (math.isinf would overflow)
-        raise ConfigError(owner, name, f"must be finite, not {value}")
     ok = not (isinstance(value, float) and math.isnan(value))
     if low is not None:
         ok = ok and (value > low if meta["min_open"] else value >= low)
@@ -240,7 +227,7 @@ def read_config_file(path: str | Path) -> dict:
     """A JSON object of training settings (keys as in TrainConfig, e.g. "cell_options": {...})."""
     path = Path(path)
     try:
-        values = json.loads(read_bytes(path, "config file").decode("utf-8"))  # not a regular file: refused
+        values = json.loads(read_bytes(path, "config file").decode("utf-8"))
     except ValueError as error:  # not UTF-8, not JSON, or an integer of more digits than Python converts
         raise CharlmError(f"config file {path} is not valid JSON: {error}") from None
     except RecursionError:

@@ -384,10 +384,10 @@ def test_a_length_the_cli_refuses_is_refused_from_python_before_any_text(model, 
     from charlm.config import MAX_SAMPLE_LENGTH
 
     for call in (model.sample, model.stream):
-        with pytest.raises(CharlmError, match=f"length must be at most {MAX_SAMPLE_LENGTH}, not 10000000000000"):
+        with pytest.raises(CharlmError, match=rf"length must be in \[0, {MAX_SAMPLE_LENGTH}\], not 10000000000000"):
             call("The", 10**13)
     assert_one_line_error(
-        cli("sample", trained_run, "--length", str(10**13)), f"--length must be at most {MAX_SAMPLE_LENGTH}"
+        cli("sample", trained_run, "--length", str(10**13)), f"--length must be in [0, {MAX_SAMPLE_LENGTH}]"
     )
 
 
@@ -442,7 +442,7 @@ WRONG_TYPES = [
     (lambda m, run, tmp: charlm.train(lr=10**400), "lr must be a finite number, not 1000"),
     (
         lambda m, run, tmp: charlm.train(hidden_size=-(10**400)),
-        "hidden_size must be at least 1, not -1000",
+        "hidden_size must be in [1, 1048576], not -1000",
     ),  # math.isinf overflowed
     (
         lambda m, run, tmp: charlm.train(save_every="1" + "0" * 400),

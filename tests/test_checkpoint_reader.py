@@ -83,7 +83,7 @@ DAMAGE = [  # (what, damage to the payload, what the one line says after the fil
     (
         "layers -1",
         _set("model_config", "layers", -1),
-        "holds a setting out of its bounds: layers must be at least 1, not -1",
+        "holds a setting out of its bounds: layers must be in [1, 1024], not -1",
     ),
     ("dropout 1", _set("model_config", "dropout", 1.0), "dropout must be in [0, 1), not 1.0"),
     ("a training setting out of bounds", _set("train_config", "bptt", 0), "bptt must be at least 1, not 0"),
@@ -122,7 +122,6 @@ DAMAGE = [  # (what, damage to the payload, what the one line says after the fil
         lambda payload: payload["weights"].__setitem__("head.bias", torch.zeros(SYMBOLS, dtype=torch.long)),
         "its weight head.bias holds torch.int64, not floating-point numbers",
     ),
-    ("a score that is text", _set("scores", "valid_bpc", "good"), "its score 'valid_bpc' is text, not a number"),
     (
         "weights that are a list",
         lambda payload: payload.__setitem__("weights", []),
@@ -330,7 +329,7 @@ CONFIG_DAMAGE = [  # a run stopped before its first checkpoint starts again from
     (
         "a setting out of bounds",
         {"hidden_size": 10**9},
-        "config.json holds a setting out of its bounds: hidden_size must be at most",
+        "config.json holds a setting out of its bounds: hidden_size must be in [1, 1048576], not",
     ),
     (
         "an unknown setting",

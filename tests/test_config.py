@@ -44,16 +44,16 @@ def test_defaults_are_valid():
 @pytest.mark.parametrize(
     "settings, field, message",
     [
-        (TrainConfig(layers=0), "layers", "layers must be at least 1, not 0"),
-        (TrainConfig(hidden_size=0), "hidden_size", "hidden_size must be at least 1"),
-        (TrainConfig(embed_size=-1), "embed_size", "embed_size must be zero or positive"),
+        (TrainConfig(layers=0), "layers", "layers must be in [1, 1024], not 0"),
+        (TrainConfig(hidden_size=0), "hidden_size", "hidden_size must be in [1, 1048576]"),
+        (TrainConfig(embed_size=-1), "embed_size", "embed_size must be in [0, 1048576]"),
         (TrainConfig(dropout=1.0), "dropout", "dropout must be in [0, 1), not 1.0"),
         (TrainConfig(dropout=NAN), "dropout", "dropout must be in [0, 1), not nan"),
         (TrainConfig(batch_size=0), "batch_size", "batch_size must be at least 1"),
         (TrainConfig(bptt=0), "bptt", "bptt must be at least 1"),
-        (TrainConfig(lr=0.0), "lr", "lr must be positive, not 0.0"),
-        (TrainConfig(lr=-1e-3), "lr", "lr must be positive"),
-        (TrainConfig(lr=NAN), "lr", "lr must be positive, not nan"),
+        (TrainConfig(lr=0.0), "lr", "lr must be in (0, 1000], not 0.0"),
+        (TrainConfig(lr=-1e-3), "lr", "lr must be in (0, 1000]"),
+        (TrainConfig(lr=NAN), "lr", "lr must be in (0, 1000], not nan"),
         (TrainConfig(lr_decay=0.0), "lr_decay", "lr_decay must be positive"),
         (TrainConfig(epochs=0), "epochs", "epochs must be at least 1"),
         (TrainConfig(patience=0), "patience", "patience must be at least 1"),
@@ -72,12 +72,12 @@ def test_defaults_are_valid():
         (SampleConfig(temperature=0.0), "temperature", "temperature must be positive"),
         (SampleConfig(top_p=0.0), "top_p", "top_p must be in (0, 1]"),
         (SampleConfig(top_p=NAN), "top_p", "top_p must be in (0, 1], not nan"),
-        (SampleConfig(length=-1), "length", "length must be zero or positive"),
+        (SampleConfig(length=-1), "length", "length must be in [0, 1000000000]"),
         (SampleConfig(num_samples=0), "num_samples", "num_samples must be at least 1"),
         (EvalConfig(split="train"), "split", "split must be one of valid, test, not 'train'"),
         (ScoreConfig(unknown="drop"), "unknown", "unknown must be one of error, skip, unk"),
-        (DynamicOptions(lr=NAN), "lr", "lr must be zero or positive, not nan"),
-        (DynamicOptions(lr=INF), "lr", "lr must be finite"),
+        (DynamicOptions(lr=NAN), "lr", "lr must be in [0, 100], not nan"),
+        (DynamicOptions(lr=INF), "lr", "lr must be in [0, 100], not inf"),
         (DynamicOptions(decay=1.5), "decay", "decay must be in [0, 1]"),
         (DynamicOptions(eps=0.0), "eps", "eps must be positive"),
         (DynamicOptions(segment=0), "segment", "segment must be at least 1"),
@@ -133,7 +133,7 @@ def test_from_dict_is_strict():
 @pytest.mark.parametrize(
     "args, fragments",
     [
-        (("train", "--lr", "0"), ["--lr must be positive, not 0.0"]),
+        (("train", "--lr", "0"), ["--lr must be in (0, 1000], not 0.0"]),
         (("train", "--lr-decay", "nan"), ["--lr-decay must be positive, not nan"]),
         (("train", "--dropout", "1"), ["--dropout must be in [0, 1)"]),
         (("train", "--train-fraction", "0"), ["--train-fraction must be in (0, 1]"]),
@@ -160,7 +160,7 @@ def test_config_file_values_are_checked(tmp_path, monkeypatch):
     config.write_text(json.dumps({"learning_rate": 0.1}), encoding="utf-8")
     assert_one_line_error(cli("train", "--config", config), "unknown TrainConfig setting: 'learning_rate'")
     config.write_text(json.dumps({"lr": 0}), encoding="utf-8")
-    assert_one_line_error(cli("train", "--config", config), "--lr must be positive")
+    assert_one_line_error(cli("train", "--config", config), "--lr must be in (0, 1000]")
     config.write_text("[1, 2]", encoding="utf-8")
     assert_one_line_error(cli("train", "--config", config), "must hold a JSON object")
     config.write_text("{lr: 1}", encoding="utf-8")
@@ -179,7 +179,7 @@ def test_other_commands_name_their_flags(trained_run, tmp_path):
     assert_one_line_error(cli("sample", trained_run, "--top-p", "0"), "--top-p must be in (0, 1], not 0.0")
     assert_one_line_error(cli("sample", trained_run, "--top-p", "nan"), "--top-p")
     assert_one_line_error(
-        cli("score", trained_run, text, "--dynamic", "sgd", "--dyn-lr", "inf"), "--dyn-lr must be finite"
+        cli("score", trained_run, text, "--dynamic", "sgd", "--dyn-lr", "inf"), "--dyn-lr must be in [0, 100], not inf"
     )
     assert_one_line_error(
         cli("score", trained_run, text, "--dynamic", "rms", "--dyn-eps", "0"), "--dyn-eps must be positive"

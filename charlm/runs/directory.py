@@ -202,9 +202,9 @@ class Run:
         atomic_write_text(self.provenance_file, json.dumps(provenance, indent=2, sort_keys=True) + "\n")
 
     def read_json(self, path: Path) -> dict:
-        """A JSON object from a file of the run; {} when it is missing, unreadable, not an object, not
-        a regular file (a FIFO is never waited on), or holding NaN or Infinity (no run writes them, and
-        `charlm runs --json` would pass them on to readers that refuse them)."""
+        """A JSON object from a file of the run; {} when it is missing, unreadable, not an object, or
+        holding NaN or Infinity (no run writes them, and `charlm runs --json` would pass them on to
+        readers that refuse them)."""
         try:
             value = json.loads(read_bytes(path, "run file").decode("utf-8"), parse_constant=_not_json)
         except (CharlmError, ValueError, RecursionError):  # RecursionError: arrays nested thousands deep

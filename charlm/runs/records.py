@@ -444,7 +444,7 @@ class RunHistory:
         """The records of a metrics.jsonl (none when it is missing); a line cut short by a crash, or
         one that is not a JSON object, is skipped. A record whose event is not a string, or with a
         field of the wrong type (a string where a number belongs), is damage, not a crash: a
-        ``CharlmError`` names the file and the line. So is a metrics.jsonl that is not a regular file."""
+        ``CharlmError`` names the file and the line."""
         if not os.path.lexists(path):
             return cls(())
         text = read_bytes(path, "run record file").decode("utf-8", errors="replace")

@@ -42,7 +42,7 @@ class TaskConfig:
     cell: str = setting(
         "grid-lstm", "A registered cell stacked --layers deep; for parity grid-lstm (the 1-D Grid LSTM), relu or tanh."
     )
-    layers: int = setting(1, "Depth.", min=1, limit=MAX_LAYERS)
+    layers: int = setting(1, "Depth.", min=1, max=MAX_LAYERS)
     tied: bool | None = setting(
         None, "The same weights at every layer.", show_default="grid-lstm tied, other cells untied"
     )
@@ -59,12 +59,12 @@ class TaskConfig:
     )
     bits: int | None = setting(None, f"parity: bits per string, 1 to {MAX_BITS:,}.", show_default=str(Parity.bits))
     hidden_size: int | None = setting(
-        None, "Units per layer.", flag="--hidden", min=1, limit=MAX_WIDTH, show_default=paper_default("hidden_size")
+        None, "Units per layer.", flag="--hidden", min=1, max=MAX_WIDTH, show_default=paper_default("hidden_size")
     )  # --hidden as in `charlm train`
     batch_size: int | None = setting(None, "Samples per step.", min=1, show_default=paper_default("batch_size"))
     optimizer: str | None = setting(None, "Optimizer.", choices=OPTIMIZERS, show_default=paper_default("optimizer"))
     lr: float | None = setting(
-        None, "Learning rate.", min=0, min_open=True, limit=MAX_LR, show_default=paper_default("lr")
+        None, "Learning rate.", min=0, min_open=True, max=MAX_LR, show_default=paper_default("lr")
     )
     clip: float | None = setting(
         None, "Clip the gradient norm to this (the paper clips nothing).", min=0, min_open=True, show_default="none"

@@ -56,7 +56,7 @@ CASES = [
     Case("zero learning rate", "train --lr 0"),
     Case("learning rate not a number", "train --lr fast"),
     Case("infinite learning rate", "train --lr inf"),
-    Case("learning rate beyond float32", "train --optimizer sgd --lr 1e38"),
+    Case("learning rate beyond its bound", "train --optimizer sgd --lr 1e38"),
     Case("zero learning-rate decay", "train --lr-decay 0"),
     Case("more evaluation streams than the split has symbols", "train --eval-batch-size 100000"),
     Case("more training streams than the training tokens used", "train --train-fraction 0.01 --batch-size 1000"),
@@ -92,7 +92,7 @@ CASES = [
     Case("CUDA graphs and compilation at once", "train --cuda-graph --compile"),
     Case("MPS off a Mac", "train --device mps", cpu_only=True),
     Case("seed beyond 64 bits", "train --seed 18446744073709551616"),
-    Case("hidden size beyond 64 bits", "train --hidden 18446744073709551616"),
+    Case("hidden size by the trillion", "train --hidden 18446744073709551616"),
     Case("layers by the billion", "train --layers 2147483648"),
     Case("data directory that is a file", "train --data-dir FILES/latin-1.txt"),
     Case("threads beyond 64 bits", "--threads 18446744073709551616 cells"),
@@ -103,7 +103,6 @@ CASES = [
     Case("config file with a wrong type", "train --config FILES/wrong-type.json"),
     Case("config file that is a directory", "train --config FILES/empty-dir"),
     Case("config file naming a module", "train --config FILES/module-cell.json"),
-    Case("config file that is a FIFO", "train --config FILES/fifo"),
     Case("config file with an integer too large for a number", "train --config FILES/huge-number.json"),
     Case("config file with a NUL in a path", "train --config FILES/nul-path.json"),
     Case("run directory already used", "train --run-dir RUN"),
@@ -142,7 +141,6 @@ CASES = [
     Case("prime outside the vocabulary", "sample RUN --prime 中文"),
     Case("prime file not UTF-8", "sample RUN --prime-file FILES/latin-1.txt"),
     Case("prime and prime file", "sample RUN --prime a --prime-file FILES/latin-1.txt"),
-    Case("prime file that is a FIFO", "sample RUN --prime-file FILES/fifo"),
     Case("beam search with a temperature", "sample RUN --beam 4 --temperature 0.8"),
     Case("beam search with several samples", "sample RUN --beam 4 --num-samples 2"),
     Case("beam search no machine holds", "sample RUN --beam 9223372036854775807", cpu_only=True),
@@ -250,7 +248,6 @@ def places(trained_run, tiny_corpus, tmp_path_factory) -> dict[str, Path]:
     (files / "chinese.txt").write_text("中文", encoding="utf-8")
     (files / "short.txt").write_text("the cat", encoding="utf-8")
     (files / "empty-dir").mkdir()
-    os.mkfifo(files / "fifo")  # a reader that opened it would wait for a writer for ever
     (files / "loop").symlink_to("loop")  # a link to itself
     (files / "dangling").symlink_to(files / "absent.txt")
     (files / "linked-run").mkdir()

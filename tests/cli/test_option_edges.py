@@ -4,7 +4,7 @@ line and from Python.
 The options themselves are collected from the typer application (and the Python facade's
 signatures) by a structural test that reads their declarations and runs nothing: each is backed by a
 setting whose type the shared check (``charlm.settings.check_number``: an integer within 64 bits, a
-finite number) and whose declared bounds (``min``, ``max``, ``min_open``, ``max_open``, ``limit``)
+finite number) and whose declared bounds (``min``, ``max``, ``min_open``, ``max_open``)
 ``validate`` enforces, or it declares its own bound (``max=INT64_MAX``) or is one of the few options
 checked by code of their own, each tried below. So an option added later without a bound fails a
 fast test. Each kind of bound is then tried once at its edge: a refused value is one line on stderr
@@ -144,9 +144,8 @@ def test_every_numeric_option_is_bounded_by_its_setting_or_its_declaration():
             # validate() checks the type (number_kind: 64 bits, finite) and then the declared bounds
             assert number_kind(owner, field.name) is kind, f"{command} {flag}: {owner.__name__}.{field.name}"
             meta = field.metadata
-            low, high, limit = meta["min"], meta["max"], meta["limit"]
+            low, high = meta["min"], meta["max"]
             assert low is None or high is None or low < high, f"{command} {flag}: min {low} >= max {high}"
-            assert limit is None or (low is None or low < limit) and (kind is float or limit <= INT64_MAX), flag
             assert not (meta["min_open"] and low is None) and not (meta["max_open"] and high is None), flag
         elif kind is int and param.max == INT64_MAX and (param.min is None or param.min >= INT64_MIN):
             continue  # its own range, checked by click before the command runs
@@ -223,13 +222,13 @@ REFUSED = {
         f"less than or equal to {INT64_MAX}",
     ),
     # a number option: finite
-    "number given inf": ([*TRAIN, "--clip", "inf"], "--clip", "must be finite, not inf"),
-    "number given -inf": ([*TRAIN, "--lr", "-inf"], "--lr", "finite"),
+    "number given inf": ([*TRAIN, "--clip", "inf"], "--clip", "must be a finite number, not inf"),
+    "number given -inf": ([*TRAIN, "--lr", "-inf"], "--lr", "must be in (0, 1000], not -inf"),
     "number given nan": ([*TRAIN, "--clip", "nan"], "--clip", "must be zero or positive, not nan"),
     # the bounds a setting declares
     "closed minimum, below": ([*TRAIN, "--epochs", "0"], "--epochs", "must be at least 1, not 0"),
     "closed minimum 0, below": ([*TRAIN, "--clip", "-1"], "--clip", "must be zero or positive, not -1"),
-    "open minimum, at": ([*TRAIN, "--lr", "0"], "--lr", "must be positive, not 0"),
+    "open minimum, at": ([*TRAIN, "--lr-decay", "0"], "--lr-decay", "must be positive, not 0"),
     "closed maximum, above": ([*TRAIN, "--dist-timeout", "10081"], "--dist-timeout", "must be in (0, 10080], not"),
     "open maximum, at": ([*TRAIN, "--dropout", "1"], "--dropout", "must be in [0, 1), not 1"),
     "open minimum and maximum, at the maximum": (
@@ -237,8 +236,8 @@ REFUSED = {
         "--plateau-factor",
         "must be in (0, 1), not 1",
     ),
-    "integer limit": ([*TRAIN, "--layers", str(2**31)], "--layers", "must be at most 1024, not 2147483648"),
-    "number limit": ([*TRAIN, "--lr", "1e308"], "--lr", "must be at most 1e+37"),
+    "closed maximum of a size, above": ([*TRAIN, "--layers", str(2**31)], "--layers", "must be in [1, 1024], not"),
+    "closed maximum of a rate, above": ([*TRAIN, "--lr", "1e308"], "--lr", "must be in (0, 1000], not 1e+308"),
     # an option of a command's own, checked by its own code
     "own number, its own check": (
         ["check", "--full", "--device", "cpu", "--cells", "rnn", "--out", "NEW", "--budget", "nan"],
@@ -273,10 +272,10 @@ def test_accepted_at_every_kind_of_edge_on_the_command_line(places, tmp_path, mo
     edges = {
         "epochs": 1,  # closed minimum
         "clip": 0.0,  # closed minimum 0
-        "lr": 1e37,  # limit
+        "lr": 1000.0,  # closed maximum
         "dropout": 0.999,  # below an open maximum
         "dist_timeout": 10080.0,  # closed maximum
-        "layers": 1024,  # limit
+        "layers": 1024,  # closed maximum
         "seed": INT64_MAX,  # 64 bits
     }
     flags = [word for name, value in edges.items() for word in ("--" + name.replace("_", "-"), str(value))]
@@ -317,14 +316,14 @@ PYTHON_REFUSED = {
     "integer beyond 64 bits": ("seed", 2**63, "(a 64-bit integer)"),
     "integer below 64 bits": ("seed", -(2**63) - 1, "(a 64-bit integer)"),
     "number given text": ("clip", "5", "must be a number"),
-    "number given inf": ("lr", math.inf, "finite"),
-    "number given nan": ("lr", math.nan, "must be positive, not nan"),
+    "number given inf": ("clip", math.inf, "finite"),
+    "number given nan": ("lr_decay", math.nan, "must be positive, not nan"),
     "closed minimum, below": ("epochs", 0, "must be at least 1, not 0"),
-    "open minimum, at": ("lr", 0.0, "must be positive"),
+    "open minimum, at": ("lr_decay", 0.0, "must be positive"),
     "closed maximum, above": ("dist_timeout", 10081.0, "must be in (0, 10080]"),
     "open maximum, at": ("dropout", 1.0, "must be in [0, 1)"),
-    "integer limit": ("layers", 2**31, "must be at most 1024"),
-    "number limit": ("lr", 1e308, "must be at most 1e+37"),
+    "closed maximum of a size, above": ("layers", 2**31, "must be in [1, 1024]"),
+    "closed maximum of a rate, above": ("lr", 1e308, "must be in (0, 1000]"),
 }
 
 
@@ -356,7 +355,7 @@ def test_train_from_python_takes_every_kind_of_edge(tmp_path, monkeypatch, tiny_
     monkeypatch.chdir(tmp_path)
     received = []
     monkeypatch.setattr(api, "Trainer", lambda config: received.append(config) or _started())
-    edges = dict(epochs=1, clip=0.0, lr=1e37, dropout=0.999, dist_timeout=10080.0, layers=1024, seed=INT64_MAX)
+    edges = dict(epochs=1, clip=0.0, lr=1000.0, dropout=0.999, dist_timeout=10080.0, layers=1024, seed=INT64_MAX)
     with pytest.raises(Started):
         _train_from_python(tmp_path, tiny_corpus, **edges)
     assert {name: getattr(received[-1], name) for name in edges} == edges

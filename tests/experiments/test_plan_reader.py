@@ -138,7 +138,7 @@ BAD_PLANS = [  # (what, the plan's text, the message after "plan FILE: ")
         GOOD_AXES + "[profiles.small]\nbase = { layers = 2.5 }\n",
         None,
     ),  # checked below, with --profile
-    ("nan learning rate", "[axes]\nlr = [1e-3, nan]\n", "axes.lr[1] must be positive, not nan (run lr-nan)"),
+    ("nan learning rate", "[axes]\nlr = [1e-3, nan]\n", "axes.lr[1] must be in (0, 1000], not nan (run lr-nan)"),
     (
         "cell option of the last point",
         '[axes]\ncell = ["lstm"]\n"cell_options.peephole" = ["full", "sideways"]\n',

@@ -257,7 +257,7 @@ def test_dry_run_and_list_fit_80_columns(tmp_path, monkeypatch):
         ('[axes]\ncell = ["gru", "nope"]\n', "unknown cell 'nope'"),
         ('[axes]\ncorpus = ["../etc"]\n', "'../etc' is not a corpus name"),
         ("[axes]\ncell = []\n", "axes.cell must be a non-empty list"),
-        ("[axes]\nlr = [0.001, -1.0]\n", "axes.lr[1] must be positive, not -1.0 (run lr--1.0)"),
+        ("[axes]\nlr = [0.001, -1.0]\n", "axes.lr[1] must be in (0, 1000], not -1.0 (run lr--1.0)"),
         ('[axes]\ncell = ["mycells:Cell"]\n', "asks to import module 'mycells'"),
         ("[axes\n", "is not valid TOML"),
         ("[base]\nhidden_size = " + "9" * 5000 + "\n", "is not valid TOML: Exceeds the limit (4300 digits)"),

@@ -421,7 +421,7 @@ def test_cli_error_is_one_line(trained_run):
             ["--dynamic", "sgd", "--dyn-search", "--search-prefix", "0"],
             "--search-prefix must be a whole number of characters from 2",
         ),  # not the default of 50,000
-        (["--dynamic", "sgd", "--dyn-lr", "-0.1"], "--dyn-lr must be zero or positive, not -0.1"),
+        (["--dynamic", "sgd", "--dyn-lr", "-0.1"], "--dyn-lr must be in [0, 100], not -0.1"),
         (["--dynamic", "rms", "--dyn-decay", "1.5"], "--dyn-decay must be in [0, 1], not 1.5"),
         (["--dynamic", "rms", "--dyn-decay", "-0.1"], "--dyn-decay must be in [0, 1], not -0.1"),
         (["--dynamic", "rms", "--dyn-eps", "0"], "--dyn-eps must be positive, not 0.0"),  # open bound: the library's

@@ -276,11 +276,11 @@ def test_activations_refuse_a_layer_or_unit_the_model_lacks(client, body, status
             400,
             "seed: input should be less than or equal to 4611686018427387904",
         ),
-        ("/v1/sample", '{"temperature": 1e999}', 400, "temperature must be finite, not inf"),
+        ("/v1/sample", '{"temperature": 1e999}', 400, "temperature must be a finite number, not inf"),
         ("/v1/sample", '{"prompt": ""}', 400, "the prime is empty: give at least one symbol"),
         ("/v1/sample", '{"stop": [""]}', 400, "stop must be a non-empty string, not ''"),
         ("/v1/sample", '{"temperature": NaN}', 400, "temperature must be positive, not nan"),  # Python's json reads NaN
-        ("/v1/sample", '{"top_p": Infinity}', 400, "top_p must be finite, not inf"),
+        ("/v1/sample", '{"top_p": Infinity}', 400, "top_p must be in (0, 1], not inf"),
         (
             "/v1/sample",
             '{"beam": 1, "num_samples": 2}',

@@ -285,8 +285,8 @@ def test_the_command_line_trains_resumes_and_lists_the_run(tmp_path):
         (["parity", "--cell", "lstm"], "parity is run with grid-lstm, relu, tanh"),
         (["memorization", "--cell", "nope"], "unknown cell 'nope'"),
         (["memorization", "--optimizer", "rmsprop"], "--optimizer must be one of adam, adagrad, sgd"),
-        (["memorization", "--layers", "0"], "--layers must be at least 1, not 0"),
-        (["memorization", "--lr", "0"], "--lr must be positive, not 0.0"),
+        (["memorization", "--layers", "0"], "--layers must be in [1, 1024], not 0"),
+        (["memorization", "--lr", "0"], "--lr must be in (0, 1000], not 0.0"),
         ([], "name a task"),
     ],
 )
@@ -452,7 +452,7 @@ def test_hidden_is_the_option_of_train_and_task_and_hidden_size_still_works(tmp_
         result = cli("task", "parity", "--bits", "4", flag, "12", "--device", "cpu", "--run-dir", tmp_path / flag)
         assert result.returncode == 70 and "internal error: ZeroDivisionError" in result.stderr
     assert received == [12, 12]
-    assert_one_line_error(cli("task", "parity", "--hidden", "0"), "--hidden must be at least 1, not 0")
+    assert_one_line_error(cli("task", "parity", "--hidden", "0"), "--hidden must be in [1, 1048576], not 0")
     help_text = cli("task", "--help").stdout
     assert "--hidden" in help_text and "--hidden-size" in help_text
 

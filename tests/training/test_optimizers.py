@@ -303,7 +303,7 @@ def test_a_stop_inside_an_update_waits_for_its_end_and_sgd_resumes_exactly(tiny_
             ["--optimizer", "sgd", "--momentum", "0", "--nesterov"],
             ["--nesterov needs --optimizer sgd with a positive --momentum, not --momentum 0"],
         ),
-        (["--weight-decay", "-0.1"], ["--weight-decay must be zero or positive, not -0.1"]),
+        (["--weight-decay", "-0.1"], ["--weight-decay must be in [0, 10], not -0.1"]),
         (["--accumulate", "0"], ["--accumulate must be at least 1, not 0"]),
         (["--accumulate", "2", "--cuda-graph"], ["--accumulate above 1 and --cuda-graph are exclusive"]),
     ],

@@ -225,7 +225,7 @@ def test_existing_run_directory_is_not_overwritten(tiny_corpus, tmp_path):
     [
         (["--cell", "no-such-cell"], ["unknown cell 'no-such-cell'"]),
         (["--batch-size", "0"], ["--batch-size must be at least 1, not 0"]),
-        (["--lr", "0"], ["--lr must be positive, not 0.0"]),
+        (["--lr", "0"], ["--lr must be in (0, 1000], not 0.0"]),
         (["--hidden", "8", "--params", "1M"], ["not both"]),
         (["--train-fraction", "1.5"], ["--train-fraction"]),
         (["--cell", "lstm", "--cell-opt", "peephole=maybe"], ["peephole"]),
@@ -255,7 +255,7 @@ def test_bad_training_input_is_one_line_error_in_a_real_process(tiny_corpus, tmp
     result = run_cli(
         "train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", "--layers", "0"
     )
-    assert_one_line_error(result, "--layers must be at least 1, not 0")
+    assert_one_line_error(result, "--layers must be in [1, 1024], not 0")
     assert result.stdout == ""
 
 
