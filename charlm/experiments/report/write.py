@@ -18,7 +18,6 @@ from charlm.experiments.report import figures
 from charlm.experiments.report.compare import (
     Group,
     RunRecord,
-    Stat,
     best_of,
     data_needed,
     dynamic_columns,
@@ -33,6 +32,7 @@ from charlm.experiments.report.compare import (
     table1_sections,
     unequal_data,
 )
+from charlm.experiments.report.markdown import bpc_text, csv_value, loss_text, needed_text, stat_values
 from charlm.experiments.report.markdown import display as _display
 from charlm.experiments.report.markdown import markdown_table as _markdown
 from charlm.experiments.report.publish import publish, report_directory, staged
@@ -95,7 +95,7 @@ class ReportWriter:
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(columns)
-        writer.writerows([[_csv_value(value) for value in row] for row in rows])
+        writer.writerows([[csv_value(value) for value in row] for row in rows])
         self.text(name, buffer.getvalue())
 
     def figure(self, name: str, draw, *arguments) -> None:
@@ -286,8 +286,8 @@ class ReportWriter:
                 group.cell,
                 group.fraction,
                 len(group.runs),
-                *_stat_values(group.loss),
-                *_stat_values(group.bpc),
+                *stat_values(group.loss),
+                *stat_values(group.bpc),
                 group.status,
             ]
             for groups in efficiency_families(self.groups).values()
@@ -332,7 +332,7 @@ class ReportWriter:
                 needed = (
                     "no full-data run of the reference" if target is None else needed_text(data_needed(points, target))
                 )
-                rows.append([cell, *[_bpc_text(own.get(fraction)) for fraction in fractions], needed])
+                rows.append([cell, *[bpc_text(own.get(fraction)) for fraction in fractions], needed])
             parts.append(
                 f"## {corpus}, {budget} parameters, {layers_text(layers)}\n\n"
                 + _markdown(["cell", *[f"bpc at {fraction:g}" for fraction in fractions], match], rows)
@@ -480,32 +480,6 @@ class ReportWriter:
 # --- text ----------------------------------------------------------------------------------------------
 
 
-def loss_text(group: Group | None, *, bold: bool = False, units: bool = True) -> str:
-    """``1.2345 ± 0.0100 nats · 1.7810 ± 0.0144 bpc (2 runs; 1 interrupted)``, or a status alone."""
-    if group is None:
-        return "–"
-    if group.loss is None:
-        return group.status
-    text = f"{_pm(group.loss)} nats · {_pm(group.bpc)} bpc" if units else f"{_pm(group.loss)} · {_pm(group.bpc)}"
-    notes = [f"{len(group.runs)} runs"] if len(group.runs) > 1 else []
-    notes += [] if group.status == "finished" else [group.status]
-    text = f"**{text}**" if bold else text
-    return text + (f" ({'; '.join(notes)})" if notes else "")
-
-
-def _pm(stat: Stat | None) -> str:
-    if stat is None:
-        return "-"
-    return f"{stat.mean:.4f}" if stat.std is None else f"{stat.mean:.4f} ± {stat.std:.4f}"
-
-
-def needed_text(needed: tuple[float | None, bool]) -> str:
-    fraction, upper_bound = needed
-    if fraction is None:
-        return "not reached"
-    return f"≤ {fraction:.2f}" if upper_bound else f"{fraction:.2f}"
-
-
 def _settings(record: RunRecord) -> dict:
     return {
         "run": record.name,
@@ -531,23 +505,11 @@ def _table1_csv_row(budget: str, group: Group, best: bool) -> list:
         group.layers,
         group.cell,
         len(group.runs),
-        *_stat_values(group.loss),
-        *_stat_values(group.bpc),
+        *stat_values(group.loss),
+        *stat_values(group.bpc),
         group.status,
         best,
     ]
-
-
-def _stat_values(stat: Stat | None) -> list:
-    return [None, None] if stat is None else [stat.mean, stat.std]
-
-
-def _bpc_text(group: Group | None) -> str:
-    if group is None:
-        return "–"
-    if group.bpc is None:
-        return group.status
-    return f"{group.bpc.mean:.4f}" + ("" if group.status == "finished" else f" ({group.status})")
 
 
 def _heat_map(record: RunRecord) -> figures.HeatMap:
@@ -569,14 +531,6 @@ def _layer_order(name: str) -> tuple:
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def _csv_value(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value) if isinstance(value, float) else str(value)
 
 
 @dataclasses.dataclass
