@@ -156,7 +156,7 @@ def _bench_scaling(names: list[str], config: BenchmarkConfig) -> None:
     """Under torchrun: training throughput on one process against all of them."""
     import torch
 
-    from charlm.tools.benchmark import benchmark_scaling
+    from charlm.tools.benchmark_scaling import benchmark_scaling
     from charlm.runtime.distributed import device_for_rank, world_from_environment
 
     device = torch.device(config.device)

@@ -155,7 +155,7 @@ def fused_lstm_runs_in(precision: str, device: torch.device) -> bool:
     return True
 
 
-def _baseline_size(config: BenchmarkConfig) -> int:
+def baseline_size(config: BenchmarkConfig) -> int:
     def total(hidden_size):
         with torch.device("meta"):
             return count_parameters(FusedLSTMBaseline(config.vocab_size, hidden_size, config.layers))
@@ -181,7 +181,7 @@ def _synchronize(device):
         torch.cuda.synchronize(device)
 
 
-class _Contender:
+class Contender:
     """A model with its synthetic data, optimiser and carried state, timed a round at a time."""
 
     def __init__(
@@ -297,7 +297,7 @@ class _Contender:
         return drawn / (time.perf_counter() - start)
 
 
-def _cell_model(cell: str, config: BenchmarkConfig) -> LanguageModel:
+def cell_model(cell: str, config: BenchmarkConfig) -> LanguageModel:
     model_config = ModelConfig(cell, vocab_size=config.vocab_size, hidden_size=1, layers=config.layers)
     hidden_size, _ = size_for_budget(model_config, parse_budget(config.params))
     return LanguageModel(dataclasses.replace(model_config, hidden_size=hidden_size))
@@ -325,28 +325,24 @@ def benchmark_cells(cells: list[str], config: BenchmarkConfig, progress=None) ->
     model through its own step loop. ``progress(text)`` is told each round."""
     device = torch.device(config.device)
     torch.manual_seed(torch_seed(config.seed))
-    baseline_model = FusedLSTMBaseline(config.vocab_size, _baseline_size(config), config.layers).to(device)
+    baseline_model = FusedLSTMBaseline(config.vocab_size, baseline_size(config), config.layers).to(device)
     # The fused baseline computes exactly the equations of charlm's `lstm` cell at the same size.
     reference = LanguageModel(ModelConfig("lstm", config.vocab_size, baseline_model.hidden_size, config.layers))
     # Where the fused kernel has no form in the asked precision, the baseline is its float32 form.
     baseline_config = (
         config if fused_lstm_runs_in(config.precision, device) else dataclasses.replace(config, precision="fp32")
     )
-    contenders = [
-        _Contender(BASELINE_NAME, baseline_model, baseline_config, device, training_flops_per_char(reference))
-    ]
+    contenders = [Contender(BASELINE_NAME, baseline_model, baseline_config, device, training_flops_per_char(reference))]
     for cell in cells:
-        model = _cell_model(cell, config)
+        model = cell_model(cell, config)
         flops = training_flops_per_char(model)
         contenders.append(
-            _Contender(
-                cell, model.to(device), config, device, flops, compiled=config.compile, graphed=config.cuda_graph
-            )
+            Contender(cell, model.to(device), config, device, flops, compiled=config.compile, graphed=config.cuda_graph)
         )
         dtypes = layer_output_dtypes(model, config.precision, device)
         contenders[-1].result.layer_dtypes = [str(dtype).removeprefix("torch.") for dtype in dtypes]
         if type(model.layers[0]).parallel_form:
-            contenders.append(_Contender(cell + LOOP_SUFFIX, own_loop(model).to(device), config, device, flops))
+            contenders.append(Contender(cell + LOOP_SUFFIX, own_loop(model).to(device), config, device, flops))
     baseline = contenders[0].result
     for round_index in range(config.repeat):
         if progress:
@@ -391,78 +387,3 @@ def machine_load() -> float | None:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
         return None
-
-
-@dataclass
-class Scaling:
-    """Training throughput of one model on one process and on every process of a torchrun world."""
-
-    name: str
-    parameters: int
-    processes: int
-    single: Spread = field(default_factory=Spread)  # chars/s, rank 0 alone with the whole batch
-    together: Spread = field(default_factory=Spread)  # chars/s, the batch dealt out over every process
-    step_seconds: Spread = field(default_factory=Spread)  # one training step of the whole world
-
-    @property
-    def allreduce_bytes(self) -> int:
-        """Gradient bytes each process sends into the all-reduce per step (float32)."""
-        return 4 * self.parameters
-
-    @property
-    def efficiency(self) -> float:
-        return self.together.median / (self.processes * self.single.median)
-
-    def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "parameters": self.parameters,
-            "processes": self.processes,
-            "single_chars_per_second": self.single.to_dict(),
-            "together_chars_per_second": self.together.to_dict(),
-            "step_seconds": self.step_seconds.to_dict(),
-            "allreduce_bytes_per_step": self.allreduce_bytes,
-            "speedup": self.together.median / self.single.median,
-            "efficiency": self.efficiency,
-        }
-
-
-def benchmark_scaling(cells: list[str], config: BenchmarkConfig, world, progress=None) -> list[Scaling]:
-    """Under torchrun: each model trained by rank 0 alone on the whole batch, then by every process
-    with DistributedDataParallel on its share of the streams, in interleaved rounds."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    device = torch.device(config.device)
-    torch.manual_seed(torch_seed(config.seed))
-    models = [(BASELINE_NAME, FusedLSTMBaseline(config.vocab_size, _baseline_size(config), config.layers))]
-    models += [(cell, _cell_model(cell, config)) for cell in cells]
-    rows = world.share(config.batch_size)
-    results = []
-    for name, model in models:
-        model.to(device)
-        alone = _Contender(name, model, config, device, 0.0) if world.is_main else None
-        shared_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        shared = _Contender(
-            name,
-            shared_model,
-            dataclasses.replace(config, batch_size=rows.stop - rows.start),
-            device,
-            0.0,
-            initial_state=model.initial_state,
-        )
-        result = Scaling(name, count_parameters(model), world.size)
-        for round_index in range(config.repeat):
-            if progress and world.is_main:
-                progress(f"{name}: round {round_index + 1}/{config.repeat}")
-            world.barrier()
-            if world.is_main:
-                result.single.runs.append(alone.time_training())
-            world.barrier()
-            started = time.perf_counter()
-            shared.time_training()
-            world.barrier()
-            seconds = time.perf_counter() - started
-            result.together.runs.append(config.steps * config.batch_size * config.bptt / seconds)
-            result.step_seconds.runs.append(seconds / config.steps)
-        results.append(result)
-    return results

@@ -23,7 +23,7 @@ from charlm.runtime.memory import (
     check_fits,
     estimate_training_memory,
 )
-from charlm.tools.benchmark import FusedLSTMBaseline, _baseline_size
+from charlm.tools.benchmark import FusedLSTMBaseline, baseline_size
 
 ADVICE = (
     "use a smaller --params, fewer --cells or --layers, a smaller --vocab-size, or a smaller --batch-size or --bptt"
@@ -48,7 +48,7 @@ def check_benchmark_fits(
             )
     except CharlmError as error:
         raise CharlmError(f"{error}: use a smaller --params") from None
-    baseline_hidden = _baseline_size(config)
+    baseline_hidden = baseline_size(config)
     with torch.device("meta"):
         baseline = count_parameters(FusedLSTMBaseline(config.vocab_size, baseline_hidden, config.layers))
     reference = ModelConfig("lstm", config.vocab_size, baseline_hidden, config.layers)  # its FLOPs are counted
