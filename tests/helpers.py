@@ -203,7 +203,7 @@ def readme_cell_source() -> str:
 def records(run_dir, *events: str) -> list[dict]:
     """A run's metrics.jsonl records as JSON objects, read through the one reader (RunHistory);
     only those of ``events`` when given."""
-    from charlm.runs.records import RunHistory
+    from charlm.runs.history import RunHistory
 
     history = RunHistory.read(Path(run_dir) / "metrics.jsonl")
     return [record.to_dict() for record in (history.of(*events) if events else history.records)]

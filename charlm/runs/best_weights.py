@@ -13,7 +13,7 @@ from pathlib import Path
 
 from charlm.errors import CharlmError
 from charlm.logs import get_logger
-from charlm.runs.records import RunHistory
+from charlm.runs.history import RunHistory
 
 
 def best_of_run(run_dir: Path, chosen, read):

@@ -38,7 +38,8 @@ from charlm.files import (
     writing,
 )
 from charlm.logs import get_logger
-from charlm.runs.records import KIND_WORDS, RunHistory, encode, is_of_kind, new_record
+from charlm.runs.history import RunHistory
+from charlm.runs.records import KIND_WORDS, encode, is_of_kind, new_record
 from charlm.runs.retention import disk_usage
 
 STATUSES = ("finished", "interrupted", "diverged", "running", "created")
@@ -270,7 +271,7 @@ class Run:
 
     # --- reading a run back ----------------------------------------------------------------------
     def history(self) -> RunHistory:
-        """The records of metrics.jsonl (``charlm.runs.records.RunHistory``)."""
+        """The records of metrics.jsonl (``charlm.runs.history.RunHistory``)."""
         return RunHistory.read(self.metrics)
 
     def status(self, history: RunHistory | None = None) -> str:

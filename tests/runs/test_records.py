@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from charlm.runs.directory import Run
-from charlm.runs.records import RECORDS, SCHEMA_VERSION, EpochRecord, OtherRecord, RunHistory, record_from_dict
+from charlm.runs.history import RunHistory
+from charlm.runs.records import RECORDS, SCHEMA_VERSION, EpochRecord, OtherRecord, record_from_dict
 
 OLD_RUN = Path(__file__).parents[1] / "fixtures" / "release-0.2.0" / "run"
 

@@ -15,7 +15,8 @@ import pytest
 import charlm.runs.directory as directory
 from charlm.checkpoint import Checkpoint
 from charlm.runs.directory import Run
-from charlm.runs.records import RunHistory, new_record
+from charlm.runs.history import RunHistory
+from charlm.runs.records import new_record
 from charlm.training.control import TimeBudget
 from charlm.training.trainer import Trainer
 from helpers import assert_same_run_end, assert_same_weights, tiny_config
