@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import charlm
-from charlm.experiments.report.compare import budget_label, data_needed, device_label, read_runs
+from charlm.experiments.report.compare import data_needed
+from charlm.experiments.report.reading import budget_label, device_label, read_runs
 from charlm.experiments.report.write import build_report
 from charlm.training.trainer import Trainer
 from helpers import assert_one_line_error, cli, prepare_tiny_corpus, records

@@ -17,7 +17,6 @@ from charlm.errors import CharlmError
 from charlm.experiments.report import figures
 from charlm.experiments.report.compare import (
     Group,
-    RunRecord,
     best_of,
     data_needed,
     dynamic_columns,
@@ -27,7 +26,6 @@ from charlm.experiments.report.compare import (
     layers_text,
     protocol_name,
     ordering_note,
-    read_runs,
     reference_loss,
     table1_sections,
     unequal_data,
@@ -35,6 +33,7 @@ from charlm.experiments.report.compare import (
 from charlm.experiments.report.markdown import bpc_text, csv_value, loss_text, needed_text, stat_values
 from charlm.experiments.report.markdown import display as _display
 from charlm.experiments.report.markdown import markdown_table as _markdown
+from charlm.experiments.report.reading import RunRecord, read_runs
 from charlm.experiments.report.publish import publish, report_directory, staged
 from charlm.experiments.report.tasks import is_task_run, read_task_runs, write_task_report
 from charlm.files import atomic_write_text
