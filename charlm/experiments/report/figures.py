@@ -47,7 +47,7 @@ class Progress:
 
     label: str
     colour: str
-    trained: list  # compare.Point
+    trained: list  # reading.Point
     validated: list
 
 
