@@ -101,7 +101,7 @@ def _read(text_file: str) -> str:
         where = "standard input"
     else:
         path = Path(text_file)
-        data = read_bytes(path, "text file")  # a FIFO or a device is refused, not waited on
+        data = read_bytes(path, "text file")
         where = f"text file {path}"
     try:
         return data.decode("utf-8")

@@ -105,7 +105,7 @@ def _check_split(which: str) -> str:
 def read_meta(path: Path) -> dict | None:
     """The metadata of the prepared corpus at ``path``, or None if there is none (or it is unreadable
     or not a JSON object). Unchecked: ``open_prepared`` checks it."""
-    try:  # a FIFO is refused, not waited on
+    try:
         meta = json.loads(read_bytes(Path(path) / META, "corpus metadata").decode("utf-8"))
     except (CharlmError, ValueError, RecursionError):
         return None

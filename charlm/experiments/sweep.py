@@ -102,7 +102,7 @@ class Sweep:
         if not os.path.lexists(self.record_file):
             return None
         try:
-            record = json.loads(read_bytes(self.record_file, "sweep record").decode("utf-8"))  # a FIFO: refused
+            record = json.loads(read_bytes(self.record_file, "sweep record").decode("utf-8"))
         except (CharlmError, ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
             record = None
         if not isinstance(record, dict) or not isinstance(record.get("fingerprint"), str):  # what binds it to its plan

@@ -166,7 +166,7 @@ class Run:
 
     def holder(self) -> str | None:
         """Who holds the directory's lock ("pid N on HOST"), when another process does."""
-        if fcntl is None or self._lock is not None or not self.lock_file.is_file():  # a FIFO would be waited on
+        if fcntl is None or self._lock is not None or not self.lock_file.is_file():
             return None
         try:
             with open(self.lock_file, "r", encoding="utf-8") as handle:
@@ -415,7 +415,7 @@ def _alive(pid) -> bool:
 
 
 def _ends_without_newline(path: Path) -> bool:
-    if not path.is_file():  # missing, or a FIFO that opening would wait on (appending to it is refused)
+    if not path.is_file():
         return False
     try:
         with path.open("rb") as handle:

@@ -40,7 +40,7 @@ def project_name(project: str | None) -> str:
 def stored_run(run_dir: Path) -> dict:
     """The W&B run (``id``, ``project``) an earlier session of this run logged to; {} if none."""
     try:
-        stored = json.loads(read_bytes(run_dir / RUN_ID_FILE, "W&B run file").decode("utf-8"))  # a FIFO: refused
+        stored = json.loads(read_bytes(run_dir / RUN_ID_FILE, "W&B run file").decode("utf-8"))
     except (CharlmError, ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
         return {}
     return stored if isinstance(stored, dict) else {}
