@@ -1,4 +1,5 @@
-"""The corpus recipes: where each corpus comes from, how its text is read, and how it is split.
+"""The corpus recipes: where each corpus comes from, how its text is read (``charlm.corpora.parsers``),
+and how it is split.
 
 One ``Recipe`` per corpus, registered explicitly in ``RECIPES`` (read-only). The figures quoted in
 the descriptions are those of the corpus specification, which the tests reproduce.
@@ -6,15 +7,26 @@ the descriptions are those of the corpus specification, which the tests reproduc
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from pathlib import PurePosixPath
 from types import MappingProxyType
 
 from charlm.corpora.download import RemoteFile
+from charlm.corpora.parsers import (
+    parse_enwik8,
+    parse_imdb,
+    parse_ptb_chars,
+    parse_ptb_chars_contiguous,
+    parse_ptb_words,
+    parse_pydoc,
+    parse_shakespeare,
+    parse_shakespeare_nanogpt,
+    parse_text8,
+    parse_text_files,
+    parse_war_and_peace,
+)
 from charlm.corpora.inputs import LocalTextFiles, PythonDocumentation, RemoteInputs
 from charlm.corpora.sources import SizeLimits
-from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS, describe_fractions, split_contiguous
+from charlm.corpora.splits import DEFAULT_FRACTIONS, SPLITS, describe_fractions
 from charlm.corpora.vowel_subwords import review_words
-from charlm.errors import CharlmError
 
 
 @dataclass(frozen=True)
@@ -48,132 +60,6 @@ class Recipe:
             return self.split_text or "the source's own train/valid/test files"
         return f"contiguous {describe_fractions(fractions)} by {'bytes' if self.unit == 'byte' else 'characters'}"
 
-
-# --- reading text ------------------------------------------------------------------------------
-
-
-def decode_utf8(data: bytes, name: str) -> str:
-    """``data`` as text; a clear error naming the file and the first bad byte when it is not UTF-8."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise CharlmError(
-            f"{name} is not UTF-8 text: byte 0x{data[error.start]:02x} at offset {error.start:,} ({error.reason})"
-        ) from None
-
-
-def normalize_newlines(text: str) -> str:
-    """Strip a byte-order mark and turn CRLF (and lone CR) line endings into LF."""
-    return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
-
-
-def lines_of(text: str) -> list[str]:
-    """The lines of ``text``, without a whitespace-only remainder after the last newline."""
-    lines = text.split("\n")
-    if not lines[-1].strip():
-        lines.pop()
-    return lines
-
-
-def ptb_symbols(text: str, name: str) -> str:
-    """A Penn Treebank char file as one character per token: each line's symbols, then ``\\n``."""
-    out = []
-    for number, line in enumerate(lines_of(text), start=1):
-        symbols = line.split()
-        joined = "".join(symbols)
-        if len(joined) != len(symbols):
-            raise CharlmError(f"{name} line {number} has a symbol longer than one character")
-        out.append(joined + "\n")
-    return "".join(out)
-
-
-def sentences(text: str) -> str:
-    """One sentence per line, words separated by single spaces (a word-level PTB file as plain text)."""
-    return "".join(" ".join(line.split()) + "\n" for line in lines_of(text))
-
-
-# --- parsers, one per corpus --------------------------------------------------------------------
-
-
-def parse_ptb_chars(files, fractions):
-    return {
-        s: ptb_symbols(decode_utf8(files.pop(f"ptb.char.{s}.txt"), f"ptb.char.{s}.txt"), f"ptb.char.{s}.txt")
-        for s in SPLITS
-    }
-
-
-def parse_ptb_chars_contiguous(files, fractions):
-    """The three char files as one text (train, valid, test in that order), cut 90/5/5 as the LRU paper does."""
-    parts = parse_ptb_chars(files, None)
-    return split_contiguous("".join(parts[s] for s in SPLITS), fractions)
-
-
-def parse_ptb_words(files, fractions):
-    return {s: sentences(decode_utf8(files.pop(f"ptb.{s}.txt"), f"ptb.{s}.txt")) for s in SPLITS}
-
-
-def parse_war_and_peace(files, fractions):
-    text = normalize_newlines(decode_utf8(files.pop("warpeace_input.txt"), "warpeace_input.txt"))
-    return split_contiguous(text, fractions)
-
-
-def parse_shakespeare(files, fractions):
-    text = normalize_newlines(decode_utf8(files.pop("input.txt"), "input.txt"))
-    return split_contiguous(text, fractions)
-
-
-def parse_shakespeare_nanogpt(files, fractions):
-    """nanoGPT's split (``data/shakespeare_char/prepare.py``): the first ``int(n * 0.9)`` characters for
-    training, the rest for validation. nanoGPT has no test split: test is the validation text again."""
-    text = normalize_newlines(decode_utf8(files.pop("input.txt"), "input.txt"))
-    cut = int(len(text) * 0.9)
-    return {"train": text[:cut], "valid": text[cut:], "test": text[cut:]}
-
-
-def parse_text8(files, fractions):
-    return split_contiguous(decode_utf8(files.pop("text8"), "text8"), fractions)
-
-
-def parse_enwik8(files, fractions):
-    return split_contiguous(memoryview(files.pop("enwik8")), fractions)
-
-
-def parse_imdb(files, fractions):
-    """Training reviews one per line (``<br />`` as a space); test reviews by path, halved into valid/test."""
-
-    def review(path):
-        text = decode_utf8(files.pop(path), path).replace("<br />", " ")
-        return " ".join(text.splitlines()) + "\n"
-
-    def part(path):
-        return PurePosixPath(path).parts[-3]  # aclImdb/<part>/<label>/<id>_<rating>.txt
-
-    paths = sorted(files)
-    test = [path for path in paths if part(path) == "test"]
-    if len(test) < 2:
-        raise CharlmError(f"the archive has {len(test)} test reviews: at least 2 are needed for valid and test")
-    half = len(test) // 2
-    return {
-        "train": "".join(review(path) for path in paths if part(path) == "train"),
-        "valid": "".join(review(path) for path in test[:half]),
-        "test": "".join(review(path) for path in test[half:]),
-    }
-
-
-def parse_text_files(files, fractions):
-    """The files in the order given, each ending with a newline, split contiguously."""
-    texts = []
-    for name in list(files):
-        text = normalize_newlines(decode_utf8(files.pop(name), name))
-        texts.append(text if text.endswith("\n") or not text else text + "\n")
-    return split_contiguous("".join(texts), fractions)
-
-
-def parse_pydoc(files, fractions):
-    return split_contiguous(files.pop("pydoc_data.topics").decode("utf-8"), fractions)
-
-
-# --- the registry -------------------------------------------------------------------------------
 
 PTB_ARCHIVE = RemoteFile(
     url="http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",
