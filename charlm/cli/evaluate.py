@@ -67,7 +67,7 @@ def evaluate(
 ):
     """Report bits per character and perplexity over a whole split, state carried across windows;
     with --dynamic, the static and the dynamically evaluated figures side by side."""
-    from charlm.inference.dynamic_protocol import check_protocol, resolve_options
+    from charlm.inference.dynamic_options import check_protocol, resolve_options
 
     validate(EvalConfig(**static))
     if batch_size is not None and batch_size < 1:  # the same words as every other bound
@@ -116,7 +116,8 @@ def _print_fast_path(model):
 
 
 def _evaluate_dynamic(model, split, options, adapt_on, search_prefix, save_adapted, data_dir, force=False):
-    from charlm.inference.dynamic_protocol import adapted_checkpoint, check_adapted_path
+    from charlm.inference.dynamic_options import check_adapted_path
+    from charlm.inference.dynamic_protocol import adapted_checkpoint
 
     if save_adapted is not None:
         check_adapted_path(save_adapted, model.checkpoint.path, force)

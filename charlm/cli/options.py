@@ -174,7 +174,7 @@ def dynamic_option(value: str | None):
     so that ``--dynamic --dyn-lr 0.1`` (the next option taken as the method) names the methods instead
     of an "unexpected extra argument"."""
     if value is not None:
-        from charlm.inference.dynamic_protocol import check_method
+        from charlm.inference.dynamic_options import check_method
 
         check_method(value, [])
     return value

@@ -43,7 +43,7 @@ def score(
     dyn: dict = None,
 ):
     """Bits per character and perplexity of a text, state carried through it."""
-    from charlm.inference.dynamic_protocol import check_method
+    from charlm.inference.dynamic_options import check_method
 
     config = ScoreConfig(**given)
     validate(config)

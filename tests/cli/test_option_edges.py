@@ -51,7 +51,7 @@ OWN_CHECKS = {
     ("check", "--budget"): "test_refused_on_the_command_line[own number, its own check]",
 }
 # Python parameters that are no setting's field, checked by code of their own.
-OWN_PARAMETERS = {("evaluate", "search_prefix"): "charlm.inference.dynamic_protocol.check_protocol"}
+OWN_PARAMETERS = {("evaluate", "search_prefix"): "charlm.inference.dynamic_options.check_protocol"}
 
 # A cheap training run; DATA, RUN, TEXT and NEW stand for a prepared corpus, a copy of a trained run, a
 # text file and a directory not yet made.
