@@ -144,6 +144,10 @@ def progress_curves(panels: dict[str, tuple[str, list[Progress]]], path: Path) -
                     markersize=4,
                     linestyle="none",
                 )
+        limits = _settled_range([p for run in runs for p in run.trained + run.validated])
+        if limits is not None:
+            by_tokens.set_ylim(*limits)
+            by_time.set_ylim(*limits)
         by_tokens.set(
             title=f"{corpus}: bpc by training tokens (lines: training; dots: validation)",
             xlabel="training tokens (millions)",
@@ -152,6 +156,17 @@ def progress_curves(panels: dict[str, tuple[str, list[Progress]]], path: Path) -
         by_time.set(title=f"{corpus}: bpc by training time", xlabel=f"training time ({unit}) on {device}")
         _legend(by_tokens)
     _save(figure, path)
+
+
+def _settled_range(points) -> tuple[float, float] | None:
+    """The bpc range of the points after the first tenth of the tokens, padded: the first steps (near
+    log2 of the vocabulary) would squeeze the rest of the curves into a sliver."""
+    last = max((p.tokens for p in points), default=0)
+    settled = [p.bpc for p in points if p.tokens >= last / 10] if last > 0 else []
+    if len(settled) < 2 or max(settled) == min(settled):
+        return None
+    low, high = min(settled), max(settled)
+    return low - 0.05 * (high - low), high + 0.1 * (high - low)
 
 
 @_styled
