@@ -123,6 +123,8 @@ def tensor_problem(tensor) -> str | None:
     tensor, not a dense one"), or None."""
     if tensor.layout != torch.strided:
         return f"a {str(tensor.layout).removeprefix('torch.').replace('_', ' ')} tensor, not a dense one"
+    if tensor.is_nested:
+        return "a nested tensor, not a dense one"
     if tensor.device.type == "meta":
         return "a tensor without data (on the meta device)"
     return None

@@ -478,8 +478,6 @@ class DynamicOptions:
 
     def validate(self) -> None:
         validate(self)
-        if not math.isfinite(self.lr):
-            raise ConfigError(DynamicOptions, "lr", f"must be finite, not {self.lr}")
 
     def hyperparameters(self) -> dict:
         values = {"method": self.method, "lr": self.lr, "segment": self.segment, "batch_size": self.batch_size}

@@ -40,8 +40,8 @@ class CharlmError(Exception):
 
 
 class ConfigError(CharlmError):
-    """A setting out of its bounds. Says the field's name (``layers must be at least 1``); the
-    command line prints the flag instead (``--layers must be at least 1``)."""
+    """A setting out of its bounds. Says the field's name (``epochs must be at least 1``); the
+    command line prints the flag instead (``--epochs must be at least 1``)."""
 
     def __init__(self, owner: type, field: str, reason: str):
         self.owner, self.field, self.reason = owner, field, reason

@@ -133,6 +133,13 @@ DAMAGE = [  # (what, damage to the payload, what the one line says after the fil
         "its weight head.bias is a sparse coo tensor, not a dense one",
     ),
     (
+        "a nested weight",
+        lambda payload: payload["weights"].__setitem__(
+            "head.bias", torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+        ),
+        "its weight head.bias is a nested tensor, not a dense one",
+    ),
+    (
         "a weight without data",
         lambda payload: payload["weights"].__setitem__("head.bias", torch.empty(SYMBOLS, device="meta")),
         "its weight head.bias is a tensor without data (on the meta device)",

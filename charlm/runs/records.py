@@ -104,7 +104,7 @@ StepRecord = _record_class(
     ],
     ("epoch", "step", "loss"),
     "Every ``log_every`` steps: the step's loss (nats per token), bpc, lr, per-layer gradient norms before clipping, "
-    "and the run's training tokens and training seconds so far (from charlm 0.4).",
+    "and the run's training tokens and training seconds so far (since the release after 0.3.0).",
 )
 ValidRecord = _record_class(
     "ValidRecord",

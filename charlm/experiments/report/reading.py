@@ -150,14 +150,16 @@ def device_label(provenance: dict) -> str | None:
 
 def progress_points(history) -> dict[str, tuple[Point, ...]]:
     """The run's training bpc (``trained``) and validation bpc (``validated``) as points by tokens and
-    training seconds. Step and valid records since charlm 0.4 carry both; older ones are placed by their
-    step between the epoch ends, which record them, as if each epoch trained at an even pace."""
+    training seconds. Step and valid records carry both (since the release after 0.3.0); older ones are
+    placed by their step between the epoch ends, which record them, as if each epoch trained at an even
+    pace. Runs written before epochs counted their tokens (charlm 0.2) have no points."""
     anchors, ends, seconds = [(0, 0, 0.0)], [], 0.0  # (step, tokens, seconds) at the start and each epoch end
     for epoch in history.epochs:
         seconds += epoch.train_seconds or 0.0
-        if epoch.step is not None and epoch.tokens_seen is not None:
-            anchors.append((epoch.step, epoch.tokens_seen, seconds))
+        if epoch.tokens_seen is not None:
             ends.append(Point(epoch.tokens_seen, seconds, epoch.valid_bpc))
+            if epoch.step is not None:
+                anchors.append((epoch.step, epoch.tokens_seen, seconds))
 
     def placed(record, bpc) -> Point | None:
         if record.tokens is not None and record.seconds is not None:
@@ -166,7 +168,7 @@ def progress_points(history) -> dict[str, tuple[Point, ...]]:
             if record.step is not None and step0 <= record.step <= step1 and step1 > step0:
                 share = (record.step - step0) / (step1 - step0)
                 return Point(tokens0 + share * (tokens1 - tokens0), seconds0 + share * (seconds1 - seconds0), bpc)
-        return None  # past the last epoch end of a run written before charlm 0.4
+        return None  # past the last epoch end of a run written before step records carried their tokens
 
     trained = [placed(record, record.bpc) for record in history.steps]
     validated = [placed(record, record.valid_bpc) for record in history.of("valid")] + ends

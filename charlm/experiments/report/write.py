@@ -1,6 +1,6 @@
 """Writing a report: the Markdown and CSV files of each comparison, its figures and its index.
 
-``build_report`` reads the runs (``compare.read_runs``) and calls ``ReportWriter(...).write_all()``;
+``build_report`` reads the runs (``reading.read_runs``) and calls ``ReportWriter(...).write_all()``;
 each ``write_*`` method writes one part, or adds a note to the index saying why it has none.
 """
 
@@ -403,7 +403,10 @@ class ReportWriter:
             )
         panels = {corpus: panel for corpus, panel in panels.items() if panel[1]}
         if not panels:
-            self.notes.append("No run has logged a step: no convergence by tokens and time.")
+            self.notes.append(
+                "No run has a step or validation placed by its tokens (none logged, or written before charlm "
+                "counted tokens): no convergence by tokens and time."
+            )
             return
         self.figure("progress.png", figures.progress_curves, panels)
 
