@@ -144,10 +144,13 @@ def progress_curves(panels: dict[str, tuple[str, list[Progress]]], path: Path) -
                     markersize=4,
                     linestyle="none",
                 )
-        limits = _settled_range([p for run in runs for p in run.trained + run.validated])
+        limits = _settled_range([p for run in runs for p in run.trained] or [p for run in runs for p in run.validated])
         if limits is not None:
-            by_tokens.set_ylim(*limits)
-            by_time.set_ylim(*limits)
+            for panel, x in ((by_tokens, lambda p: p.tokens / 1e6), (by_time, lambda p: p.seconds / scale)):
+                panel.set_ylim(*limits)
+                for run in runs:  # a validation above the range: a triangle on its upper edge
+                    above = [x(p) for p in run.validated if p.bpc > limits[1]]
+                    panel.plot(above, [limits[1]] * len(above), color=run.colour, marker="^", linestyle="none")
         by_tokens.set(
             title=f"{corpus}: bpc by training tokens (lines: training; dots: validation)",
             xlabel="training tokens (millions)",
@@ -160,7 +163,8 @@ def progress_curves(panels: dict[str, tuple[str, list[Progress]]], path: Path) -
 
 def _settled_range(points) -> tuple[float, float] | None:
     """The bpc range of the points after the first tenth of the tokens, padded: the first steps (near
-    log2 of the vocabulary) would squeeze the rest of the curves into a sliver."""
+    log2 of the vocabulary) would squeeze the rest of the curves into a sliver. Taken from the training
+    curves where there are some, so that one validation that blew up does not flatten them."""
     last = max((p.tokens for p in points), default=0)
     settled = [p.bpc for p in points if p.tokens >= last / 10] if last > 0 else []
     if len(settled) < 2 or max(settled) == min(settled):
