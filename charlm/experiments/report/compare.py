@@ -94,7 +94,7 @@ def table1_sections(groups: list[Group]) -> list[tuple[str, list[str], list[tupl
         depths = {cell: {group.layers for group in inside if group.cell == cell} for cell in cells}
         if all(len(layers) == 1 for layers in depths.values()):  # a depth per cell (lstm 2, rhn 1): a row per corpus
             shared = {layers for (layers,) in depths.values()}
-            depth = f" ({layers_text(next(iter(shared)))})" if len(shared) == 1 and shared != {1} else ""
+            depth = f" ({layers_text(next(iter(shared)))})" if shared not in ({1}, {None}) and len(shared) == 1 else ""
             rows = [
                 (
                     corpus + depth,
