@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from charlm.cells.base import InferenceStep, RecurrentCell, State
-from charlm.cells.scan import ScanConfig, linear_scan, log_scan
+from charlm.cells.base import RecurrentCell, State
+from charlm.cells.scan import CoefficientInference, ScanConfig, linear_scan, log_scan
 
 
 def g(x: Tensor) -> Tensor:
@@ -102,8 +102,8 @@ class MinGRU(_MinimalRNN):
         h = (1 - z) * h + z * h_tilde  # h_t = (1 − z_t) ⊙ h_{t−1} + z_t ⊙ h̃_t
         return h, (h,)
 
-    def inference_step(self) -> "MinimalRNNInference":  # its own: a class with its own step needs one
-        return MinimalRNNInference(self)
+    def inference_step(self) -> CoefficientInference:  # its own: a class with its own step needs one
+        return CoefficientInference(self, self.weight, self.bias)
 
     def coefficients(self, pre):
         k, candidate = pre.chunk(2, dim=-1)
@@ -146,8 +146,8 @@ class MinLSTM(_MinimalRNN):
         h = f_norm * h + i_norm * h_tilde  # h_t = f′_t ⊙ h_{t−1} + i′_t ⊙ h̃_t
         return h, (h,)
 
-    def inference_step(self) -> "MinimalRNNInference":  # its own: a class with its own step needs one
-        return MinimalRNNInference(self)
+    def inference_step(self) -> CoefficientInference:  # its own: a class with its own step needs one
+        return CoefficientInference(self, self.weight, self.bias)
 
     def coefficients(self, pre):
         k_f, k_i, candidate = pre.chunk(3, dim=-1)
@@ -159,23 +159,3 @@ class MinLSTM(_MinimalRNN):
         k_f, k_i, candidate = pre.chunk(3, dim=-1)
         delta = F.softplus(-k_f) - F.softplus(-k_i)  # log(i / f)
         return -F.softplus(delta), log_g(candidate) - F.softplus(-delta)  # log f′, log i′ + log h̃
-
-
-class MinimalRNNInference(InferenceStep):
-    """The step for sampling: everything but the state's multiply-add depends on the input alone,
-    so ``project`` gives the coefficients (a, b) of each symbol and ``advance`` is one addcmul."""
-
-    reads_input = False
-
-    def __init__(self, cell: _MinimalRNN):
-        super().__init__(cell)
-        self.weight, self.bias = cell.weight.T, cell.bias
-
-    def project(self, x: Tensor) -> Tensor:
-        return torch.cat(self.cell.coefficients(torch.addmm(self.bias, x, self.weight)), dim=-1)
-
-    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
-        (h,) = state
-        a, b = projected.chunk(2, dim=-1)
-        h = torch.addcmul(b, a, h)  # h_t = a_t ⊙ h_{t−1} + b_t
-        return h, (h,)

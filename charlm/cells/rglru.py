@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from charlm.cells.base import InferenceStep, RecurrentCell, State
-from charlm.cells.scan import ScanConfig, linear_scan
+from charlm.cells.base import RecurrentCell, State
+from charlm.cells.scan import CoefficientInference, ScanConfig, linear_scan
 
 C = 8.0  # the paper's constant c: a_t = a^{c r_t}
 
@@ -99,25 +99,5 @@ class GriffinRGLRU(RecurrentCell):
         h = linear_scan(a, b, h0, self.config.scan)
         return h, (h[-1],)
 
-    def inference_step(self) -> "RGLRUInference":
-        return RGLRUInference(self)
-
-
-class RGLRUInference(InferenceStep):
-    """The step for sampling: a_t and b_t depend on the input alone, so ``project`` gives them for
-    each symbol and ``advance`` is one addcmul."""
-
-    reads_input = False
-
-    def __init__(self, cell: GriffinRGLRU):
-        super().__init__(cell)
-        self.weight_in, self.bias_in = cell.weight_in.T, cell.bias_in
-
-    def project(self, x: Tensor) -> Tensor:
-        return torch.cat(self.cell.coefficients(torch.addmm(self.bias_in, x, self.weight_in)), dim=-1)
-
-    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
-        (h,) = state
-        a, b = projected.chunk(2, dim=-1)
-        h = torch.addcmul(b, a, h)  # h_t = a_t ⊙ h_{t−1} + b_t
-        return h, (h,)
+    def inference_step(self) -> CoefficientInference:
+        return CoefficientInference(self, self.weight_in, self.bias_in)

@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from charlm.cells.base import InferenceStep, State
 from charlm.errors import CharlmError
 
 SCAN_METHODS = ("auto", "loop", "log", "doubling", "chunked")
@@ -190,3 +191,23 @@ def linear_scan(a: Tensor, b: Tensor, h0: Tensor, method: str = "auto") -> Tenso
     if method == "auto":
         method = choose_method(a.shape[0], a.device)
     return _FORMS[method](a, b, h0)
+
+
+class CoefficientInference(InferenceStep):
+    """The step for sampling a cell whose coefficients (a_t, b_t) depend on the input alone (its
+    ``coefficients(x W^T + bias)``): ``project`` gives them for each symbol, ``advance`` is one addcmul."""
+
+    reads_input = False
+
+    def __init__(self, cell, weight: Tensor, bias: Tensor):
+        super().__init__(cell)
+        self.weight, self.bias = weight.T, bias
+
+    def project(self, x: Tensor) -> Tensor:
+        return torch.cat(self.cell.coefficients(torch.addmm(self.bias, x, self.weight)), dim=-1)
+
+    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
+        (h,) = state
+        a, b = projected.chunk(2, dim=-1)
+        h = torch.addcmul(b, a, h)  # h_t = a_t ⊙ h_{t−1} + b_t
+        return h, (h,)
