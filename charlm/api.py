@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from charlm.checkpoint import Checkpoint
-from charlm.config import DEFAULT_PRIME, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig, TrainConfig
+from charlm.config import TrainConfig
+from charlm.config_inference import DEFAULT_PRIME, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig
 from charlm.settings import validate
 from charlm.runtime.devices import resolve_device
 from charlm.runs.best_weights import best_of_run

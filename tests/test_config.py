@@ -13,15 +13,9 @@ import pytest
 import torch
 
 import charlm
-from charlm.config import (
-    BenchmarkConfig,
-    DemoConfig,
-    DynamicOptions,
-    EvalConfig,
-    SampleConfig,
-    ScoreConfig,
-    TrainConfig,
-)
+from charlm.config import TrainConfig
+from charlm.config_inference import DynamicOptions, EvalConfig, SampleConfig, ScoreConfig
+from charlm.config_tools import BenchmarkConfig, DemoConfig
 from charlm.settings import validate
 from charlm.errors import CharlmError, ConfigError
 from helpers import assert_one_line_error, cli, prepare_tiny_corpus

@@ -12,7 +12,7 @@ PACKAGE = REPO / "charlm"
 
 # Bottom to top. A module may import from its own layer or from below, never from above.
 LAYERS = [
-    {"errors", "logs", "files", "settings", "config", "lazy"},
+    {"errors", "logs", "files", "settings", "config", "config_inference", "config_tools", "lazy"},
     {"runtime"},
     {"cells", "corpora"},
     {"model", "checkpoint", "checkpoint_checks"},

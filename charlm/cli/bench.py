@@ -10,7 +10,7 @@ import typer
 
 from charlm.cli.options import settings_options
 from charlm.cli.output import print_table
-from charlm.config import BenchmarkConfig
+from charlm.config_tools import BenchmarkConfig
 
 
 @settings_options(BenchmarkConfig)

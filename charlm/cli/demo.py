@@ -10,7 +10,7 @@ import typer
 
 from charlm.cli.options import directory_option, settings_options
 from charlm.cli.output import print_summary
-from charlm.config import DemoConfig
+from charlm.config_tools import DemoConfig
 from charlm.settings import validate
 
 

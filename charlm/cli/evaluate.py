@@ -13,7 +13,7 @@ from charlm.errors import CharlmError
 from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import dynamic_option, settings_options
 from charlm.cli.output import print_table, stdout
-from charlm.config import DEFAULT_SEARCH_PREFIX, DynamicOptions, EvalConfig
+from charlm.config_inference import DEFAULT_SEARCH_PREFIX, DynamicOptions, EvalConfig
 from charlm.logs import ProgressBars, progress_bar
 from charlm.settings import INT64_MAX, flag_of, validate
 

@@ -13,7 +13,7 @@ import typer
 from charlm.cli.completion import complete_recipes
 from charlm.cli.options import directory_option, help_text
 from charlm.cli.output import print_table
-from charlm.config import PrepareConfig
+from charlm.config_tools import PrepareConfig
 from charlm.settings import INT64_MAX
 from charlm.corpora.root import data_root
 from charlm.corpora.splits import SPLITS, parse_fractions

@@ -11,7 +11,7 @@ import typer
 
 from charlm.cli.loading import CELL, CHECKPOINT, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
-from charlm.config import SampleConfig
+from charlm.config_inference import SampleConfig
 from charlm.settings import INT64_MAX, validate
 from charlm.errors import CharlmError, ConfigError
 from charlm.files import read_text

@@ -12,7 +12,7 @@ import typer
 from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import dynamic_option, settings_options
 from charlm.cli.output import print_table, stdout
-from charlm.config import DynamicOptions, ScoreConfig
+from charlm.config_inference import DynamicOptions, ScoreConfig
 from charlm.logs import ProgressBars
 from charlm.settings import flag_of, validate
 from charlm.errors import CharlmError

@@ -12,7 +12,7 @@ import typer
 
 from charlm.cli.loading import CELL, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import settings_options
-from charlm.config import ServeConfig
+from charlm.config_inference import ServeConfig
 from charlm.settings import validate
 from charlm.errors import CharlmError, shown
 from charlm.logs import get_logger

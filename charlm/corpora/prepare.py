@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from charlm import __version__
-from charlm.config import PrepareConfig
+from charlm.config_tools import PrepareConfig
 from charlm.corpora.catalog import get_recipe
 from charlm.corpora.download import DownloadPolicy
 from charlm.corpora.inputs import GatherRequest

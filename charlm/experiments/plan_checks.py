@@ -21,7 +21,8 @@ import torch
 
 from charlm.errors import CharlmError, ConfigError, shown
 from charlm.files import is_plain_name
-from charlm.config import DynamicOptions, EvalConfig, TrainConfig
+from charlm.config import TrainConfig
+from charlm.config_inference import DynamicOptions, EvalConfig
 from charlm.settings import validate, from_dict
 from charlm.cells import CELLS, parse_cell_options
 from charlm.corpora import RECIPES

@@ -18,7 +18,7 @@ import zipfile
 from charlm.errors import CharlmError, ConfigError
 from charlm.experiments.plan_checks import point_error
 from charlm.cells import CELLS
-from charlm.config import DynamicOptions, EvalConfig
+from charlm.config_inference import DynamicOptions, EvalConfig
 from charlm.corpora import load_corpus
 from charlm.inference.scoring import check_splits_fit
 from charlm.training.setup import check_streams, model_config_for

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from charlm.config import SampleConfig
+from charlm.config_inference import SampleConfig
 from charlm.errors import CharlmError, ConfigError
 from charlm.model import LanguageModel
 

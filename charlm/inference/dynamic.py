@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from charlm.corpora.streams import IGNORE, TokenStreams
-from charlm.config import DynamicOptions
+from charlm.config_inference import DynamicOptions
 from charlm.errors import CharlmError
 from charlm.inference.scoring import Score, token_nats, window_nats
 from charlm.model import detach_state

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from charlm.config import DynamicOptions
+from charlm.config_inference import DynamicOptions
 from charlm.errors import CharlmError
 from charlm.inference.dynamic import METHODS
 from charlm.settings import INT64_MAX

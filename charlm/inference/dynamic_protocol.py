@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from charlm.config import DynamicOptions
+from charlm.config_inference import DynamicOptions
 from charlm.inference.dynamic import DynamicDiverged, collect_gradient_statistics, dynamic_score, make_update
 from charlm.logs import get_logger
 from charlm.inference.dynamic_options import check_protocol

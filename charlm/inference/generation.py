@@ -7,7 +7,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from charlm.config import SampleConfig
+from charlm.config_inference import SampleConfig
 from charlm.errors import ConfigError
 from charlm.inference.beam import beam_search
 from charlm.inference.sampling import unknown_ids

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from charlm.runtime.seeds import torch_seed
-from charlm.config import SampleConfig
+from charlm.config_inference import SampleConfig
 from charlm.corpora import Tokenizer
 from charlm.errors import CharlmError, OutOfVocabulary
 from charlm.runtime.cuda_graphs import graphed_step

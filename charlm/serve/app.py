@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect
 
 from charlm import __version__
 from charlm.api import Model
-from charlm.config import SampleConfig, ServeConfig
+from charlm.config_inference import SampleConfig, ServeConfig
 from charlm.settings import validate
 from charlm.errors import CharlmError, ConfigError
 from charlm.inference.beam import check_beam_settings

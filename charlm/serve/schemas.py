@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from charlm.config import SampleConfig, ScoreConfig
+from charlm.config_inference import SampleConfig, ScoreConfig
 
 _SAMPLE = SampleConfig()
 

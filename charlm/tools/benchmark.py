@@ -41,7 +41,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from charlm.cells.base import RecurrentCell
 from charlm.runtime.seeds import torch_seed
 from charlm.runtime.compiling import CompiledForward
-from charlm.config import BenchmarkConfig, SampleConfig
+from charlm.config_inference import SampleConfig
+from charlm.config_tools import BenchmarkConfig
 from charlm.runtime.cuda_graphs import GraphedCall, failed_check
 from charlm.runtime.training_graphs import GraphedWindow
 from charlm.runtime.fast_path_check import graphs_disabled

@@ -12,7 +12,7 @@ import dataclasses
 import torch
 
 from charlm.cells import CELLS
-from charlm.config import BenchmarkConfig
+from charlm.config_tools import BenchmarkConfig
 from charlm.errors import CharlmError
 from charlm.model import LanguageModel, ModelConfig, count_parameters, parse_budget, size_for_budget
 from charlm.runtime.memory import (

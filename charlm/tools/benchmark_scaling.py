@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from charlm.config import BenchmarkConfig
+from charlm.config_tools import BenchmarkConfig
 from charlm.model import count_parameters
 from charlm.runtime.seeds import torch_seed
 from charlm.tools.benchmark import BASELINE_NAME, Contender, FusedLSTMBaseline, Spread, baseline_size, cell_model

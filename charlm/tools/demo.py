@@ -20,7 +20,8 @@ import torch
 from charlm.api import load, train
 from charlm.corpora.streams import TokenStreams
 from charlm.cells import CELLS
-from charlm.config import DemoConfig, TrainConfig
+from charlm.config import TrainConfig
+from charlm.config_tools import DemoConfig
 from charlm.corpora import prepare_corpus
 from charlm.runtime.devices import resolve_device
 from charlm.logs import info

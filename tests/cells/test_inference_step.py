@@ -7,7 +7,7 @@ import torch
 from cell_cases import CASES
 from charlm.cells import CELLS, parse_cell_options
 from charlm.cells.base import InferenceStep
-from charlm.config import SampleConfig
+from charlm.config_inference import SampleConfig
 from charlm.errors import CharlmError
 from charlm.model import InferenceModel, LanguageModel, ModelConfig
 from charlm.inference.sampling import draw, generate

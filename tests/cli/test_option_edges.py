@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from charlm import config as configs
+from charlm import config, config_inference, config_tools
 from charlm.cli.app import app
 from charlm.settings import INT64_MAX, INT64_MIN, number_kind
 from charlm.tasks.training import TaskConfig
@@ -34,14 +34,14 @@ EDGES = ("0", "-1", str(2**31), str(2**63), str(2**64), "1e308", "inf", "nan")
 
 # The settings behind each command's options (an option none of these declares is the command's own).
 OWNERS = {
-    "train": [configs.TrainConfig],
-    "sample": [configs.SampleConfig],
-    "eval": [configs.EvalConfig, configs.DynamicOptions],
-    "score": [configs.ScoreConfig, configs.DynamicOptions],
-    "serve": [configs.ServeConfig],
-    "bench": [configs.BenchmarkConfig],
-    "demo": [configs.DemoConfig],
-    "prepare": [configs.PrepareConfig],
+    "train": [config.TrainConfig],
+    "sample": [config_inference.SampleConfig],
+    "eval": [config_inference.EvalConfig, config_inference.DynamicOptions],
+    "score": [config_inference.ScoreConfig, config_inference.DynamicOptions],
+    "serve": [config_inference.ServeConfig],
+    "bench": [config_tools.BenchmarkConfig],
+    "demo": [config_tools.DemoConfig],
+    "prepare": [config_tools.PrepareConfig],
     "task": [TaskConfig],
 }
 # Options of a command's own that are not settings and have no declared range: checked by code of their
@@ -179,9 +179,9 @@ def test_every_numeric_parameter_from_python_is_a_bounded_setting():
                 # validate() applies the shared check (64 bits, finite) to what number_kind names
                 assert number_kind(owner, field.name) is not None, f"{owner.__name__}.{field.name}"
     owners = {
-        "stream": [configs.SampleConfig],
-        "score": [configs.ScoreConfig],
-        "evaluate": [configs.EvalConfig],
+        "stream": [config_inference.SampleConfig],
+        "score": [config_inference.ScoreConfig],
+        "evaluate": [config_inference.EvalConfig],
     }
     parameters = api_parameters()
     assert len(parameters) >= 10

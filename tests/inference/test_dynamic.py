@@ -16,7 +16,7 @@ from charlm.api import load
 from charlm.cells import CELLS
 from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
-from charlm.config import DynamicOptions
+from charlm.config_inference import DynamicOptions
 from charlm.inference.dynamic import collect_gradient_statistics, dynamic_score, make_update
 from charlm.inference.dynamic_protocol import SEARCH_LRS, NoProgress, evaluate_dynamic, grid_search
 from charlm.inference.scoring import score_tokens, window_nats
@@ -505,8 +505,8 @@ def test_help_states_the_library_defaults():
     import inspect
 
     from charlm.cli.evaluate import evaluate
-    from charlm.config import DEFAULT_DYNAMIC_LR
-    from charlm.config import DEFAULT_SEARCH_PREFIX
+    from charlm.config_inference import DEFAULT_DYNAMIC_LR
+    from charlm.config_inference import DEFAULT_SEARCH_PREFIX
 
     helps = {
         parameter.default.param_decls[0]: parameter.default.help

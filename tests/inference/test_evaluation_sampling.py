@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from charlm.corpora.streams import TokenStreams
-from charlm.config import SampleConfig
+from charlm.config_inference import SampleConfig
 from charlm.inference.scoring import score_tokens
 from charlm.model import LanguageModel, ModelConfig
 from charlm.inference.sampling import filter_logits, generate

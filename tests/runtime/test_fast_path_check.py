@@ -21,7 +21,7 @@ import charlm.runtime.cuda_graphs
 import charlm.runtime.training_graphs
 from charlm.inference.sampling import generate
 from charlm.inference.scoring import score_tokens
-from charlm.config import SampleConfig
+from charlm.config_inference import SampleConfig
 from charlm.model import LanguageModel, ModelConfig
 from charlm.runtime.compiling import CompiledForward
 from charlm.runtime.cuda_graphs import CudaGraph, GraphedCall, ReplayByCalling, ScoringForward, graphed_step

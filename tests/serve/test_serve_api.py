@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("fastapi", reason="charlm serve's API tests need the serve extra (pip install 'charlm[serve]')")
 from starlette.testclient import TestClient  # noqa: E402
 
-from charlm.config import ServeConfig  # noqa: E402
+from charlm.config_inference import ServeConfig  # noqa: E402
 from charlm.serve.app import create_app  # noqa: E402
 from helpers import cli  # noqa: E402
 

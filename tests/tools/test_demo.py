@@ -95,7 +95,7 @@ def test_the_summary_says_when_early_stopping_ended_training():
 
 
 def test_the_demo_stops_when_validation_stops_improving():
-    from charlm.config import DemoConfig
+    from charlm.config_tools import DemoConfig
     from charlm.tools.demo import demo_config
 
     config = demo_config(DemoConfig(), 128, 2.0)
@@ -109,7 +109,7 @@ def test_the_sizing_measurement_estimates_memory_before_it_builds_a_model(tiny_c
     from charlm.corpora import load_corpus
     from charlm.errors import CharlmError
     from charlm.tools.demo import demo_config, measure_throughput
-    from charlm.config import DemoConfig
+    from charlm.config_tools import DemoConfig
 
     monkeypatch.setattr(memory, "available_memory", lambda device: 1024)
     config = demo_config(DemoConfig(), 64, 1.0, data_dir=tiny_corpus)
