@@ -2,7 +2,8 @@
 
 ``Run`` is the one place that writes them. Every record goes to ``metrics.jsonl`` (one JSON
 object per line, typed and versioned by ``charlm.runs.records``) and to any extra sinks
-(TensorBoard); ``history()`` reads the records back and ``summary()`` a run for `charlm runs`.
+(TensorBoard); ``history()`` reads the records back and ``summary()`` a run for `charlm runs`
+(``charlm.runs.listing``).
 
 One training at a time owns a run directory: it holds an advisory lock on ``lock`` (``flock``,
 released by the kernel when the process dies, so a killed run never blocks its resumption).
@@ -40,31 +41,9 @@ from charlm.files import (
 from charlm.logs import get_logger
 from charlm.runs.history import RunHistory
 from charlm.runs.records import KIND_WORDS, encode, is_of_kind, new_record
-from charlm.runs.retention import disk_usage
+from charlm.runs.listing import summary_of
 
 STATUSES = ("finished", "interrupted", "diverged", "running", "created")
-SUMMARY_KEYS = (
-    "run",
-    "corpus",
-    "task_accuracy",
-    "task_samples",
-    "cell",
-    "layers",
-    "hidden",
-    "parameters",
-    "epochs",
-    "train_fraction",
-    "tokens_seen",
-    "best_epoch",
-    "best_valid_bpc",
-    "test_bpc",
-    "dynamic",
-    "train_seconds",
-    "status",
-    "disk_bytes",
-    "provenance",
-    "damage",
-)  # of Run.summary()
 # The settings of config.json that listings and reports read, and the type each must have.
 CONFIG_FIELDS = {
     "train": {
@@ -285,62 +264,8 @@ class Run:
         return (self.history() if history is None else history).status
 
     def summary(self) -> dict:
-        """One row of `charlm runs`: settings, size, progress, scores, time, status. A damaged run
-        (config.json or metrics.jsonl unreadable, or of the wrong types) is a row with status
-        ``damaged``, the reason in ``damage`` and every figure None: the other runs still show."""
-        try:
-            return self._summary()
-        except CharlmError as error:
-            return {
-                **{key: None for key in SUMMARY_KEYS},
-                "run": str(self.path),
-                "dynamic": {},
-                "status": "damaged",
-                "damage": str(error),
-                "disk_bytes": disk_usage(self.path),
-                "provenance": self.read_json(self.provenance_file),
-            }
-
-    def _summary(self) -> dict:
-        config = self.read_config()
-        train, model = config.get("train", {}), config.get("model", {})
-        history = self.history()
-        best = history.best
-        dynamic = {}
-        for record in history.evaluations:
-            if record.mode == "dynamic":
-                method = (record.hyperparameters or {}).get("method", "dynamic")
-                dynamic[f"{method} {record.split}" + (" #2" if record.adapt_on else "")] = record.dynamic_bpc
-        task_evals = history.of("task_eval")  # a `charlm task` run: its held-out accuracy, no epochs
-        return {
-            "run": str(self.path),
-            "corpus": train.get("corpus"),
-            "task_accuracy": task_evals[-1].accuracy if task_evals else None,
-            "task_samples": task_evals[-1].samples if task_evals else None,
-            "cell": model.get("cell", train.get("cell")),
-            "layers": model.get("layers"),
-            "hidden": model.get("hidden_size"),
-            "parameters": history.parameters,
-            "epochs": len(history.full_epochs),
-            "train_fraction": train.get("train_fraction"),
-            "tokens_seen": next(
-                (
-                    record.tokens_seen
-                    for record in reversed(history.of("epoch", "end"))
-                    if record.tokens_seen is not None
-                ),
-                None,
-            ),
-            "best_epoch": best.epoch if best else None,
-            "best_valid_bpc": best.valid_bpc if best else None,
-            "test_bpc": history.test_bpc_at_best,
-            "dynamic": dynamic,
-            "train_seconds": task_evals[-1].seconds if task_evals else history.train_seconds,
-            "status": self.status(history),
-            "disk_bytes": disk_usage(self.path),
-            "provenance": self.read_json(self.provenance_file),
-            "damage": None,
-        }
+        """One row of `charlm runs` (``charlm.runs.listing.summary_of``)."""
+        return summary_of(self)
 
 
 def _in_use(path: Path, holder: str) -> CharlmError:
