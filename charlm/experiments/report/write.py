@@ -6,15 +6,13 @@ each ``write_*`` method writes one part, or adds a note to the index saying why 
 
 from __future__ import annotations
 
-import collections
 import csv
 import dataclasses
 import io
-import math
 from pathlib import Path
 
 from charlm.errors import CharlmError
-from charlm.experiments.report import figures
+from charlm.experiments.report import figures, series
 from charlm.experiments.report.compare import (
     Group,
     best_of,
@@ -310,7 +308,7 @@ class ReportWriter:
             rows,
         )
         self.text("efficiency.md", self.efficiency_markdown())
-        self.figure("efficiency.png", figures.efficiency_lines, self.efficiency_panels())
+        self.figure("efficiency.png", figures.efficiency_lines, series.efficiency_lines(self.groups, self.colours))
 
     def efficiency_markdown(self) -> str:
         parts = [
@@ -338,70 +336,15 @@ class ReportWriter:
             )
         return "\n".join(parts)
 
-    def efficiency_panels(self) -> dict[str, list[figures.Line]]:
-        panels, families = {}, efficiency_families(self.groups)
-        for (corpus, budget, layers), groups in families.items():
-            several = sum(1 for key in families if key[0] == corpus) > 1
-            for cell in sorted({group.cell for group in groups}):
-                own = [group for group in groups if group.cell == cell and group.bpc is not None]
-                if own:
-                    label = f"{cell} ({budget}, {layers_text(layers)})" if several else cell
-                    panels.setdefault(corpus, []).append(
-                        figures.Line(
-                            label,
-                            self.colours[cell],
-                            [group.fraction for group in own],
-                            [group.bpc.mean for group in own],
-                            [group.bpc.std or 0.0 for group in own],
-                        )
-                    )
-        return panels
-
     def write_curves(self) -> None:
-        chosen = [record for record in self.records if record.fraction == 1.0] or self.records
-        panels = {}
-        for record in chosen:
-            epochs = [epoch for epoch in record.epochs if _finite(epoch.valid_bpc)]
-            if epochs:
-                seconds = [record.seconds(epoch.epoch) for epoch in epochs]
-                panels.setdefault(record.corpus, []).append(
-                    figures.Curve(
-                        record.cell,
-                        self.colours[record.cell],
-                        [epoch.epoch for epoch in epochs],
-                        [epoch.valid_bpc for epoch in epochs],
-                        seconds,
-                    )
-                )
+        panels = series.learning_curves(self.records, self.colours)
         if not panels:
             self.notes.append("No run has finished an epoch: no learning curves.")
             return
-        self.figure("curves.png", figures.learning_curves, dict(sorted(panels.items())))
+        self.figure("curves.png", figures.learning_curves, panels)
 
     def write_progress(self) -> None:
-        chosen = [record for record in self.records if record.fraction == 1.0] or self.records
-        panels = {}
-        for corpus in sorted({record.corpus for record in chosen}):
-            runs = [record for record in chosen if record.corpus == corpus and (record.trained or record.validated)]
-            depths = collections.defaultdict(set)
-            for record in runs:
-                depths[record.cell].add(record.layers)
-            devices = sorted({record.device or "an unrecorded device" for record in runs})
-            panels[corpus] = (
-                " / ".join(devices),
-                [
-                    figures.Progress(
-                        f"{record.cell} ({layers_text(record.layers)})"
-                        if len(depths[record.cell]) > 1
-                        else record.cell,
-                        self.colours[record.cell],
-                        list(record.trained),
-                        list(record.validated),
-                    )
-                    for record in runs
-                ],
-            )
-        panels = {corpus: panel for corpus, panel in panels.items() if panel[1]}
+        panels = series.progress_panels(self.records, self.colours)
         if not panels:
             self.notes.append(
                 "No run has a step or validation placed by its tokens (none logged, or written before charlm "
@@ -411,19 +354,11 @@ class ReportWriter:
         self.figure("progress.png", figures.progress_curves, panels)
 
     def write_gradnorms(self) -> None:
-        chosen = [record for record in self.records if record.steps]
-        if not chosen:
+        maps = series.heat_maps(self.records)
+        if not maps:
             self.notes.append("No step record holds per-layer gradient norms: no gradient-norm heat map.")
             return
-        if len(chosen) > figures.MAX_HEATMAPS:
-            chosen = [
-                min(
-                    (record for record in chosen if record.cell == cell),
-                    key=lambda record: (-record.fraction, record.corpus, record.seed or 0, record.name),
-                )
-                for cell in sorted({record.cell for record in chosen})
-            ]
-        self.figure("gradnorms.png", figures.gradient_heatmaps, [_heat_map(record) for record in chosen])
+        self.figure("gradnorms.png", figures.gradient_heatmaps, maps)
 
     def write_dynamic(self) -> None:
         rows = dynamic_rows(self.records)
@@ -512,27 +447,6 @@ def _table1_csv_row(budget: str, group: Group, best: bool) -> list:
         group.status,
         best,
     ]
-
-
-def _heat_map(record: RunRecord) -> figures.HeatMap:
-    steps = sorted({row.step: row for row in record.steps if isinstance(row.step, int)}.items())
-    layers = sorted({name for _, row in steps for name in row.grad_norm}, key=_layer_order)
-    values = [[row.grad_norm.get(layer, math.nan) for _, row in steps] for layer in layers]
-    return figures.HeatMap(
-        f"{record.name} ({record.cell}, {record.corpus})", layers, [step for step, _ in steps], values
-    )
-
-
-def _layer_order(name: str) -> tuple:
-    if name == "embedding":
-        return (0, 0, name)
-    if name.startswith("layer") and name[5:].isdigit():
-        return (1, int(name[5:]), name)
-    return (2 if name == "softmax" else 3, 0, name)
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 @dataclasses.dataclass
