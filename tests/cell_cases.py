@@ -4,6 +4,7 @@
 ``input_size(n)`` is None when the cell accepts any input size, else the one it needs.
 """
 
+import io
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -178,3 +179,14 @@ def loss_after_overfitting(case: CellCase, steps: int, target: float = 0.0) -> f
         loss.backward()
         optimizer.step()
     return loss.item()
+
+
+def reloaded(model: LanguageModel) -> LanguageModel:
+    """``model`` saved (its weights and settings, weights-only) and built again from what was saved."""
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "config": model.config.to_dict()}, buffer)
+    buffer.seek(0)
+    payload = torch.load(buffer, weights_only=True)
+    clone = LanguageModel(ModelConfig.from_dict(payload["config"]))
+    clone.load_state_dict(payload["model"])
+    return clone

@@ -6,12 +6,10 @@ the spec's formula, check that carrying state across windows equals one long run
 model overfits a short string, and that save → load gives identical outputs.
 """
 
-import io
-
 import pytest
 import torch
 
-from cell_cases import CASES, loss_after_overfitting, randomise, tiny_model
+from cell_cases import CASES, loss_after_overfitting, randomise, reloaded, tiny_model
 from charlm.cells import CELLS, parse_cell_options
 from charlm.model import LanguageModel, ModelConfig, count_parameters
 
@@ -171,12 +169,7 @@ def test_save_load_gives_identical_outputs(case, double_precision):
     torch.manual_seed(0)
     model = tiny_model(case, vocab_size=11)
     randomise(model)
-    buffer = io.BytesIO()
-    torch.save({"model": model.state_dict(), "config": model.config.to_dict()}, buffer)
-    buffer.seek(0)
-    payload = torch.load(buffer, weights_only=True)
-    clone = LanguageModel(ModelConfig.from_dict(payload["config"]))
-    clone.load_state_dict(payload["model"])
+    clone = reloaded(model)
     tokens = torch.randint(0, 11, (2, 9))
     a, _ = model(tokens, model.initial_state(2))
     b, _ = clone(tokens, clone.initial_state(2))

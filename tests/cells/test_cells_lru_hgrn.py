@@ -1,14 +1,13 @@
 """linear-ru (Orvieto et al.'s Linear Recurrent Unit) and hgrn (Qin et al.'s HGRN) against independent
 float64 implementations written from the papers, their published initialisation, and HGRN's lower bounds."""
 
-import io
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from cell_cases import randomise
+from cell_cases import randomise, reloaded
 from charlm.cells import CELLS, parse_cell_options
 from charlm.errors import CharlmError
 from charlm.model import LanguageModel, ModelConfig, count_parameters
@@ -192,12 +191,7 @@ def test_hgrn_parameters_count_and_load_once():
     per_layer = 3 * d * n + n * n + 7 * n  # with its row of Γ (L × n in all)
     assert count_parameters(model) == 3 * per_layer + 7 * d + (n * 7 + 7)
     randomise(model)
-    buffer = io.BytesIO()
-    torch.save({"model": model.state_dict(), "config": model.config.to_dict()}, buffer)
-    buffer.seek(0)
-    payload = torch.load(buffer, weights_only=True)
-    clone = LanguageModel(ModelConfig.from_dict(payload["config"]))
-    clone.load_state_dict(payload["model"])
+    clone = reloaded(model)
     assert all(layer.lower_bounds is clone.layers[0].lower_bounds for layer in clone.layers)
     torch.testing.assert_close(clone.layers[0].lower_bounds.logits, model.layers[0].lower_bounds.logits)
     tokens = torch.randint(7, (2, 6))
