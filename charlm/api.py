@@ -27,7 +27,7 @@ from charlm.config_inference import DEFAULT_PRIME, DynamicOptions, EvalConfig, S
 from charlm.settings import validate
 from charlm.runtime.devices import resolve_device
 from charlm.runs.best_weights import best_of_run
-from charlm.errors import CharlmError, OutOfVocabulary, out_of_memory
+from charlm.errors import CharlmError, NoCheckpoint, OutOfVocabulary, out_of_memory
 from charlm.corpora.streams import check_streams_fit
 from charlm.inference.scoring import LN2, Score, check_splits_fit, score_split, score_tokens
 from charlm.logs import get_logger
@@ -40,6 +40,7 @@ from charlm.training.trainer import Trainer
 from charlm.inference.dynamic_protocol import NoProgress, statistics_tokens, evaluate_dynamic
 from charlm.inference.dynamic import collect_gradient_statistics, dynamic_score, make_update
 from charlm.runs.directory import Run
+from charlm.runs.first_save import explained
 from charlm.files import access_error
 
 _SAMPLE = SampleConfig()
@@ -47,29 +48,35 @@ _SCORE = ScoreConfig()
 _EVAL = EvalConfig()
 
 
-def _one_error(function):
+def _one_error(memory_advice: str):
     """The boundary of ``charlm.train`` and ``charlm.load``: an ``OSError`` (a path that cannot be used)
-    becomes one ``CharlmError`` naming the file, and memory running out an ``OutOfMemory``
-    (``charlm.errors.out_of_memory``), as the command line prints them."""
+    becomes one ``CharlmError`` naming the file, memory running out an ``OutOfMemory``
+    (``charlm.errors.out_of_memory``) with ``memory_advice``, and a run directory without a checkpoint
+    says why (``charlm.runs.first_save``), as the command line prints them."""
 
-    @functools.wraps(function)
-    def bounded(*args, **kwargs):
-        try:
-            return function(*args, **kwargs)
-        except CharlmError:
-            raise
-        except OSError as error:
-            raise access_error(error) from error
-        except (RuntimeError, MemoryError) as error:
-            problem = out_of_memory(error)
-            if problem is None:
+    def boundary(function):
+        @functools.wraps(function)
+        def bounded(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except NoCheckpoint as error:
+                raise explained(error) from None
+            except CharlmError:
                 raise
-            raise problem from error
+            except OSError as error:
+                raise access_error(error) from error
+            except (RuntimeError, MemoryError) as error:
+                problem = out_of_memory(error, memory_advice)
+                if problem is None:
+                    raise
+                raise problem from error
 
-    return bounded
+        return bounded
+
+    return boundary
 
 
-@_one_error
+@_one_error("use a smaller batch_size (or hidden_size, bptt)")
 def train(config: TrainConfig | None = None, **settings) -> dict:
     """Train a new run under ``config`` and return its summary (``charlm.Trainer(config).fit()``;
     ``Trainer.resume(run_dir).fit()`` continues a run). Settings may also be given as keywords,
@@ -98,7 +105,7 @@ def train(config: TrainConfig | None = None, **settings) -> dict:
     return Trainer(new_run_inputs(config, named)).fit()
 
 
-@_one_error
+@_one_error("the model does not fit: load it on another device (device=...)")
 def load(
     reference: str | Path,
     device: str = "auto",
@@ -155,6 +162,7 @@ class Model:
         self.device = resolve_device(device) if isinstance(device, str) else device
         self.network = checkpoint.build_model(self.device, cells=cells, trust_code=trust_code)
         self.tokenizer = checkpoint.make_tokenizer()
+        self._corpora = {}  # by data_dir: the corpus (or the version of it) the model was trained on
 
     def __repr__(self):
         config = self.config
@@ -404,8 +412,11 @@ class Model:
 
     # --- evaluating on the corpus ----------------------------------------------------------------
     def corpus(self, data_dir=None):
-        """The prepared corpus the model was trained on (its vocabulary checked)."""
-        return self.checkpoint.corpus(data_dir)
+        """The prepared corpus the model was trained on (its vocabulary checked), in the version it was
+        trained on (a ``CorpusChanged`` error when that version is no longer there)."""
+        if str(data_dir) not in self._corpora:
+            self._corpora[str(data_dir)] = self.checkpoint.corpus(data_dir)
+        return self._corpora[str(data_dir)]
 
     def evaluate(
         self,

@@ -5,7 +5,8 @@ it), written atomically, tagged with a format version. Format 1 (charlm 0.1's ba
 read. Three kinds share the format: ``training`` (``last.pt``, ``best.pt``), ``export`` (weights,
 configs and vocabulary only) and ``adapted`` (weights after dynamic evaluation). Of the training
 checkpoints only ``last.pt`` (and ``previous.pt``) keep the optimizer's state, which resuming needs;
-``best.pt`` and the epoch checkpoints are written ``without_optimizer``.
+``best.pt`` and the epoch checkpoints are written ``without_optimizer``. An export may also be a
+safetensors file (``charlm.checkpoint_safetensors``), read into the same payload and checked alike.
 
 Loading never runs code named in the file: a checkpoint of a user cell (``module:Class``) builds
 its model only when the caller names that cell or trusts the file (see ``build_model``). What is
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import io
 import os
 import pickle
 import re
@@ -31,11 +33,14 @@ from charlm import __version__
 from charlm.cells import CELLS
 from charlm.checkpoint_checks import check_against_model, check_consistency, check_parts
 from charlm.config import TrainConfig
-from charlm.errors import CharlmError
-from charlm.files import atomic_write, path_value
+from charlm.errors import CharlmError, NoCheckpoint
+from charlm.files import atomic_write_bytes, path_value
+from charlm import checkpoint_safetensors
+from charlm.logs import info
 from charlm.model import LanguageModel, ModelConfig
 from charlm.corpora.tokenizer_kinds import tokenizer_from_state
 from charlm.corpora import load_corpus
+from charlm.corpora.catalog import TrainedOn
 
 FORMAT = "charlm-checkpoint"
 FORMAT_VERSION = 2
@@ -91,8 +96,7 @@ class Checkpoint:
     def save(self, path: str | Path) -> Path:
         """Write atomically (a temporary file, then a rename)."""
         path = path_value(path, "the checkpoint file to write")
-        payload = self.to_payload()
-        atomic_write(path, lambda temporary: torch.save(payload, temporary))
+        atomic_write_bytes(path, torch_file(self.to_payload()))
         return path
 
     @classmethod
@@ -200,11 +204,15 @@ class Checkpoint:
         return tokenizer
 
     def corpus(self, data_dir=None):
-        """The prepared corpus the model was trained on, checked to have the same vocabulary."""
+        """The prepared corpus the model was trained on, checked to have the same vocabulary: the version
+        it was trained on (``CorpusChanged`` when the corpus was prepared again and that version is gone)."""
         name = self.train_config.corpus
         if not CORPUS_NAME.fullmatch(name):
             raise CharlmError(f"{self.path} names the corpus {name!r}, which is not a corpus name")
-        corpus = load_corpus(name, data_dir if data_dir is not None else self.train_config.data_dir)
+        root = data_dir if data_dir is not None else self.train_config.data_dir
+        corpus = load_corpus(name, root, trained_on=TrainedOn.of(self.provenance))
+        if corpus.is_kept_version:
+            info(f"corpus {name!r} was prepared again since {self.path} trained on it: using the version it trained on")
         if list(corpus.tokenizer.vocab) != list(self.tokenizer["vocab"]):
             raise CharlmError(f"the prepared corpus {name!r} has another vocabulary than the checkpoint {self.path}")
         return corpus
@@ -232,7 +240,7 @@ def resolve(reference: str | Path, prefer: str = "best") -> Path:
         for name in (f"{prefer}.pt", "best.pt", "last.pt"):
             if (path / name).is_file():
                 return path / name
-        raise CharlmError(f"run directory {path} holds no checkpoint (best.pt or last.pt)")
+        raise NoCheckpoint(path)
     if not path.is_file():
         raise CharlmError(f"no such checkpoint or run directory: {path}")
     return path
@@ -265,9 +273,21 @@ def _from_format_1(old: dict) -> dict:
     }
 
 
+def torch_file(payload) -> memoryview:
+    """The bytes ``torch.save`` writes for ``payload``, made in memory: written by Python's own file
+    calls, a full disk or a file-size limit fails with the system's reason ("File too large"), which
+    torch's writer loses ("[enforce fail at inline_container.cc:672] . unexpected pos ...")."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getbuffer()
+
+
 def read_payload(path: Path, map_location="cpu"):
     """What ``torch.save`` wrote to ``path``, read weights-only (no code runs); a file torch cannot
-    read that way is one line naming it."""
+    read that way is one line naming it. A safetensors file (``charlm export --format safetensors``)
+    gives the same payload (``charlm.checkpoint_safetensors``)."""
+    if checkpoint_safetensors.is_safetensors(path):
+        return checkpoint_safetensors.read_payload(path)
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols before refusing a file
             warnings.simplefilter("ignore")
@@ -315,6 +335,9 @@ def load_failure(error: Exception, path: Path) -> str:
             start = file.read(4)
     except OSError:
         start = None
+    truncated = "the file is empty, truncated or not a torch file"  # in place of miniz's words ("not a ZIP archive")
+    if start is not None and len(start) < 4 and any(kind.startswith(start) for kind in TORCH_FILE_STARTS):
+        return truncated  # the first bytes of a zip archive or a pickle, and no more
     if start and not start.startswith(TORCH_FILE_STARTS):
         return "it is not a torch file at all (torch writes a zip archive or a pickle)"
     text = str(error)
@@ -325,8 +348,10 @@ def load_failure(error: Exception, path: Path) -> str:
             "objects, which charlm never unpickles"
         )
     cut_short = isinstance(error, OSError) and error.errno == errno.EINVAL  # torch seeking past a truncated zip's end
-    if isinstance(error, EOFError) or cut_short or "failed finding central directory" in text:
-        return "the file is empty, truncated or not a torch file"
+    if isinstance(error, EOFError) or cut_short or "PytorchStreamReader failed reading zip archive" in text:
+        return truncated
+    if "unexpected EOF" in text:  # torch's reader of its older, non-zip format
+        return truncated
     return _first_line(error)
 
 

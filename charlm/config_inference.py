@@ -38,7 +38,12 @@ class SampleConfig:
     """`charlm sample` and `Model.sample`."""
 
     length: int = setting(500, "Symbols (tokens) to generate per sample.", min=0, max=MAX_SAMPLE_LENGTH)
-    temperature: float = setting(1.0, "Softmax temperature: below 1 is more conservative.", min=0, min_open=True)
+    temperature: float = setting(
+        1.0,
+        "Softmax temperature: below 1 is more conservative; 0 is greedy, the likeliest symbol at each step "
+        "(as --beam 1).",
+        min=0,
+    )
     top_k: int = setting(0, "Draw only from the k most likely symbols (0: off).", min=0)
     top_p: float = setting(
         1.0, "Draw only from the smallest set with this much probability (1: off).", min=0, max=1, min_open=True

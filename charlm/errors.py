@@ -1,6 +1,17 @@
 """The exceptions that reach the user as a single line on stderr, and how a value is shown in one."""
 
+import difflib
 import re
+
+
+def closest(name: str, known) -> str | None:
+    """The one of ``known`` that ``name`` is most likely a slip of the keyboard for, letter case aside
+    (difflib's ratio of at least 0.6, as click suggests a command or an option), or None."""
+    by_lowered = {}
+    for each in known:
+        by_lowered.setdefault(str(each).lower(), each)
+    match = difflib.get_close_matches(str(name).lower(), list(by_lowered), n=1)
+    return by_lowered[match[0]] if match else None
 
 
 def shown(value, width: int = 80) -> str:
@@ -48,37 +59,61 @@ class ConfigError(CharlmError):
         super().__init__(f"{field} {reason}")
 
 
+class NoCheckpoint(CharlmError):
+    """A run directory that holds no checkpoint (best.pt or last.pt). The boundaries, the command line
+    and ``charlm.load``, say why (``charlm.runs.first_save``): its run is training, or stopped before
+    its first save."""
+
+    def __init__(self, path, message: str | None = None):
+        self.path = path
+        super().__init__(message or f"run directory {path} holds no checkpoint (best.pt or last.pt)")
+
+
 class OutOfVocabulary(CharlmError):
     """Text holds symbols that the vocabulary lacks."""
 
-    def __init__(self, symbols, where: str | None = None):
-        self.symbols = sorted(set(symbols))
+    SKIP = 'pass --unknown skip to leave them out (unknown="skip" from Python)'  # how, where ``where`` is given
+
+    def __init__(self, symbols, where: str | None = None, skip: str = SKIP):
+        self.symbols, self.where = sorted(set(symbols)), where
         shown = ", ".join(repr(s) for s in self.symbols[:20])
         more = "" if len(self.symbols) <= 20 else f" and {len(self.symbols) - 20} more"
         message = f"text has symbols outside the vocabulary: {shown}{more}"
         if where is not None:  # text given by a user to score: say where, and what to do
-            message += (
-                f" (the first at {where})" if where else ""
-            ) + '; pass --unknown skip to leave them out (unknown="skip" from Python)'
+            message += (f" (the first at {where})" if where else "") + f"; {skip}"
         super().__init__(message)
+
+    def skipped_by(self, skip: str) -> "OutOfVocabulary":
+        """The same error, saying how to leave the symbols out in the caller's own terms (``skip``)."""
+        return OutOfVocabulary(self.symbols, self.where, skip)
 
 
 class OutOfMemory(CharlmError):
-    """Memory ran out while a command ran (``out_of_memory``): exit code 1, the machine is short, not the input."""
+    """Memory ran out while a command ran (``out_of_memory``): exit code 1, the machine is short, not the input.
+    ``what`` ran out and the ``advice`` of the caller that said so (a command line's options, Python's names)."""
 
     exit_code = 1
 
+    def __init__(self, what: str, advice: str):
+        self.what, self.advice = what, advice
+        super().__init__(f"{what}: {advice}")
 
-OUT_OF_MEMORY_ADVICE = "use a smaller --batch-size (or --hidden, --bptt)"
+    def advised(self, advice: str) -> "OutOfMemory":
+        """The same failure with another caller's ``advice`` (a command that loaded through ``charlm.load``)."""
+        return OutOfMemory(self.what, advice)
+
+
+OUT_OF_MEMORY_ADVICE = "free memory, or use a machine with more"  # where no option of the command helps
 _ALLOCATION = re.compile(r"allocate (\d+(?:\.\d+)?) ?(bytes|[KMGTPE]iB)", re.IGNORECASE)
 
 
-def out_of_memory(error: BaseException) -> OutOfMemory | None:
+def out_of_memory(error: BaseException, advice: str = OUT_OF_MEMORY_ADVICE) -> OutOfMemory | None:
     """``error`` as one line if it says an allocation failed (torch's ``OutOfMemoryError``, an allocator's
     ``RuntimeError`` such as "DefaultCPUAllocator: can't allocate memory", Python's ``MemoryError``), else
     None. The memory checks before a run (``charlm.runtime.memory``) estimate training; whatever else runs
     out (scoring, dynamic evaluation, a GPU's library workspaces) reaches the boundaries, the command line
-    and ``charlm.train``/``charlm.load``, and is told here."""
+    and ``charlm.train``/``charlm.load``, and is told here, with the ``advice`` of the command that ran
+    (the options it has)."""
     message = " ".join(str(error).split())
     allocator = isinstance(error, RuntimeError) and re.search(r"can't allocate memory|out of memory", message, re.I)
     if not (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or allocator):
@@ -93,4 +128,4 @@ def out_of_memory(error: BaseException) -> OutOfMemory | None:
     else:
         what = f"{size[1]} {size[2]}" if size else None
     failed = f" (an allocation of {what} failed)" if what else ""
-    return OutOfMemory(f"out of memory on {on}{failed}: {OUT_OF_MEMORY_ADVICE}")
+    return OutOfMemory(f"out of memory on {on}{failed}", advice)

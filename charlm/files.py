@@ -1,5 +1,6 @@
-"""Files: reading a file the user named, the plain names that files may give to paths, and writing
-files atomically (a temporary file beside the target, flushed to disk, then a rename).
+"""Files: reading a file the user named (a pipe too) and one charlm wrote into a run or sweep directory
+(a regular file of a bounded size, nothing else), the plain names that files may give to paths, and
+writing files atomically (a temporary file beside the target, flushed to disk, then a rename).
 
 At every moment a target being written is either its old or its new complete contents, whatever
 kills the process (``kill -9``, a full disk, a power cut once the data reached the disk).
@@ -16,6 +17,7 @@ import contextlib
 import errno as errnos
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
@@ -168,6 +170,52 @@ def read_bytes(path: str | Path, what: str) -> bytes:
         raise CharlmError(f"cannot read {what} {path}: {error.strerror or error}") from None
 
 
+OWN_FILE_KINDS = {
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+JSON_LIMIT = 64 << 20  # config.json, provenance.json, sweep.json: a few KB as charlm writes them
+RECORDS_LIMIT = 1 << 30  # metrics.jsonl: some 300 bytes a record, a million records a long run
+
+
+def read_own_file(path: str | Path, what: str, limit: int = JSON_LIMIT) -> bytes:
+    """The bytes of a file charlm wrote into a run or sweep directory: a regular file (through links) of
+    at most ``limit`` bytes. Anything else is a one-line ``CharlmError`` at once: a named pipe is never
+    waited on (it is opened without blocking, then refused), a device (/dev/zero) never read without end,
+    so that one damaged run cannot hang or exhaust a listing of many."""
+    path = Path(path)
+    try:
+        _refuse_unless_regular(path, os.stat(path), what)  # a device is refused before it is even opened
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        with open(descriptor, "rb") as file:
+            info = os.fstat(descriptor)
+            _refuse_unless_regular(path, info, what)  # replaced by something else since the first look
+            _refuse_over(path, info.st_size, limit, what)
+            data = file.read(info.st_size + 1)  # the size it had: what is appended meanwhile waits for the next read
+    except FileNotFoundError:
+        raise CharlmError(f"{what} {path} does not exist") from None
+    except OSError as error:  # no permission, a loop of links, an I/O error
+        raise CharlmError(f"cannot read {what} {path}: {error.strerror or error}") from None
+    _refuse_over(path, len(data), limit, what)
+    return data
+
+
+def _refuse_unless_regular(path: Path, info: os.stat_result, what: str) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        link = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
+        kind = OWN_FILE_KINDS.get(stat.S_IFMT(info.st_mode))
+        raise CharlmError(f"{what} {path}{link} is {f'{kind}, not' if kind else 'not'} a regular file")
+
+
+def _refuse_over(path: Path, size: int, limit: int, what: str) -> None:
+    if size > limit:
+        words = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit:,} bytes"
+        raise CharlmError(f"{what} {path} is larger than {words}, more than charlm ever writes")
+
+
 def path_value(value, what: str) -> Path:
     """``value``, a path a caller gave (a str or an os.PathLike), as a Path; anything else (None, bytes,
     a number), or a path holding a NUL character, is a one-line error saying that ``what`` ("data_dir") must be one."""
@@ -217,6 +265,10 @@ def check_directory(path: str | Path | None, flag: str) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+def atomic_write_bytes(path: str | Path, data: bytes | memoryview) -> None:
+    atomic_write(path, lambda temporary: temporary.write_bytes(data))
 
 
 def _flush_to_disk(path: str) -> None:

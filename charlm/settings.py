@@ -7,7 +7,6 @@ and the JSON settings file of ``--config``. The settings themselves, with their 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import json
 import math
@@ -17,7 +16,7 @@ import types
 import typing
 from pathlib import Path
 
-from charlm.errors import CharlmError, ConfigError, shown
+from charlm.errors import CharlmError, ConfigError, closest, shown
 from charlm.files import read_bytes
 
 
@@ -186,8 +185,8 @@ def from_dict(cls, values: dict):
     known = {field.name for field in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        close = closest(unknown[0], known)
+        hint = f" (did you mean {close!r}?)" if close else ""
         raise CharlmError(
             f"unknown {cls.__name__} setting{'s' if len(unknown) > 1 else ''}: {', '.join(map(repr, unknown))}{hint}"
         )

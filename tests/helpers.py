@@ -82,14 +82,31 @@ def assert_fits(text: str, columns: int = 80) -> None:
 
 
 def table_header(text: str) -> list[str]:
-    """The column names of the (first) table in ``text``, as its first header line shows them."""
-    line = next(line for line in text.splitlines() if line.startswith("┃"))
-    return [cell.strip() for cell in line.split("┃")[1:-1]]
+    """The column names of the (first) table in ``text``, as its first header line shows them (the
+    first column's name first where it stands on a line of its own above the others)."""
+    lines = [line for line in text.splitlines() if line.startswith("┃")]
+    if not lines[0].endswith("┃"):
+        return [lines[0][1:].strip(), *[cell.strip() for cell in lines[1].split("┃")[1:-1]]]
+    return [cell.strip() for cell in lines[0].split("┃")[1:-1]]
 
 
 def table_lines(text: str) -> list[list[str]]:
-    """The cells of each body line of the tables in ``text`` (a row that wraps takes several lines)."""
-    return [[cell.strip() for cell in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
+    """The cells of each body line of the tables in ``text`` (a row that wraps takes several lines).
+    Where each row's name stands on a line of its own above its other cells, it is read as the first
+    cell of the row's first line (and an empty one on the row's other lines)."""
+    lines, name = [], None
+    for line in text.splitlines():
+        if line.startswith("└"):  # the end of a table
+            name = None
+        if not line.startswith("│"):
+            continue
+        if not line.endswith("│"):  # a row's name, above its other cells
+            name = line[1:].strip()
+            continue
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        lines.append(cells if name is None else [name, *cells])
+        name = None if name is None else ""
+    return lines
 
 
 def run_cli(*args, cwd=None, env=None, check_code=None, timeout=300) -> subprocess.CompletedProcess:

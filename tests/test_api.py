@@ -83,8 +83,8 @@ def test_bad_prime_and_settings_fail_before_any_text(model, trained_run):
         model.sample("Price: 5€ ☃", 10)
     with pytest.raises(CharlmError, match="'☃'"):
         model.stream("☃", 10)  # checked when called, not at the first piece
-    with pytest.raises(CharlmError, match="temperature must be positive"):
-        model.stream("The ", 10, temperature=0)
+    with pytest.raises(CharlmError, match="temperature must be zero or positive"):
+        model.stream("The ", 10, temperature=-1)
     with pytest.raises(CharlmError, match="top_p must be in"):
         model.sample("The ", 10, top_p=1.5)
     result = cli("sample", trained_run, "--prime", "Snow ☃", "--length", "5")

@@ -63,7 +63,7 @@ def test_defaults_are_valid():
         (TrainConfig(device="tpu"), "device", "device must be auto, cpu, cuda, cuda:N or mps, not 'tpu'"),
         (TrainConfig(hidden_size=8, params="1M"), "hidden_size", "hidden_size and --params are exclusive"),
         (TrainConfig(layers="2"), "layers", "layers must be a number, not '2'"),
-        (SampleConfig(temperature=0.0), "temperature", "temperature must be positive"),
+        (SampleConfig(temperature=-1.0), "temperature", "temperature must be zero or positive"),
         (SampleConfig(top_p=0.0), "top_p", "top_p must be in (0, 1]"),
         (SampleConfig(top_p=NAN), "top_p", "top_p must be in (0, 1], not nan"),
         (SampleConfig(length=-1), "length", "length must be in [0, 1000000000]"),
@@ -169,7 +169,7 @@ def test_config_file_values_are_checked(tmp_path, monkeypatch):
 def test_other_commands_name_their_flags(trained_run, tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("The cat sat on the mat.", encoding="utf-8")
-    assert_one_line_error(cli("sample", trained_run, "--temperature", "0"), "--temperature must be positive")
+    assert_one_line_error(cli("sample", trained_run, "--temperature", "-1"), "--temperature must be zero or positive")
     assert_one_line_error(cli("sample", trained_run, "--top-p", "0"), "--top-p must be in (0, 1], not 0.0")
     assert_one_line_error(cli("sample", trained_run, "--top-p", "nan"), "--top-p")
     assert_one_line_error(
@@ -213,7 +213,9 @@ def help_rows(command: str, monkeypatch) -> dict[str, str]:
     for line in result.stdout.splitlines():
         text = " ".join(line.replace("│", " ").replace("╭", " ").replace("╰", " ").split())
         match = re.match(r"(--[a-z][a-z0-9-]*)", text)
-        if match:
+        if match and current and match.group(1) == f"--no-{current[2:]}":  # a switch's other name, on its own line
+            rows[current] += " " + text
+        elif match:
             current = match.group(1)
             rows[current] = text
         elif current and text and not text.startswith("─"):

@@ -10,6 +10,7 @@ cell.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 
 import pytest
@@ -107,3 +108,37 @@ def test_the_cell_reference_has_every_registered_cell():
     for name in CELLS.names():
         cell = CELLS.get(name)
         assert f"## `{name}`" in reference and f"::: {cell.__module__}.{cell.__qualname__}\n" in reference
+
+
+PLANS_START = "<!-- plans table: generated from the shipped plans by tests/test_docs.py -->\n"
+PLANS_END = "<!-- end of plans table -->"
+
+
+def plans_table() -> str:
+    """Every shipped plan (charlm/experiments/plans/*.toml): its name, its description, its profiles."""
+    from charlm.experiments.plan import tomllib
+
+    rows = ["| plan | what it reruns | `--profile` |", "| --- | --- | --- |"]
+    for path in sorted((REPO / "charlm" / "experiments" / "plans").glob("*.toml"), key=lambda path: path.stem):
+        plan = tomllib.loads(path.read_text(encoding="utf-8"))
+        description = plan["description"].replace("|", "\\|")
+        rows.append(
+            f"| `{path.stem}` | {description} | {', '.join(f'`{name}`' for name in plan.get('profiles', {}))} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def test_the_plans_table_of_the_sweeps_page_is_current():
+    """Issue 42: the table had gone stale (no `eras`, no `parallel-cells`). Rewrite it with
+    CHARLM_WRITE_DOCS=1 python3 -m pytest tests/test_docs.py -k plans -n 0."""
+    from charlm.experiments.plan import shipped_plans
+
+    page = DOCS / "sweeps.md"
+    text = page.read_text(encoding="utf-8")
+    start, end = text.index(PLANS_START) + len(PLANS_START), text.index(PLANS_END)
+    table = plans_table()
+    assert [line.split("`")[1] for line in table.splitlines()[2:]] == sorted(shipped_plans())
+    if os.environ.get("CHARLM_WRITE_DOCS") == "1":
+        page.write_text(text[:start] + table + text[end:], encoding="utf-8")
+    elif text[start:end] != table:
+        pytest.fail("the plans table of docs/sweeps.md is stale: rerun with CHARLM_WRITE_DOCS=1")

@@ -18,6 +18,7 @@ import charlm.checkpoint
 import charlm.training.reporting
 from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
+from charlm.files import atomic_write
 from charlm.cells import CELLS, RecurrentCell
 from charlm.runtime.memory import MemoryEstimate, check_fits, estimate_training_memory
 from charlm.runs.directory import Run
@@ -135,17 +136,20 @@ def test_no_readable_checkpoint_at_all_is_one_line(tiny_corpus, tmp_path):
 
 
 def test_full_disk_while_saving_stops_with_one_line_and_keeps_the_last_checkpoint(tiny_corpus, tmp_path, monkeypatch):
-    real_save, calls = torch.save, []
+    real_write, calls = charlm.checkpoint.atomic_write_bytes, []
 
-    def save_until_the_disk_fills(payload, path):
+    def write_until_the_disk_fills(path, data):
         calls.append(path)
         if len(calls) < 3:  # last.pt and best.pt of epoch 1 fit; the next write finds the disk full
-            return real_save(payload, path)
-        with open(path, "wb") as handle:
-            handle.write(b"\0" * 100)
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            return real_write(path, data)
 
-    monkeypatch.setattr(charlm.checkpoint.torch, "save", save_until_the_disk_fills)
+        def write_100_bytes_of_it(temporary):
+            temporary.write_bytes(bytes(data[:100]))
+            raise OSError(errno.ENOSPC, "No space left on device", str(temporary))
+
+        atomic_write(path, write_100_bytes_of_it)
+
+    monkeypatch.setattr(charlm.checkpoint, "atomic_write_bytes", write_until_the_disk_fills)
     run = tmp_path / "run"
     result = cli(
         "train",

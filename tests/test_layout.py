@@ -15,7 +15,7 @@ LAYERS = [
     {"errors", "logs", "files", "settings", "config", "config_inference", "config_tools", "lazy"},
     {"runtime"},
     {"cells", "corpora"},
-    {"model", "checkpoint", "checkpoint_checks"},
+    {"model", "checkpoint", "checkpoint_checks", "checkpoint_safetensors"},
     {"runs"},
     {"inference"},
     {"training", "tasks"},

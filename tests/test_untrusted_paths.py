@@ -191,6 +191,57 @@ def test_report_of_nothing_but_damaged_runs_says_why(runs_with_damage):
     assert_one_line(result, "no readable runs under", "bad-config: ", "bad-record: ")
 
 
+@pytest.mark.skipif(
+    not hasattr(os, "mkfifo") or not os.path.exists("/dev/zero"), reason="FIFOs and /dev/zero are POSIX"
+)
+def test_a_run_whose_file_is_a_pipe_or_a_device_is_damaged_at_once_and_the_good_run_is_listed(trained_run, tmp_path):
+    """A metrics.jsonl that is a named pipe used to hang `charlm runs` and `charlm report`, a config.json
+    linked to /dev/zero to exhaust their memory, and `runs --prune` stopped at a run whose records are
+    damaged: the files of a run directory are charlm's, regular files or damage. (In subprocesses with a
+    timeout: a hang fails the test instead of stopping the suite.)"""
+    root = tmp_path / "runs"
+    for name in ("good", "piped-records", "endless-config"):
+        shutil.copytree(trained_run, root / name, ignore=shutil.ignore_patterns("*.pt"))
+    records, config = root / "piped-records" / "metrics.jsonl", root / "endless-config" / "config.json"
+    records.unlink()
+    os.mkfifo(records)
+    config.unlink()
+    config.symlink_to("/dev/zero")
+    reasons = {
+        "piped-records": f"run record file {records} is a named pipe, not a regular file",
+        "endless-config": f"run settings file {config} (a link to /dev/zero) is a character device, not a regular file",
+    }
+
+    listed = run_cli("runs", root, "--json", timeout=120, check_code=0)
+    rows = {Path(row["run"]).name: row for row in json.loads(listed.stdout)}
+    assert rows["good"]["status"] == "finished" and rows["good"]["best_valid_bpc"] == best_valid_bpc(trained_run)
+    for name, reason in reasons.items():
+        assert rows[name]["status"] == "damaged" and rows[name]["damage"] == reason
+
+    reported = run_cli("report", root, timeout=120, check_code=0)
+    for name, reason in reasons.items():
+        assert f"skipped the damaged run {name}: {reason}" in reported.stderr
+    summary = (root / "report" / "summary.csv").read_text(encoding="utf-8")
+    assert "good" in summary and "piped-records" not in summary and "endless-config" not in summary
+
+    pruned = run_cli("runs", root, "--prune", "--dry-run", timeout=120, check_code=0)  # no file it prunes is damaged
+    assert pruned.stdout == "would free 0B (0 bytes) in 0 of 3 run(s)\n"
+
+
+def test_a_run_file_larger_than_charlm_writes_is_damage(trained_run, tmp_path):
+    from charlm.files import read_own_file
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("*.pt"))
+    size = (run / "config.json").stat().st_size
+    assert read_own_file(run / "config.json", "run settings file", limit=size) == (run / "config.json").read_bytes()
+    with pytest.raises(CharlmError) as caught:
+        read_own_file(run / "config.json", "run settings file", limit=size - 1)
+    assert str(caught.value) == (
+        f"run settings file {run / 'config.json'} is larger than {size - 1:,} bytes, more than charlm ever writes"
+    )
+
+
 # --- an output that cannot encode a character -------------------------------------------------------
 
 

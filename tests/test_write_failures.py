@@ -84,6 +84,7 @@ def test_training_save_past_the_limit_is_one_line_keeps_the_checkpoints_and_resu
 
     target = failed_target(result, limit)
     assert Path(target).name in ("last.pt", "best.pt") and Path(target).parent == run  # never the temporary file
+    assert f"cannot write {target}: File too large; " in result.stderr  # the system's reason, not torch's writer's
     assert "training stopped" in result.stderr and "is intact" in result.stderr
     assert temporaries(run) == []
     assert digests(run, "*.pt") == before
@@ -121,6 +122,7 @@ def test_prepare_past_the_limit_is_one_line_and_keeps_the_prepared_corpus(tmp_pa
     )
 
     assert failed_target(result, limit) == str(data / "tiny")  # the corpus, not its staging directory
+    assert result.stderr.strip().endswith(f"cannot write {data / 'tiny'}: File too large")  # not numpy's byte counts
     assert temporaries(data) == [] and digests(data / "tiny") == before
     corpus = load_corpus("tiny", data)
     assert np.array_equal(corpus.split("train"), np.load(data / "tiny" / "train.npy"))

@@ -8,7 +8,7 @@ import math
 import typing
 
 from charlm.cells.base import RecurrentCell
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, closest
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -39,12 +39,17 @@ class CellRegistry:
         """The cell called ``name``; ``module:Class`` imports that module (the caller named it)."""
         if ":" in name:
             return _import_cell(name)
-        try:
+        if name in self._cells:
             return self._cells[name]
-        except KeyError:
+        close = closest(name, self._cells)
+        if close:
             raise CharlmError(
-                f"unknown cell {name!r}; known cells: {', '.join(self._cells)} (or module:Class for your own)"
-            ) from None
+                f"unknown cell {name!r}: did you mean {close!r}? (`charlm cells` lists every cell; module:Class "
+                "names your own)"
+            )
+        raise CharlmError(
+            f"unknown cell {name!r}; known cells: {', '.join(self._cells)} (or module:Class for your own)"
+        )
 
     def resolve(
         self, name: str, *, cells=(), trust_code: bool = False, source: str = "the file"

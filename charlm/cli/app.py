@@ -11,6 +11,7 @@ from pathlib import PurePath
 import typer
 import typer.main
 from rich.table import Table
+from rich.text import Text
 from typer import core
 
 try:  # the click that typer runs on: its own copy in newer typer versions
@@ -36,7 +37,7 @@ from charlm.cli import (
     task,
     train,
 )
-from charlm.errors import CharlmError, ConfigError, out_of_memory
+from charlm.errors import OUT_OF_MEMORY_ADVICE, CharlmError, ConfigError, NoCheckpoint, OutOfMemory, out_of_memory
 from charlm.files import access_error
 from charlm.logs import use_default_handler
 from charlm.runtime.openmp import set_threads
@@ -71,6 +72,8 @@ def _keep_option_names_whole() -> None:
     the longest flag, rich narrows both and cuts the flag (``--no-test-every-epo…``). Here only the
     last two columns of a row (an option's type and help text; a command's help) may wrap, folding a
     word too long for them rather than cutting it: the option names and flags before them stay whole.
+    Each name of an option is on a line of its own (``--hidden`` above ``--hidden-size``, ``--wavefront``
+    above ``--no-wavefront``), so that the names take one narrow column and leave the room to the help.
     Installed when a help is first shown (typer.rich_utils takes a while to import)."""
 
     def install():
@@ -78,6 +81,9 @@ def _keep_option_names_whole() -> None:
 
         class HelpTable(Table):
             def add_row(self, *renderables, **options):
+                if len(renderables) >= 6:  # an option's row: [required,] names, short names, off-flags, ..., type, help
+                    *required, names, short, off, off_short, kind, help = renderables
+                    renderables = (*required, _one_name_a_line(names, off), short, off_short, kind, help)
                 super().add_row(*renderables, **options)
                 for column in self.columns[:-2]:
                     column.no_wrap = True
@@ -94,6 +100,11 @@ def _keep_option_names_whole() -> None:
             return shown(self, ctx, formatter)
 
         kind.format_help = format_help
+
+
+def _one_name_a_line(*cells: Text) -> Text:
+    """The names of an option's cells (typer joins them with commas), one a line, their styles kept."""
+    return Text("\n").join(part for cell in cells for part in cell.split(",") if part.plain)
 
 
 _keep_option_names_whole()
@@ -154,6 +165,10 @@ def error_line(error: BaseException) -> str:
     """The one line a user sees; library field names become the flags of the command line."""
     if isinstance(error, ConfigError):
         return f"{flag_of(error.owner, error.field)} {error.reason}"
+    if isinstance(error, NoCheckpoint):
+        from charlm.runs.first_save import explained
+
+        error = explained(error)
     if _is_click_error(error):
         return error.format_message().replace("\n", " ")
     return " ".join(str(error).split("\n"))
@@ -163,13 +178,17 @@ def run(argv: list[str] | None = None) -> int:
     """Run the command line in this process; returns the exit code. Errors print one line."""
     use_default_handler()  # follows sys.stderr, also when a caller redirects it around run()
     _replace_what_cannot_be_encoded()
-    if not (sys.argv[1:] if argv is None else argv):  # bare `charlm`: the help, and nothing wrong
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:  # bare `charlm`: the help, and nothing wrong
         argv = ["--help"]
+    command = None
     try:
         command = typer.main.get_command(app)
         _refuse_empty_paths(command)
         result = command(args=argv, prog_name="charlm", standalone_mode=False)
     except CharlmError as error:
+        if isinstance(error, OutOfMemory):  # told by charlm.load in Python's names: in the command's
+            error = error.advised(_memory_advice(command, argv))
         print(f"charlm: error: {error_line(error)}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
@@ -186,7 +205,7 @@ def run(argv: list[str] | None = None) -> int:
         if _is_click_error(error):
             print(f"charlm: error: {error_line(error)}", file=sys.stderr)
             return error.exit_code
-        problem = out_of_memory(error)  # any command, any device: one line, as the checks before a run give
+        problem = out_of_memory(error, _memory_advice(command, argv))  # one line, as the checks before a run give
         if problem is None:
             return _internal_error(error)
         print(f"charlm: error: {problem}", file=sys.stderr)
@@ -229,6 +248,27 @@ def _without_empty_paths(param, process_value):
 def click_bad_parameter(message: str, ctx, param) -> Exception:
     """The BadParameter of the click that typer runs on (its own copy in newer typer versions)."""
     return BadParameter(message, ctx=ctx, param=param)
+
+
+# What to make smaller when memory runs out, by command: options it has (others get the default advice).
+MEMORY_ADVICE = {
+    "train": "use a smaller --batch-size (or --hidden, --bptt)",
+    "task": "use a smaller --batch-size (or --hidden, --eval-samples)",
+    "bench": "use a smaller --batch-size (or --bptt, --params)",
+    "eval": "use a smaller --batch-size (or --bptt, --dyn-stat-batch-size)",
+    "score": "use a smaller --batch-size (or --dyn-stat-batch-size)",
+    "sample": "the model does not fit: use another --device (or a smaller --beam)",
+    "serve": "the models do not fit: use another --device (or a smaller --max-beam, --concurrency)",
+    "sweep": "give the plan a smaller batch_size (or hidden_size, bptt)",
+}
+
+
+def _memory_advice(command, argv: list[str]) -> str:
+    """What the command that ``argv`` runs (its first word that names one) can make smaller when memory
+    runs out; for the others, charlm's default advice."""
+    names = getattr(command, "commands", {})
+    name = next((word for word in argv if word in names), None)
+    return MEMORY_ADVICE.get(name, OUT_OF_MEMORY_ADVICE)
 
 
 INTERNAL_ERROR = 70  # EX_SOFTWARE (sysexits.h): an exception charlm did not expect, a bug

@@ -15,6 +15,8 @@ from charlm.cli.loading import DEVICE
 from charlm.cli.output import print_table, stdout
 from charlm.errors import CharlmError
 
+FULL_CHECK_MINUTES = 8.0  # --budget's default
+
 
 def check(
     device: str = DEVICE,
@@ -46,10 +48,11 @@ def check(
         "--out",
         help="--full: the directory of the report (default: charlm-check-DEVICE-TIME here); must be new or empty.",
     ),
-    budget: float = typer.Option(
-        8.0,
+    budget: Optional[float] = typer.Option(
+        None,
         "--budget",
-        help="--full: minutes for every step together; a step that runs "
+        show_default=False,
+        help=f"--full: minutes for every step together (default: {FULL_CHECK_MINUTES:g}); a step that runs "
         "past its share of the time left is stopped and named.",
     ),
 ):
@@ -83,9 +86,11 @@ def check(
             raise CharlmError(
                 "--full checks every precision and compiles in its benchmark: leave out --precision and --compile"
             )
-        return _full(target, names, out, budget, as_json)
+        return _full(target, names, out, FULL_CHECK_MINUTES if budget is None else budget, as_json)
     if out is not None:
         raise CharlmError("--out is where --full writes its report: give --full too")
+    if budget is not None:
+        raise CharlmError("--budget is the time --full takes: give --full too")
     progress = None if as_json else (lambda cell: print(f"check: {cell}", file=sys.stderr, flush=True))
     rows = run_checks(target, names, precisions or precisions_on(target), compile=compile, progress=progress)
     failures = sum(row.failed for row in rows)

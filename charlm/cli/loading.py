@@ -9,6 +9,7 @@ import typer
 
 from charlm.cli.options import directory_option, help_text
 from charlm.config import TrainConfig
+from charlm.logs import get_logger
 
 CHECKPOINT = typer.Argument(..., help="A run directory (uses its best.pt), a checkpoint file or an exported model.")
 DEVICE = typer.Option("auto", "--device", help=help_text(TrainConfig, "device"), show_default=False)
@@ -41,3 +42,23 @@ def load_model(reference: Path, device: str, cell: Optional[str], trust_code: bo
     return load(
         reference, device=device, cells=[cell] if cell else [], trust_code=trust_code, cuda_graphs=not no_cuda_graph
     )
+
+
+def warn_if_corpus_changed(model, command: str) -> None:
+    """For the commands that do not read the corpus (sample, serve): a warning when the corpus the model
+    trained on was prepared again and that version is gone; nothing when it is absent (a model copied
+    to another machine samples without it)."""
+    from charlm.corpora.catalog import CorpusChanged, TrainedOn, load_corpus
+    from charlm.errors import CharlmError
+
+    trained = model.checkpoint.train_config
+    try:
+        load_corpus(trained.corpus, trained.data_dir, trained_on=TrainedOn.of(model.checkpoint.provenance))
+    except CorpusChanged as changed:
+        get_logger().warning(
+            f"warning: corpus {changed.name!r} was prepared again since {model.checkpoint.path} trained on it, "
+            f"and that version is not kept: {command} uses the model's own vocabulary and is unaffected, "
+            "but its scores on the corpus are refused"
+        )
+    except CharlmError:
+        pass

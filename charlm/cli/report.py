@@ -29,8 +29,8 @@ def report(
     from charlm.experiments.report.write import build_report
 
     result = build_report(directories, out=out, reference=reference)
-    for title, columns, rows in result.tables:  # the first column names a row; the others may wrap at spaces
-        print_table(title, columns, rows, wrap=tuple(columns[1:]))
+    for table in result.tables:
+        print_table(table.title, table.columns, table.rows, drop_order=table.drop_order, wrap=table.wrap)
     stdout.print(f"report: {result.out / 'index.md'} ({len(result.files)} files)")
 
 

@@ -154,7 +154,7 @@ def runs(
         columns,
         table,
         drop_order=tuple(name for name in DROP_ORDER if name != shown),
-        wrap=("run", "dynamic bpc"),
+        wrap=("dynamic bpc",),
     )
 
 

@@ -9,7 +9,7 @@ import random
 
 import typer
 
-from charlm.cli.loading import CELL, CHECKPOINT, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
+from charlm.cli.loading import CELL, CHECKPOINT, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model, warn_if_corpus_changed
 from charlm.cli.options import settings_options
 from charlm.config_inference import SampleConfig
 from charlm.settings import INT64_MAX, validate
@@ -56,8 +56,9 @@ def sample(
             f"{config.num_samples} samples (sample i uses seed + i), not {config.seed}",
         )
     model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
+    warn_if_corpus_changed(model, "sampling")
     base_seed = config.seed
-    if base_seed is None and not config.beam:  # draw one, and say it, so that the text can be drawn again
+    if base_seed is None and not config.beam and config.temperature:  # draw one, say it: the text can be drawn again
         base_seed = random.SystemRandom().randrange(2**31)
         get_logger().info(f"seed {base_seed} (pass --seed {base_seed} to draw the same text again)")
     for index in range(config.num_samples):

@@ -10,7 +10,7 @@ import socket
 
 import typer
 
-from charlm.cli.loading import CELL, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
+from charlm.cli.loading import CELL, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model, warn_if_corpus_changed
 from charlm.cli.options import settings_options
 from charlm.config_inference import ServeConfig
 from charlm.settings import validate
@@ -52,6 +52,8 @@ def serve(
     listening = _listen(config.host, config.port)  # before loading: a port in use is said at once
     models = named(checkpoints, lambda reference: load_model(reference, device, cell, trust_code, no_cuda_graph))
     log = get_logger()
+    for model in models.values():
+        warn_if_corpus_changed(model, "serving")
     if config.host not in LOOPBACK:
         log.warning(
             f"warning: listening on {config.host}: anyone who can reach this machine can use the models"

@@ -105,7 +105,6 @@ def sweep(
                 for row in rows
             ],
             drop_order=("layers", "budget", "paper's count", "hidden"),
-            wrap=("run",),
         )  # the point's name is in run
         if any(row["vocabulary_assumed"] for row in rows):
             stdout.print("(sizes of corpora not prepared yet use their documented vocabulary sizes)")

@@ -5,9 +5,11 @@ matches its expected size and checksums. A file that fails verification is never
 deleted: it is moved aside to ``<name>.bad-<first 8 hex digits of its sha256>``.
 """
 
+import errno
 import hashlib
 import http.client
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -190,18 +192,29 @@ def _download_with_retries(url: str, part: Path, policy: DownloadPolicy, progres
             failure = f"HTTP {error.code} {error.reason}"
         except urllib.error.URLError as error:
             failure = f"cannot reach {host} ({_reason(error.reason)})"
+            if _offline(error.reason):
+                raise _given_up(f"{failure}, which no retry mends (is this machine offline?)", url, part) from None
         except (_Incomplete, http.client.HTTPException, OSError) as error:
             failure = f"transfer from {host} broke off ({_reason(error)})"
         if attempt < policy.attempts:
             wait = min(policy.backoff * 2.0 ** min(attempt - 1, 64), MAX_WAIT)
             log(f"{failure}; retrying in {wait:g}s (attempt {attempt + 1} of {policy.attempts})")
             time.sleep(wait)
-    kept = f"; the partial file {part} is kept and resumed next time" if part.exists() else ""
     attempts = "1 attempt" if policy.attempts == 1 else f"{policy.attempts} attempts"
-    raise CharlmError(
-        f"{failure} after {attempts}{kept}. Download {url} another way and pass "
-        "it with --source PATH, or use a mirror with --url URL"
+    raise _given_up(f"{failure} after {attempts}", url, part)
+
+
+def _given_up(failure: str, url: str, part: Path) -> CharlmError:
+    kept = f"; the partial file {part} is kept and resumed next time" if part.exists() else ""
+    return CharlmError(
+        f"{failure}{kept}. Download {url} another way and pass it with --source PATH, or use a mirror with --url URL"
     )
+
+
+def _offline(reason) -> bool:
+    """Whether a connection failed for want of a name lookup or of any route to the network: what
+    retrying within seconds does not mend (a refused connection, a timeout or a reset may be)."""
+    return isinstance(reason, socket.gaierror) or (isinstance(reason, OSError) and reason.errno == errno.ENETUNREACH)
 
 
 def _transfer(url: str, part: Path, timeout: float, progress: bool) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from charlm.corpora.download import DownloadPolicy, RemoteFile, fetch, file_digests, mismatches, move_aside
-from charlm.corpora.sources import TAR_SUFFIXES, SizeLimits, archive_kind, read_members
+from charlm.corpora.sources import TAR_SUFFIXES, SizeLimits, archive_kind, read_members, shown_name
 from charlm.logs import info as log_info
 from charlm.errors import CharlmError
 
@@ -73,6 +73,10 @@ class RemoteInputs:
     def _judge_local_copy(source: Path, problems: list[str], request: GatherRequest) -> None:
         if not problems:
             return
+        problems = [
+            f"its {problem[len(str(source)) + 1 :]}" if problem.startswith(f"{source} ") else problem
+            for problem in problems
+        ]
         if request.verify:
             raise CharlmError(
                 f"--source {source} differs from the published corpus: {'; '.join(problems)}. "
@@ -116,11 +120,11 @@ class RemoteInputs:
         for name, expected in self.member_sha256.items():
             actual = hashlib.sha256(files[name]).hexdigest()
             if actual != expected:
-                problems.append(f"{name} sha256: expected {expected}, got {actual}")
+                problems.append(f"{shown_name(files, name)} sha256: expected {expected}, got {actual}")
         for name, expected in self.member_crc32.items():
             actual = zlib.crc32(files[name])
             if actual != expected:
-                problems.append(f"{name} CRC-32: expected {expected:#010x}, got {actual:#010x}")
+                problems.append(f"{shown_name(files, name)} CRC-32: expected {expected:#010x}, got {actual:#010x}")
         return problems
 
     def file_is_archive(self) -> bool:

@@ -5,6 +5,7 @@ offending byte named, newlines, Penn Treebank's symbols)."""
 
 from pathlib import PurePosixPath
 
+from charlm.corpora.sources import shown_name
 from charlm.corpora.splits import SPLITS, split_contiguous
 from charlm.errors import CharlmError
 
@@ -17,6 +18,11 @@ def decode_utf8(data: bytes, name: str) -> str:
         raise CharlmError(
             f"{name} is not UTF-8 text: byte 0x{data[error.start]:02x} at offset {error.start:,} ({error.reason})"
         ) from None
+
+
+def _member_text(files, member: str) -> str:
+    """The text of the one file a corpus is made of, taken out of ``files``; named as the user gave it."""
+    return decode_utf8(files.pop(member), shown_name(files, member))
 
 
 def normalize_newlines(text: str) -> str:
@@ -70,25 +76,25 @@ def parse_ptb_words(files, fractions):
 
 
 def parse_war_and_peace(files, fractions):
-    text = normalize_newlines(decode_utf8(files.pop("warpeace_input.txt"), "warpeace_input.txt"))
+    text = normalize_newlines(_member_text(files, "warpeace_input.txt"))
     return split_contiguous(text, fractions)
 
 
 def parse_shakespeare(files, fractions):
-    text = normalize_newlines(decode_utf8(files.pop("input.txt"), "input.txt"))
+    text = normalize_newlines(_member_text(files, "input.txt"))
     return split_contiguous(text, fractions)
 
 
 def parse_shakespeare_nanogpt(files, fractions):
     """nanoGPT's split (``data/shakespeare_char/prepare.py``): the first ``int(n * 0.9)`` characters for
     training, the rest for validation. nanoGPT has no test split: test is the validation text again."""
-    text = normalize_newlines(decode_utf8(files.pop("input.txt"), "input.txt"))
+    text = normalize_newlines(_member_text(files, "input.txt"))
     cut = int(len(text) * 0.9)
     return {"train": text[:cut], "valid": text[cut:], "test": text[cut:]}
 
 
 def parse_text8(files, fractions):
-    return split_contiguous(decode_utf8(files.pop("text8"), "text8"), fractions)
+    return split_contiguous(_member_text(files, "text8"), fractions)
 
 
 def parse_enwik8(files, fractions):

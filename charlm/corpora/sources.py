@@ -75,6 +75,20 @@ class SizeLimits:
     total: int
 
 
+class SourceFiles(dict):
+    """What ``read_members`` read: bytes by member name, and what a message calls a member whose name is
+    not the source's own (a single file given as --source is called by its path, not ``input.txt``)."""
+
+    def __init__(self, files=(), shown_as: dict[str, str] | None = None):
+        super().__init__(files)
+        self.shown_as = dict(shown_as or {})
+
+
+def shown_name(files: dict, member: str) -> str:
+    """``member`` as messages name it (``SourceFiles``); a plain dict's members by their own names."""
+    return getattr(files, "shown_as", {}).get(member, member)
+
+
 def archive_kind(path: Path) -> str | None:
     """``"zip"``, ``"tar"`` or None (not an archive), judged by the file's first bytes and its name."""
     with open(path, "rb") as file:
@@ -104,7 +118,7 @@ def read_members(source: Path, members: tuple[str, ...], limits: SizeLimits) -> 
     reader = BoundedReader(source, limits)
     if source.is_file() and archive_kind(source) is None:
         if len(members) == 1 and names:
-            return {members[0]: reader.read_file(source, source.name)}
+            return SourceFiles({members[0]: reader.read_file(source, source.name)}, {members[0]: str(source)})
         raise CharlmError(
             f"--source {source} is a single file, but this corpus needs {', '.join(members)}: "
             "pass the archive or a directory holding them"

@@ -9,8 +9,13 @@ split's ids and checksum when it is first used. Split arrays are memory-mapped w
 The temporary names (``.<name>.partial-<host>-<pid>-<token>``, and ``.previous-`` for the version
 being replaced) say which process made them, so that a later preparation can remove those of a
 process that was killed (``kill -9``) and leave alone those of one still at work.
+
+A corpus prepared again from other inputs never changes the data under the runs that used the
+earlier version: that version is kept, whole, in ``<data root>/.versions/<name>/<fingerprint>/``,
+where a run finds it by the fingerprint its provenance records (``charlm.corpora.catalog``).
 """
 
+import hashlib
 import json
 import os
 import re
@@ -36,6 +41,8 @@ from charlm.errors import CharlmError
 from charlm.files import flush_directory, read_bytes, writing
 
 FORMAT_VERSION = 1
+VERSIONS = ".versions"  # earlier versions of the corpora of a data root, by name and fingerprint
+FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 STAGING_NAME = re.compile(r"\.(?P<name>.+)\.(?P<kind>partial|previous)-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}")
 
 
@@ -57,6 +64,28 @@ class PreparedCorpus:
     def unit(self) -> str:
         """``"char"``, ``"byte"`` or ``"subword"``."""
         return self.meta["unit"]
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The sha256 of the options and inputs it was prepared from (None for a corpus of charlm 0.1)."""
+        fingerprint = self.meta.get("fingerprint")
+        return fingerprint if isinstance(fingerprint, str) else None
+
+    @property
+    def content(self) -> str | None:
+        """A sha256 of what a model sees of the corpus: its vocabulary, split sizes and the checksums of its
+        files; unlike ``fingerprint``, the same wherever its inputs lay. None where no checksums are recorded."""
+        files = self.meta.get("files")
+        if not isinstance(files, dict) or not files:
+            return None
+        checksums = {name: record.get("sha256") for name, record in files.items() if isinstance(record, dict)}
+        value = {"vocab": self.meta["vocab"], "splits": self.meta["splits"], "files": checksums}
+        return hashlib.sha256(json.dumps(value, sort_keys=True).encode("utf-8")).hexdigest()
+
+    @property
+    def is_kept_version(self) -> bool:
+        """Whether this is an earlier version, kept because the corpus was prepared again since."""
+        return self.path.parent.parent.name == VERSIONS
 
     @property
     def verified(self) -> bool:
@@ -134,7 +163,7 @@ def write_prepared(root: Path, name: str, arrays: dict[str, np.ndarray], meta: d
         with writing(target):  # a full disk or a file-size limit: one line naming the corpus
             staging.mkdir()
             for which, array in arrays.items():
-                np.save(staging / f"{which}.npy", array)
+                write_array(staging / f"{which}.npy", array)
             for filename, data in extra_files.items():
                 (staging / filename).write_bytes(data)
             for filename in [f"{which}.npy" for which in arrays] + list(extra_files):
@@ -149,11 +178,46 @@ def write_prepared(root: Path, name: str, arrays: dict[str, np.ndarray], meta: d
             os.replace(staging, target)
             flush_directory(root)
             if previous:
-                shutil.rmtree(previous)
+                keep_or_remove(previous, root, name)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def kept_version_path(root: Path, name: str, fingerprint: str) -> Path:
+    """Where the version of corpus ``name`` with ``fingerprint`` is kept once the corpus is prepared again."""
+    return Path(root) / VERSIONS / name / fingerprint
+
+
+def keep_or_remove(previous: Path, root: Path, name: str) -> bool:
+    """The replaced version ``previous`` of corpus ``name``: kept under ``.versions`` when it was made
+    from other inputs than the corpus now in place (a run may have trained on it), else removed.
+    Returns whether it was kept."""
+    old, new = read_meta(previous), read_meta(root / name)
+    fingerprint = old.get("fingerprint") if old else None
+    if (
+        isinstance(fingerprint, str)
+        and FINGERPRINT.fullmatch(fingerprint)
+        and fingerprint != (new or {}).get("fingerprint")
+        and not kept_version_path(root, name, fingerprint).exists()
+    ):
+        kept = kept_version_path(root, name, fingerprint)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(previous, kept)
+        flush_directory(kept.parent)
+        return True
+    shutil.rmtree(previous)
+    return False
+
+
+def write_array(path: Path, array: np.ndarray) -> None:
+    """The file ``np.save`` writes, written with Python's own file calls: numpy's writer (``tofile``)
+    turns a full disk or a file-size limit into "4000 requested and 866 written", losing the reason."""
+    array = np.ascontiguousarray(array)
+    with open(path, "wb") as file:
+        np.lib.format.write_array_header_1_0(file, np.lib.format.header_data_from_array_1_0(array))
+        file.write(memoryview(array).cast("B"))
 
 
 def _flush_to_disk(path: Path) -> None:
@@ -194,6 +258,12 @@ def remove_abandoned_staging(root: Path) -> list[str]:
         if staging["kind"] == "previous" and not target.exists():
             _rename_if_still_there(path, target)
             done = f"put back {path.name} as {target.name}"
+        elif staging["kind"] == "previous":
+            try:
+                kept = keep_or_remove(path, root, staging["name"])
+            except OSError:
+                continue
+            done = f"kept {path.name} as an earlier version" if kept else f"removed {path.name}"
         else:
             shutil.rmtree(path, ignore_errors=True)
             done = f"removed {path.name}"

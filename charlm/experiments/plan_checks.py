@@ -13,13 +13,12 @@ first trains.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import re
 
 import torch
 
-from charlm.errors import CharlmError, ConfigError, shown
+from charlm.errors import CharlmError, ConfigError, closest, shown
 from charlm.files import is_plain_name
 from charlm.config import TrainConfig
 from charlm.config_inference import DynamicOptions, EvalConfig
@@ -72,8 +71,8 @@ def key_path(start: str, *parts) -> str:
 
 
 def _hint(key: str, known) -> str:
-    close = difflib.get_close_matches(str(key), sorted(known), n=1)
-    return f"did you mean {close[0]!r}? " if close else ""
+    close = closest(key, known)
+    return f"did you mean {close!r}? " if close else ""
 
 
 # --- the shape of the document ---------------------------------------------------------------------

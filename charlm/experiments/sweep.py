@@ -21,7 +21,7 @@ from pathlib import Path
 from charlm.config import TrainConfig, RESUMABLE_SETTINGS
 from charlm.settings import from_dict
 from charlm.errors import CharlmError, out_of_memory
-from charlm.files import WriteError, append_text, atomic_write_text, make_directory, read_bytes
+from charlm.files import WriteError, append_text, atomic_write_text, make_directory, read_own_file
 from charlm.logs import get_logger
 from charlm.experiments.plan import EvalStep, Plan, Point, task_config
 from charlm.experiments.sweep_checks import check_devices, check_on_corpora, damage
@@ -102,7 +102,7 @@ class Sweep:
         if not os.path.lexists(self.record_file):
             return None
         try:
-            record = json.loads(read_bytes(self.record_file, "sweep record").decode("utf-8"))
+            record = json.loads(read_own_file(self.record_file, "sweep record").decode("utf-8"))
         except (CharlmError, ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
             record = None
         if not isinstance(record, dict) or not isinstance(record.get("fingerprint"), str):  # what binds it to its plan
@@ -239,7 +239,7 @@ class Sweep:
                 try:
                     self._evaluate(point, log, prefix)
                 except (RuntimeError, MemoryError) as error:  # scoring ran out of memory: this point's failure
-                    raise out_of_memory(error) or error
+                    raise out_of_memory(error, "give the plan's [[eval]] a smaller batch_size") or error
             except WriteError:
                 raise
             except CharlmError as error:  # the trained run is kept; the next command evaluates it again

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from charlm.errors import CharlmError
 
-FORMATS = ("charlm", "torchscript", "onnx")
+FORMATS = ("charlm", "safetensors", "torchscript", "onnx")
+STEP_FORMATS = ("torchscript", "onnx")  # the one-symbol step, with a description beside it
 ONNX_HINT = (
     "install the extra from charlm's clone: python3 -m pip install -e '.[onnx]' (or: pip install onnx onnxruntime)"
 )
@@ -22,6 +23,10 @@ def check_available(format: str) -> None:
         missing = [name for name in ("onnx", "onnxruntime") if _missing(name)]
         if missing:
             raise CharlmError(f"--format onnx needs {' and '.join(missing)}: {ONNX_HINT}")
+    if format == "safetensors" and _missing("safetensors"):
+        from charlm.checkpoint_safetensors import needs_safetensors  # imports torch: only on the way to an error
+
+        raise needs_safetensors("--format safetensors")
 
 
 def _missing(name: str) -> bool:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from charlm.errors import CharlmError
 from charlm.files import atomic_write, atomic_write_text, is_write_failure
-from charlm.inference.export_formats import check_available, description_path
+from charlm.inference.export_formats import STEP_FORMATS, check_available, description_path
 from charlm.model import LanguageModel
 
 TOLERANCE = 1e-5
@@ -97,6 +97,8 @@ def write_step(model: LanguageModel, path: Path, format: str) -> float:
     or "onnx"), run it beside ``model.step`` and return the largest difference; raises (and leaves
     the file to the caller to delete) when it exceeds ``TOLERANCE``."""
     check_available(format)
+    if format not in STEP_FORMATS:
+        raise CharlmError(f"the step is written as {' or '.join(STEP_FORMATS)}, not {format}")
     model = model.eval()
     layout = StateLayout.of(model)
     step = FlatStep(model, layout).eval()

@@ -17,7 +17,8 @@ from charlm.model import LanguageModel
 
 # Float32 logits divided by a temperature above 1e30 differ from 0 by less than float32 can show beside
 # them: the draw is uniform over the symbols allowed, as the user meant, where 1e300 (infinite in float32)
-# would give NaN. Below 1e-30 the likeliest symbol wins (greedy), where 1e-300 would overflow the logits.
+# would give NaN. Below 1e-30 the likeliest symbol wins (greedy), where 1e-300 would overflow the logits;
+# 0 takes it without drawing, as beam search of width 1 does.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-30, 1e30
 
 
@@ -114,19 +115,23 @@ def generate(
     step = None  # the model's step, or on a GPU that step replayed from a CUDA graph: fetched when first needed
     banned = torch.tensor(list(banned_ids), dtype=torch.long, device=device)
     last = logits[0, -1]
+    greedy = config.temperature == 0  # the likeliest symbol at each step (as --beam 1), whatever top-k and top-p keep
     temperature = min(max(config.temperature, MIN_TEMPERATURE), MAX_TEMPERATURE)
     for drawn in range(config.length):
         last = last.float()
         if len(banned):
             last = last.index_fill(0, banned, float("-inf"))
-        if config.temperature != 1.0:  # dividing by 1 changes nothing
-            last = last / temperature
-        probabilities = torch.softmax(filter_logits(last, config.top_k, config.top_p), dim=-1)
-        if torch.isnan(probabilities).any():
+        if greedy:
+            scores = last
+        else:
+            if config.temperature != 1.0:  # dividing by 1 changes nothing
+                last = last / temperature
+            scores = torch.softmax(filter_logits(last, config.top_k, config.top_p), dim=-1)
+        if torch.isnan(scores).any():
             raise CharlmError(
                 "the model's next-symbol probabilities are not numbers (NaN): its weights or its state overflowed"
             )
-        token = draw(probabilities, generator)
+        token = torch.argmax(scores, dim=-1, keepdim=True) if greedy else draw(scores, generator)
         yield int(token)
         if drawn + 1 == config.length:
             break  # nothing is drawn after the last symbol: no step for it

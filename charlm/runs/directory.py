@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -35,13 +36,15 @@ from charlm.files import (
     flush_directory,
     make_directory,
     path_value,
-    read_bytes,
+    read_own_file,
     writing,
 )
 from charlm.logs import get_logger
 from charlm.runs.history import RunHistory
 from charlm.runs.records import KIND_WORDS, encode, is_of_kind, new_record
 from charlm.runs.listing import summary_of
+
+UNTRAINED_METRICS_BYTES = 1 << 16  # a run that never trained has written a few records; a larger file trained
 
 STATUSES = ("finished", "interrupted", "diverged", "running", "created")
 # The settings of config.json that listings and reports read, and the type each must have.
@@ -84,12 +87,19 @@ class Run:
         make_directory(run.path, action="create run directory")
         run._refuse_existing()
         run.acquire()
-        run._refuse_existing()  # written by another process between the first look and the lock
+        run._refuse_existing(locked=True)  # written by another process between the first look and the lock
         atomic_write_text(run.config_file, json.dumps(config, indent=2, sort_keys=True) + "\n")
         run.write_provenance(provenance)
         return run
 
-    def _refuse_existing(self) -> None:
+    def _refuse_existing(self, locked: bool = False) -> None:
+        """Refuse a directory that holds a run; one that never trained (it failed before its first step)
+        is cleared, under the lock, for the new run."""
+        if not (self.last.exists() or self.best.exists()) and self._never_trained():
+            if locked:
+                for leftover in (self.metrics, self.log_file, self.running_file, self.provenance_file):
+                    leftover.unlink(missing_ok=True)
+            return
         if self.last.exists() or self.best.exists() or self.metrics.exists():
             self.release()
             holder = self.holder()
@@ -99,6 +109,23 @@ class Run:
                 f"run directory {self.path} already holds a run: resume it with --resume {self.path}, "
                 "or choose another --run-dir"
             )
+
+    def _never_trained(self) -> bool:
+        """Whether metrics.jsonl (if any) records no training at all: a start, and at most how it ended."""
+        try:
+            status = os.lstat(self.metrics)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        if not stat.S_ISREG(status.st_mode) or status.st_size > UNTRAINED_METRICS_BYTES:
+            return False
+        try:
+            lines = self.metrics.read_text(encoding="utf-8").splitlines()
+            events = {json.loads(line).get("event") for line in lines if line.strip()}
+        except (OSError, ValueError, AttributeError):
+            return False
+        return events <= {"start", "interrupted", "compile", "cuda_graph", "fast_path"}
 
     @classmethod
     def resume(cls, path: str | Path) -> "Run":
@@ -186,7 +213,7 @@ class Run:
         holding NaN or Infinity (no run writes them, and `charlm runs --json` would pass them on to
         readers that refuse them)."""
         try:
-            value = json.loads(read_bytes(path, "run file").decode("utf-8"), parse_constant=_not_json)
+            value = json.loads(read_own_file(path, "run file").decode("utf-8"), parse_constant=_not_json)
         except (CharlmError, ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
             return {}
         return value if isinstance(value, dict) else {}
@@ -198,7 +225,7 @@ class Run:
         if not os.path.lexists(self.config_file):
             return {}
         try:
-            config = json.loads(read_bytes(self.config_file, "run settings file").decode("utf-8"))
+            config = json.loads(read_own_file(self.config_file, "run settings file").decode("utf-8"))
         except ValueError as error:
             raise CharlmError(f"{self.config_file} is not valid JSON ({error})") from None
         except RecursionError:

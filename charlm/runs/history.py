@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from charlm.errors import CharlmError
-from charlm.files import read_bytes
+from charlm.files import RECORDS_LIMIT, read_own_file
 from charlm.runs.records import Record, record_from_dict, record_type_problem
 
 
@@ -68,7 +68,7 @@ class RunHistory:
         ``CharlmError`` names the file and the line."""
         if not os.path.lexists(path):
             return cls(())
-        text = read_bytes(path, "run record file").decode("utf-8", errors="replace")
+        text = read_own_file(path, "run record file", RECORDS_LIMIT).decode("utf-8", errors="replace")
         records = []
         for number, line in enumerate(text.splitlines(), start=1):
             try:

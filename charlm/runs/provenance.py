@@ -67,5 +67,6 @@ def collect(device: torch.device, corpus=None) -> dict:
         "pid": os.getpid(),
         "corpus": None if corpus is None else corpus.name,
         "corpus_fingerprint": meta.get("fingerprint"),
+        "corpus_content": None if corpus is None else corpus.content,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tempfile
 from pathlib import Path
 
 from charlm.errors import CharlmError
@@ -125,11 +124,18 @@ def prune(run, keep: int | None = None, dry_run: bool = False) -> Pruning:
     except CharlmError:
         return Pruning(run.path, in_use=run.holder() or "another process")
     try:
-        if run.status() == "running":  # where there are no locks (Windows): a live process's running mark
+        if _running(run):  # where there are no locks (Windows): a live process's running mark
             return Pruning(run.path, in_use="a live process")
         return _prune(run, keep, dry_run)
     finally:
         run.release()
+
+
+def _running(run) -> bool:
+    try:
+        return run.status() == "running"
+    except CharlmError:  # its records are damaged, which no file pruned depends on: the others are pruned too
+        return False
 
 
 def _prune(run, keep: int | None, dry_run: bool) -> Pruning:
@@ -170,6 +176,8 @@ def _resume_point(path: Path):
 
     if not path.exists():
         return None, f"{path.name} is missing"
+    if not path.is_file():  # a named pipe would wait for a writer, a device be read without end
+        return None, f"{path.name} is not a regular file"
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # torch.load raises many kinds on a damaged file
@@ -202,20 +210,15 @@ def _slim_best(path: Path, result: Pruning, dry_run: bool) -> None:
         return
     slim, before = best.without_optimizer(), path.stat().st_size
     if dry_run:
-        after = _saved_size(slim, path)
+        after = _saved_size(slim)
     else:
         slim.save(path)
         after = path.stat().st_size
     result.freed.append(Freed(path, before, after, "its optimizer state"))
 
 
-def _saved_size(checkpoint, path: Path) -> int:
-    """The bytes ``checkpoint.save(path)`` would write, measured on a file outside the run. (A torch
-    file names its archive after the file, so the file is named as ``atomic_write`` names its own.)"""
-    import torch
+def _saved_size(checkpoint) -> int:
+    """The bytes ``checkpoint.save(path)`` would write."""
+    from charlm.checkpoint import torch_file
 
-    with tempfile.TemporaryDirectory() as directory:
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-        os.close(handle)
-        torch.save(checkpoint.to_payload(), temporary)
-        return os.stat(temporary).st_size
+    return len(torch_file(checkpoint.to_payload()))

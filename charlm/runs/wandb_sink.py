@@ -16,7 +16,7 @@ import secrets
 from pathlib import Path
 
 from charlm.errors import CharlmError
-from charlm.files import atomic_write_text, read_bytes
+from charlm.files import atomic_write_text, read_own_file
 from charlm.runs.tensorboard import _scalars as numeric_fields
 
 EXTRA_HINT = "install the extra from charlm's clone: python3 -m pip install -e '.[wandb]' (or: pip install wandb)"
@@ -40,7 +40,7 @@ def project_name(project: str | None) -> str:
 def stored_run(run_dir: Path) -> dict:
     """The W&B run (``id``, ``project``) an earlier session of this run logged to; {} if none."""
     try:
-        stored = json.loads(read_bytes(run_dir / RUN_ID_FILE, "W&B run file").decode("utf-8"))
+        stored = json.loads(read_own_file(run_dir / RUN_ID_FILE, "W&B run file").decode("utf-8"))
     except (CharlmError, ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
         return {}
     return stored if isinstance(stored, dict) else {}

@@ -8,7 +8,9 @@ the embedding and the softmax layer's inputs, logits and their gradients. ``--cu
 window's activations in the graphs' private memory pool for the whole run, beside the eager windows'
 (an epoch's last, shorter one, evaluation), so the activation part counts twice. ``charlm task``
 draws its samples as it trains: the tensors of a batch and of the held-out set are a part of their
-own (``MemoryEstimate.sample_bytes``).
+own (``MemoryEstimate.sample_bytes``). The state a run carries from window to window (a Transformer's
+memory of past keys and values can dwarf the rest) counts three times: the state carried in, joined with
+the window's own, and carried out (``carried_bytes``).
 
 What is not estimated (scoring, dynamic evaluation, a GPU's library workspaces) is caught when it
 happens: an allocation that fails reaches the user as one line (``charlm.errors.out_of_memory``).
@@ -35,10 +37,11 @@ class MemoryEstimate:
     activation_bytes: int  # one window's forward and backward
     graph_bytes: int = 0  # --cuda-graph: the captured window's activations, held by the graphs' pool
     sample_bytes: int = 0  # `charlm task`: the samples it draws (a training batch, the held-out set)
+    carried_bytes: int = 0  # the state carried between windows, in, joined with the window's and out
 
     @property
     def total_bytes(self) -> int:
-        return self.state_bytes + self.activation_bytes + self.graph_bytes + self.sample_bytes
+        return self.state_bytes + self.activation_bytes + self.graph_bytes + self.sample_bytes + self.carried_bytes
 
 
 def estimate_training_memory(
@@ -51,12 +54,20 @@ def estimate_training_memory(
     batch_size: int,
     bptt: int,
     cuda_graph: bool = False,
+    carried_values: int = 0,
 ) -> MemoryEstimate:
+    """``carried_values``: the numbers of the state carried from window to window, all layers, the whole batch."""
     positions = batch_size * bptt
     recurrent = positions * layers * hidden_size * 4 * activation_factor
     ends = positions * (embed_size + 4 * vocab_size) * 4  # embedding rows; logits, softmax and their gradients
     activations = recurrent + ends
-    return MemoryEstimate(parameters, parameters * BYTES_PER_PARAMETER, activations, activations if cuda_graph else 0)
+    return MemoryEstimate(
+        parameters,
+        parameters * BYTES_PER_PARAMETER,
+        activations,
+        activations if cuda_graph else 0,
+        carried_bytes=3 * 4 * carried_values,
+    )
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -81,6 +92,7 @@ def check_fits(
         return
     extra = f", {_gib(estimate.graph_bytes)} held by the CUDA graphs" if estimate.graph_bytes else ""
     extra += f", {_gib(estimate.sample_bytes)} for the samples drawn" if estimate.sample_bytes else ""
+    extra += f", {_gib(estimate.carried_bytes)} for the state carried between windows" if estimate.carried_bytes else ""
     raise CharlmError(
         f"a model of {estimate.parameters:,} parameters needs about {_gib(estimate.total_bytes)} to train "
         f"({_gib(estimate.state_bytes)} for weights, gradients and optimizer state, {_gib(estimate.activation_bytes)} "

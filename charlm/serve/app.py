@@ -23,7 +23,7 @@ from charlm import __version__
 from charlm.api import Model
 from charlm.config_inference import SampleConfig, ServeConfig
 from charlm.settings import validate
-from charlm.errors import CharlmError, ConfigError
+from charlm.errors import CharlmError, ConfigError, OutOfVocabulary
 from charlm.inference.beam import check_beam_settings
 from charlm.logs import get_logger
 from charlm.serve.analysis import activations, score_text
@@ -80,6 +80,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(CharlmError)
     async def bad_input(request, exc: CharlmError):
+        if isinstance(exc, OutOfVocabulary) and exc.where is not None:  # the API's own field, not --unknown
+            exc = exc.skipped_by('send "unknown": "skip" to leave them out')
         return error(400, f"{exc.field} {exc.reason}" if isinstance(exc, ConfigError) else str(exc))
 
     @app.exception_handler(Exception)

@@ -22,7 +22,9 @@ class SampleRequest(Request):
         None, description="Text to start from (default: a line break), as `charlm sample --prime`."
     )
     length: int = Field(_SAMPLE.length, description="Symbols to generate per sample.")
-    temperature: float = Field(_SAMPLE.temperature, description="Softmax temperature.")
+    temperature: float = Field(
+        _SAMPLE.temperature, description="Softmax temperature (0: greedy, the likeliest symbol at each step)."
+    )
     top_k: int = Field(_SAMPLE.top_k, description="Draw only from the k most likely symbols (0: off).")
     top_p: float = Field(_SAMPLE.top_p, description="Nucleus: the smallest set with this much probability (1: off).")
     seed: int | None = Field(

@@ -23,9 +23,9 @@ from torch import nn
 
 from charlm.runtime.seeds import torch_seed
 from charlm.settings import flag_of
-from charlm.checkpoint import TrainingState, read_task_payload, task_payload
+from charlm.checkpoint import TrainingState, read_task_payload, task_payload, torch_file
 from charlm.errors import CharlmError
-from charlm.files import atomic_write
+from charlm.files import atomic_write_bytes
 from charlm.model import count_parameters
 from charlm.runs import provenance as provenance_of
 from charlm.runs.directory import Run
@@ -115,7 +115,7 @@ def save_checkpoint(path: Path, config: TaskConfig, model, optimizer, generator,
         optimizer.state_dict(), None, {"torch": generator.get_state()}, dataclasses.asdict(progress), None
     )
     payload = task_payload(config.to_dict(), model.state_dict(), training)
-    atomic_write(path, lambda temporary: torch.save(payload, temporary))
+    atomic_write_bytes(path, torch_file(payload))
 
 
 class _Saver:

@@ -20,6 +20,7 @@ from charlm.cells.block import block_activation_factor
 from charlm.checkpoint import Checkpoint
 from charlm.checkpoint_checks import check_against_model, compare_weights
 from charlm.config import DEFAULT_HIDDEN, TrainConfig
+from charlm.corpora.catalog import TrainedOn
 from charlm.corpora.streams import TokenStreams, check_streams_fit
 from charlm.errors import CharlmError, ConfigError
 from charlm.inference.scoring import check_splits_fit
@@ -35,7 +36,7 @@ from charlm.training.optimizers import build_optimizer
 from charlm.training.control import tokens_used_up
 from charlm.training.resume import read_progress
 from charlm.training.schedules import Schedule
-from charlm.logs import get_logger
+from charlm.logs import get_logger, info
 
 
 def cell_class_for(config: TrainConfig, resumed_run=None, checkpoint=None, cells=(), trust_code: bool = False):
@@ -132,6 +133,8 @@ def check_model_fits(model_config: ModelConfig, config: TrainConfig, device: tor
         shape = LanguageModel(model_config, cell_class)
     embed_size = getattr(shape.embedding, "embedding_dim", 0)
     activation_factor = (cell_class or CELLS.get(model_config.cell)).activation_factor
+    batch_size = max(config.batch_size, config.eval_batch_size)
+    carried = sum(part.numel() for layer in shape.initial_state(batch_size, device="meta") for part in layer)
     if model_config.wiring == "block":
         activation_factor += block_activation_factor(model_config.block_conv, model_config.block_expansion)
     estimate = estimate_training_memory(
@@ -141,9 +144,10 @@ def check_model_fits(model_config: ModelConfig, config: TrainConfig, device: tor
         model_config.layers,
         model_config.vocab_size,
         embed_size,
-        max(config.batch_size, config.eval_batch_size),
+        batch_size,
         config.bptt,
         cuda_graph=config.cuda_graph,
+        carried_values=carried,
     )
     check_fits(estimate, device, advice=oversize_advice(model_config, count_parameters(shape), cell_class))
 
@@ -159,8 +163,13 @@ def oversize_advice(model_config: ModelConfig, parameters: int, cell_class=None)
                 if 2 * count_parameters(LanguageModel(smaller, cell_class)) <= parameters:
                     faults.append(flag)
     named = " and ".join(f"a smaller {flag}" if flag == "--embed-size" else f"fewer {flag}" for flag in faults)
+    memory = "a smaller --cell-opt memory (the past keys and values each stream carries), or " * bool(
+        model_config.cell_options.get("memory")
+    )
     return (
-        f"use {named} (most of its size comes from {'it' if len(faults) == 1 else 'them'}), or " if faults else "use "
+        f"use {memory}{named} (most of its size comes from {'it' if len(faults) == 1 else 'them'}), or "
+        if faults
+        else f"use {memory}"
     ) + "a smaller --hidden or --params, or a smaller --batch-size or --bptt"
 
 
@@ -322,6 +331,12 @@ def load_initial_weights(model: LanguageModel, model_config: ModelConfig, corpus
         )
     compare_weights(checkpoint.weights, model.state_dict(), checkpoint.path)
     model.load_state_dict(checkpoint.weights)
+    trained_on = TrainedOn.of(checkpoint.provenance)
+    if checkpoint.train_config.corpus == corpus.name and trained_on is not None and not trained_on.matches(corpus):
+        info(
+            f"note: {checkpoint.path} trained on an earlier version of corpus {corpus.name!r}; "
+            "this run starts from its weights on the corpus as it is now"
+        )
 
 
 def checked_settings(config: TrainConfig) -> TrainConfig:

@@ -38,6 +38,7 @@ def new_run_inputs(config: TrainConfig, given, log=None) -> TrainConfig:
     ``eval_batch_size`` is not among ``given`` (the settings set explicitly), an evaluation batch
     that the validation and test splits can hold."""
     log = log or _rank_zero_info
+    config.validate()  # every setting before any text is read or prepared
     corpus_named = "corpus" in given
     if not config.text and corpus_named:
         if is_text_file(config.corpus, config.data_dir):
@@ -121,6 +122,7 @@ def prepare_text(config: TrainConfig, *, corpus_named: bool, log) -> TrainConfig
     unk = ", <unk> for the symbols of valid/test absent from train" if unknown == "unk" else ""
     log(
         f"{shown + ' changed: prepared it again' if changed else 'prepared ' + shown} as corpus {name!r} in {target} "
+        f"{'(the earlier version kept for the runs that used it) ' if changed else ''}"
         f"({sizes} tokens, train / valid / test, char vocabulary {corpus.vocab_size}{unk})"
     )
     return trained

@@ -139,7 +139,9 @@ class Trainer:
         """The corpus, checked against the checkpoint's vocabulary and the streams the run cuts it into."""
         config = self.config
         check_text_corpus(config)
-        self.corpus = load_corpus(config.corpus, config.data_dir)
+        self.corpus = (
+            load_corpus(config.corpus, config.data_dir) if checkpoint is None else checkpoint.corpus(config.data_dir)
+        )
         check_same_vocabulary(checkpoint, self.corpus)
         check_streams(config, self.corpus)
         self.train_chars_per_token = characters_per_token(self.corpus, "train")

@@ -43,6 +43,8 @@ CASES = [
     Case("unknown corpus", "train --corpus nope"),
     Case("built-in corpus not prepared", "train --corpus wp"),
     Case("unknown cell", "train --cell nope"),
+    Case("cell name misspelt", "train --cell mingr"),
+    Case("corpus name misspelt", "train --corpus shakspeare"),
     Case("cell that is only a colon", "train --cell :"),
     Case("cell of a relative module", "train --cell .x:Y"),
     Case("unknown option", "train --nope"),
@@ -114,13 +116,16 @@ CASES = [
     # --- checkpoints ---
     Case("missing checkpoint", "sample FILES/absent.pt"),
     Case("directory without checkpoints", "sample FILES/empty-dir"),
+    Case("run interrupted before its first checkpoint", "sample FILES/interrupted-run"),
     Case("empty .pt file", "sample FILES/empty.pt"),
     Case("random bytes", "sample FILES/random.pt"),
     Case("truncated checkpoint", "sample FILES/truncated.pt"),
+    Case("checkpoint cut to its first bytes", "sample FILES/stub.pt"),
     Case("a .pt file of something else", "sample FILES/other.pt"),
     Case("a pickle that would run code", "sample FILES/code.pt"),
     Case("best.pt a link to a text file", "sample FILES/linked-run"),
     Case("a corpus with another vocabulary", "eval RUN --data-dir FILES/other-data"),
+    Case("a corpus of other text, under the run's corpus name", "eval RUN --data-dir FILES/other-text-data"),
     Case("the checkpoint's corpus absent", "eval RUN --data-dir FILES/empty-dir"),
     Case("checkpoint vocabulary shorter than its output layer", "sample FILES/short-vocab.pt"),
     Case("checkpoint vocabulary with a multi-character symbol", "sample FILES/long-symbol.pt"),
@@ -131,7 +136,7 @@ CASES = [
     Case("resume from an optimizer state of the wrong shape", "train --resume FILES/wrong-optimizer-run"),
     Case("resume a last.pt of another cell", "train --resume FILES/other-cell-run"),
     # --- sampling ---
-    Case("zero temperature", "sample RUN --temperature 0"),
+    Case("negative temperature", "sample RUN --temperature -1"),
     Case("negative top-k", "sample RUN --top-k -1"),
     Case("top-p 0", "sample RUN --top-p 0"),
     Case("top-p above 1", "sample RUN --top-p 1.5"),
@@ -167,6 +172,7 @@ CASES = [
     Case("text outside the vocabulary", "score RUN FILES/chinese.txt"),
     # --- corpora ---
     Case("prepare an unknown corpus", "prepare nope"),
+    Case("prepare a misspelt corpus", "prepare shakspeare"),
     Case("prepare text without a name", "prepare text FILES/chinese.txt"),
     Case("prepare a missing file", "prepare text FILES/absent.txt --name mine"),
     Case("prepare text that is not UTF-8", "prepare text FILES/latin-1.txt --name mine"),
@@ -207,6 +213,7 @@ CASES = [
     Case("demo with no time", "demo --minutes 0"),
     Case("benchmark no cell", "bench --cells ''"),
     Case("check no precision", "check --cells rnn --precision ''"),
+    Case("check budget without --full", "check --cells rnn --budget 3"),
     Case("an empty path", "report RUN --out ''"),
     Case("report into a file", "report RUN --out FILES/latin-1.txt"),
 ]
@@ -236,6 +243,7 @@ def places(trained_run, tiny_corpus, tmp_path_factory) -> dict[str, Path]:
     (files / "empty.pt").write_bytes(b"")
     (files / "random.pt").write_bytes(bytes(range(256)) * 4)
     (files / "truncated.pt").write_bytes(best[: len(best) // 3])
+    (files / "stub.pt").write_bytes(best[:10])  # shorter than a zip archive's directory: miniz's "not a ZIP archive"
     torch.save({"weights": torch.zeros(3)}, files / "other.pt")
     (files / "code.pt").write_bytes(pickle.dumps(_WritesAMarker(str(files / "MARKER"))))
     (files / "broken.json").write_text('{"cell": "lstm",', encoding="utf-8")
@@ -252,10 +260,15 @@ def places(trained_run, tiny_corpus, tmp_path_factory) -> dict[str, Path]:
     (files / "dangling").symlink_to(files / "absent.txt")
     (files / "linked-run").mkdir()
     (files / "linked-run" / "best.pt").symlink_to(files / "short.txt")  # a run whose best.pt is a link to text
+    (files / "interrupted-run").mkdir()  # a run killed before its first save: its settings and its start record
+    shutil.copy(trained_run / "config.json", files / "interrupted-run")
+    start = (trained_run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[0]
+    (files / "interrupted-run" / "metrics.jsonl").write_text(start + "\n", encoding="utf-8")
     (files / "climbing-plan.toml").write_text('name = "../elsewhere"\n[axes]\ncell = ["lru"]\n', encoding="utf-8")
     for name, text in BAD_PLAN_FILES.items():
         (files / name).write_text(text, encoding="utf-8")
     prepare_tiny_corpus(files / "other-data", characters=3000)  # `tiny` again, with fewer symbols
+    prepare_tiny_corpus(files / "other-text-data", characters=39_000)  # `tiny` again, its vocabulary, other text
     _damaged_corpora_and_archives(files, tiny_corpus)
     _damaged_checkpoints(files, trained_run)
     return {"DATA": tiny_corpus, "RUN": trained_run, "FILES": files}

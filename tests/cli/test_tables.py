@@ -30,11 +30,21 @@ def test_columns_go_in_their_order_and_free_text_wraps_with_room(capsys, monkeyp
 
 
 def test_identifying_columns_stay_whole_even_wider_than_the_terminal(capsys, monkeypatch):
-    text = printed(capsys, monkeypatch, 30, drop_order=("extra",), wrap=("notes",))
+    text = printed(capsys, monkeypatch, 20, drop_order=("extra",), wrap=("notes",))
     assert table_header(text) == ["name", "figure", "notes"]
     assert [line[:2] for line in table_lines(text) if line[0]] == [row[:2] for row in ROWS]  # never cut
-    assert all(len(line) <= 30 for line in text.splitlines() if not line.startswith(("┃", "│", "┏", "┡", "└")))
+    assert all(len(line) <= 20 for line in text.splitlines() if not line.startswith(("┃", "│", "┏", "┡", "└")))
     assert max(map(len, text.splitlines())) == 1 + 3 * 3 + 15 + 10 + output.NARROWEST  # notes narrowed to NARROWEST
 
-    text = printed(capsys, monkeypatch, 30)  # without a drop order every column is kept whole
+    text = printed(capsys, monkeypatch, 20)  # without a drop order every column is kept whole
     assert table_header(text) == COLUMNS and len(table_lines(text)) == len(ROWS)
+
+
+def test_a_name_too_long_to_share_a_line_with_the_figures_stands_above_them(capsys, monkeypatch):
+    """Issue 42: rather than cut a row's name (a run directory), it goes on a line of its own."""
+    text = printed(capsys, monkeypatch, 30, drop_order=("extra",), wrap=("notes",))
+    assert_fits(text, 30)
+    assert text.splitlines()[3:6] == ["┏━━━━━━━━━━━━┳━━━━━━━━━━━━━━━┓", "┃ name", "┃ figure     ┃ notes         ┃"]
+    assert "│ a-long-row-name\n│ 12,345,678 │ some free     │\n" in text and "│ b\n│ 1.2345     │ short" in text
+    assert table_header(text) == ["name", "figure", "notes"]
+    assert [line[:2] for line in table_lines(text) if line[0]] == [row[:2] for row in ROWS]

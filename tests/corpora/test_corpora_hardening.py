@@ -340,15 +340,14 @@ def test_unreachable_mirror_is_named(tmp_path):
 
 KILLED_PREPARE = """
 import os, signal, sys
-import numpy as np
-from charlm.corpora import prepare_corpus
+from charlm.corpora import prepare_corpus, store
 
-real_save = np.save
-def save_then_die(path, array):
-    real_save(path, array)
+real_write = store.write_array
+def write_then_die(path, array):
+    real_write(path, array)
     os.kill(os.getpid(), signal.SIGKILL)
 
-np.save = save_then_die
+store.write_array = write_then_die
 prepare_corpus("text", paths=[sys.argv[1]], output_name="fox", data_dir=sys.argv[2], progress=False)
 """
 

@@ -10,6 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+import charlm.corpora.store
+
 from charlm.corpora.vowel_subwords import cutoff_for, piece_counts, review_words, vocabulary_size
 from charlm.corpora import RECIPES, DownloadPolicy, data_root, list_corpora, load_corpus, prepare_corpus
 from charlm.errors import CharlmError
@@ -105,7 +107,7 @@ def test_text8_zip_holding_another_text_is_rejected_by_the_member_crc(corpus_ser
 def test_text8_from_an_unzipped_local_file(text8_prefix, tmp_path):
     (tmp_path / "text8").write_bytes(text8_prefix)
     with pytest.raises(
-        CharlmError, match="differs from the published corpus: text8 CRC-32: expected 0x7d6be66f.*--no-verify"
+        CharlmError, match="text8 differs from the published corpus: its CRC-32: expected 0x7d6be66f.*--no-verify"
     ):
         prepare_corpus("text8", source=tmp_path / "text8", data_dir=tmp_path / "data", progress=False)
     assert not (tmp_path / "data" / "text8").exists()
@@ -319,7 +321,10 @@ def test_unknown_corpus_and_missing_corpus_errors(tmp_path):
         prepare_corpus("nope", data_dir=tmp_path)
     with pytest.raises(CharlmError) as error:
         load_corpus("wp", "data")
-    assert str(error.value) == "corpus 'wp' is not prepared in data/: run `charlm prepare wp`"
+    assert str(error.value) == (
+        "corpus 'wp' is not prepared in data/: run `charlm prepare wp` (or `charlm prepare wp --source PATH` with a "
+        "local copy)"
+    )
     with pytest.raises(CharlmError, match=r"run `charlm prepare ptb --subword bpe --vocab-size 500`"):
         load_corpus("ptb-bpe500", tmp_path)
     with pytest.raises(CharlmError, match=r"charlm prepare text PATH\.\.\. --name mine"):
@@ -336,13 +341,13 @@ def test_failed_write_leaves_no_partial_directory(prose, tmp_path, monkeypatch):
     before = (root / "fox" / "train.npy").read_bytes()
     calls = []
 
-    def failing_save(path, array):
+    def failing_write(path, array):
         calls.append(path)
         if len(calls) == 2:
             raise OSError("disk full")
-        np.lib.format.write_array(open(path, "wb"), np.asarray(array))
+        np.save(path, array)
 
-    monkeypatch.setattr(np, "save", failing_save)
+    monkeypatch.setattr(charlm.corpora.store, "write_array", failing_write)
     prose.write_text("Different text now, so the inputs change.\n" * 300, encoding="utf-8")
     with pytest.raises(OSError, match="disk full"):
         prepare_corpus("text", paths=[prose], output_name="fox", data_dir=root, progress=False)
@@ -361,7 +366,8 @@ def test_changed_inputs_prepare_again_same_inputs_do_not(prose, tmp_path):
     prose.write_text(prose.read_text() + "The lazy dog.\n", encoding="utf-8")
     second = prepare_corpus("text", paths=[prose], output_name="fox", data_dir=root, progress=False)
     assert second.meta["fingerprint"] != first.meta["fingerprint"]
-    assert sorted(p.name for p in root.iterdir()) == ["fox"]
+    assert sorted(p.name for p in root.iterdir()) == [".versions", "fox"]  # the first kept for its runs
+    assert [p.name for p in (root / ".versions" / "fox").iterdir()] == [first.meta["fingerprint"]]
 
 
 def test_list_corpora_shows_recipes_and_prepared_text(prose, tmp_path):

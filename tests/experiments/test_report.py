@@ -18,7 +18,7 @@ from charlm.experiments.report.compare import data_needed
 from charlm.experiments.report.reading import budget_label, device_label, read_runs
 from charlm.experiments.report.write import build_report
 from charlm.training.trainer import Trainer
-from helpers import assert_one_line_error, cli, prepare_tiny_corpus, records
+from helpers import assert_one_line_error, cli, prepare_tiny_corpus, records, table_lines
 
 SWEEP_FILES = {
     "index.md",
@@ -162,7 +162,13 @@ def test_unfinished_runs_are_shown_with_their_status(report, sweep):
     table = (out / "table1.md").read_text()
     assert re.search(r"bpc(\*\*)? \(interrupted\) \|", table)
     assert re.search(r"bpc(\*\*)? \(2 runs; 1 finished, 1 diverged\) \|", table)
-    assert "(interrupted)" in stdout
+    terminal = {(line[0], line[1]): line for line in table_lines(stdout)}  # a row per corpus and cell
+    assert terminal[("small †", "gru")][2:] == [
+        f"{float(gru['test_loss']):.4f}",
+        f"{float(gru['test_bpc']):.4f}",
+        "best; interrupted",
+    ]
+    assert terminal[("small †", "lstm")][4] == "2 runs; 1 finished, 1 diverged"
     convergence = {row["run"]: row for row in read_csv(out / "convergence.csv")}
     assert (
         convergence["small-lstm-diverged"]["status"] == "diverged"
@@ -274,7 +280,7 @@ def test_one_run_gets_its_summary_curves_and_gradient_norms(sweep, tmp_path):
         float(summary["test loss (nats) at best"]) == best["test_loss"] and int(summary["best epoch"]) == best["epoch"]
     )
     assert png_size(out / "curves.png") == (1000, 350) and png_size(out / "gradnorms.png") == (800, 250)
-    assert "test bpc at best" in result.stdout and f"{best['test_bpc']:.6g}" in result.stdout
+    assert ["test bpc at best", f"{best['test_bpc']:.4f}"] in table_lines(result.stdout)  # 4 decimals, as elsewhere
     assert "no dynamic table" in (out / "index.md").read_text()
 
 
@@ -371,6 +377,40 @@ def test_an_axis_with_one_value_is_widened():
     before = wide.get_xlim()
     sensible_limits(wide)
     assert wide.get_xlim() == before
+
+
+def figures_saved(monkeypatch) -> list:
+    """The matplotlib figures the report's figure functions save (their PNG files are written too)."""
+    from charlm.experiments.report import figures
+
+    saved, save = [], figures._save
+    monkeypatch.setattr(figures, "_save", lambda figure, path: (saved.append(figure), save(figure, path)))
+    return saved
+
+
+def test_one_fraction_of_the_data_is_drawn_on_an_axis_from_0_to_1(monkeypatch, tmp_path):
+    """Issue 42: a single fraction (0.25) was widened like any single value, to -0.75 … 1.25."""
+    from charlm.experiments.report import figures
+
+    saved = figures_saved(monkeypatch)
+    figures.efficiency_lines({"tiny": [figures.Line("gru", "#1f77b4", [0.25], [4.5], [0.0])]}, tmp_path / "e.png")
+    (axes,) = saved[0].axes
+    assert axes.get_xlim() == (0.0, 1.05)
+
+
+def test_the_triangles_of_validations_above_the_range_have_a_legend_entry(monkeypatch, tmp_path):
+    from charlm.experiments.report import figures
+    from charlm.experiments.report.reading import Point
+
+    saved = figures_saved(monkeypatch)
+    trained = [Point(tokens, tokens / 100, bpc) for tokens, bpc in ((100, 6.0), (1000, 3.0), (2000, 2.5), (3000, 2.4))]
+    run = figures.Progress("gru", "#1f77b4", trained, [Point(1500, 15, 8.5), Point(3000, 30, 2.45)])
+    figures.progress_curves({"tiny": ("cpu", [run])}, tmp_path / "p.png")
+    by_tokens = saved[0].axes[0]
+    assert [text.get_text() for text in by_tokens.get_legend().get_texts()] == ["gru", figures.ABOVE_THE_RANGE]
+    calm = figures.Progress("gru", "#1f77b4", trained, [Point(3000, 30, 2.45)])
+    figures.progress_curves({"tiny": ("cpu", [calm])}, tmp_path / "calm.png")
+    assert [text.get_text() for text in saved[1].axes[0].get_legend().get_texts()] == ["gru"]
 
 
 def test_step_records_say_how_far_training_has_come(sweep):

@@ -233,17 +233,17 @@ def test_list_shows_every_shipped_plan_with_its_description():
 
 def test_dry_run_and_list_fit_80_columns(tmp_path, monkeypatch):
     """Issue 34: at 80 columns a dry run keeps each point's run, corpus, cell, parameters and state,
-    the figures whole on the row's first line, a row in two lines at most; --list wraps descriptions."""
+    the figures whole; --list wraps descriptions. Issue 42: a point's name (too long to share a line
+    with its figures) is never broken: it stands whole on a line of its own above them."""
     arguments = ("sweep", "lru-table1", "--dir", tmp_path / "sweep", "--data-dir", tmp_path / "data", "--dry-run")
     wide = cli(*arguments, check_code=0).stdout  # piped: every column, a row a line
     terminal_of(monkeypatch, 80)
     narrow = cli(*arguments, check_code=0).stdout
     assert_fits(narrow)
     header, every = table_header(narrow), table_header(wide)
-    assert header == ["run", "corpus", "cell", "parameters", "state"]
-    firsts = [line[1:] for line in table_lines(narrow) if line[1]]
-    assert firsts == [[line[every.index(name)] for name in header[1:]] for line in table_lines(wide)]
-    assert len(table_lines(narrow)) <= 2 * len(firsts)
+    assert header[:3] == ["run", "corpus", "cell"] and header[-2:] == ["parameters", "state"]
+    assert table_lines(narrow) == [[line[every.index(name)] for name in header] for line in table_lines(wide)]
+    assert "│ corpus-ptb-contiguous_params-10M_cell-lru\n" in narrow
     listing = cli("sweep", "--list", check_code=0).stdout
     assert_fits(listing)
     assert [line[0] for line in table_lines(listing) if line[0]] == list(shipped_plans())
@@ -455,7 +455,7 @@ def test_an_evaluation_that_runs_out_of_memory_fails_its_point_not_the_sweep(tin
     monkeypatch.setattr(charlm.api.Model, "evaluate", out_of_memory)
     result = cli(*sweep_args(plan, directory, tiny_corpus))
     assert_one_line_error(result, "1 of 1 runs did not finish: cell-gru (evaluation failed)", code=1)
-    assert "its evaluation failed: out of memory on cpu" in result.stderr
+    assert "its evaluation failed: out of memory on cpu: give the plan's [[eval]] a smaller batch_size" in result.stderr
 
 
 def test_a_sweep_of_charlm_0_3_keeps_its_fingerprint_with_hidden_renamed(tmp_path):

@@ -118,7 +118,7 @@ def test_prime_outside_vocabulary_names_the_characters(trained_run):
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--temperature", "0"], "--temperature must be positive, not 0.0"),
+        (["--temperature", "-1"], "--temperature must be zero or positive, not -1.0"),
         (["--top-p", "1.5"], "--top-p"),
         (["--prime", "a", "--prime-file", "x"], "not both"),
     ],

@@ -162,8 +162,12 @@ def test_what_cannot_be_exported_is_refused_in_one_line(tmp_path, capfd):
         r"\[batch, width\] but has shape \[1, 2, 3\]",
     ):
         write_step(cube, tmp_path / "cube.pt", "torchscript")
-    with pytest.raises(CharlmError, match="--format must be one of charlm, torchscript, onnx, not 'tflite'"):
+    with pytest.raises(
+        CharlmError, match="--format must be one of charlm, safetensors, torchscript, onnx, not 'tflite'"
+    ):
         write_step(cube, tmp_path / "cube.tflite", "tflite")
+    with pytest.raises(CharlmError, match="the step is written as torchscript or onnx, not safetensors"):
+        write_step(cube, tmp_path / "cube.safetensors", "safetensors")
 
     bessel = LanguageModel(ModelConfig("bessel", vocab_size=5, hidden_size=3), BesselCell)
     assert write_step(bessel, tmp_path / "bessel.pt", "torchscript") == 0.0

@@ -265,7 +265,7 @@ def test_activations_refuse_a_layer_or_unit_the_model_lacks(client, body, status
         ("/v1/score", '{"text": "ab", "model": "../run"}', 404, "no model named '../run' (served: tiny)"),
         ("/v1/score", '{"text": "a"}', 400, "the text is too short to score: it needs at least two symbols"),
         ("/v1/score", '{"text": "ab", "top": 50}', 400, "top: input should be less than or equal to 20"),
-        ("/v1/sample", '{"temperature": 0}', 400, "temperature must be positive, not 0.0"),
+        ("/v1/sample", '{"temperature": -1}', 400, "temperature must be zero or positive, not -1.0"),
         ("/v1/sample", '{"top_p": 1.5}', 400, "top_p must be in (0, 1], not 1.5"),
         ("/v1/sample", '{"length": 2001}', 400, "length is 2,001: the limit is 2,000 (--max-length)"),
         ("/v1/sample", '{"num_samples": 5}', 400, "num_samples is 5: the limit is 4 (--max-samples)"),
@@ -279,7 +279,8 @@ def test_activations_refuse_a_layer_or_unit_the_model_lacks(client, body, status
         ("/v1/sample", '{"temperature": 1e999}', 400, "temperature must be a finite number, not inf"),
         ("/v1/sample", '{"prompt": ""}', 400, "the prime is empty: give at least one symbol"),
         ("/v1/sample", '{"stop": [""]}', 400, "stop must be a non-empty string, not ''"),
-        ("/v1/sample", '{"temperature": NaN}', 400, "temperature must be positive, not nan"),  # Python's json reads NaN
+        # Python's json reads NaN
+        ("/v1/sample", '{"temperature": NaN}', 400, "temperature must be zero or positive, not nan"),
         ("/v1/sample", '{"top_p": Infinity}', 400, "top_p must be in (0, 1], not inf"),
         (
             "/v1/sample",

@@ -28,6 +28,7 @@ EFFICIENCY_SIZE = (5.0, 4.0)  # per corpus, side by side
 HEATMAP_SIZE = (8.0, 2.5)  # per heat map, stacked
 MAX_HEATMAPS = 4  # more runs than this: one heat map per cell
 STYLE = {"font.size": 9, "axes.grid": True, "grid.alpha": 0.3, "image.cmap": "viridis"}
+ABOVE_THE_RANGE = "validation above the range (on its edge)"  # progress.png's legend for its triangles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +152,8 @@ def progress_curves(panels: dict[str, tuple[str, list[Progress]]], path: Path) -
                 for run in runs:  # a validation above the range: a triangle on its upper edge
                     above = [x(p) for p in run.validated if p.bpc > limits[1]]
                     panel.plot(above, [limits[1]] * len(above), color=run.colour, marker="^", linestyle="none")
+            if any(p.bpc > limits[1] for run in runs for p in run.validated):
+                by_tokens.plot([], [], color="grey", marker="^", linestyle="none", label=ABOVE_THE_RANGE)
         by_tokens.set(
             title=f"{corpus}: bpc by training tokens (lines: training; dots: validation)",
             xlabel="training tokens (millions)",
@@ -206,6 +209,7 @@ def efficiency_lines(panels: dict[str, list[Line]], path: Path) -> None:
                 label=line.label,
             )
         axes.set(title=f"{corpus}: statistical efficiency", xlabel="fraction of the training split", ylabel="test bpc")
+        axes.set_xlim(0, 1.05)  # every fraction there is, however few were measured
         _legend(axes)
     _save(figure, path)
 
@@ -298,13 +302,14 @@ def _legend(axes) -> None:
 
 def sensible_limits(axes) -> None:
     """Widen an axis whose data is one value (one epoch, one run), which matplotlib would draw as a
-    sliver around it (ticks at 49.6 … 50.4), to half the value on each side (at least 1)."""
-    for values, set_limits in (
-        (lambda line: line.get_xdata(), axes.set_xlim),
-        (lambda line: line.get_ydata(), axes.set_ylim),
+    sliver around it (ticks at 49.6 … 50.4), to half the value on each side (at least 1). An axis
+    whose limits the figure set itself (the fractions of the training data: 0 to 1) is left alone."""
+    for values, set_limits, automatic in (
+        (lambda line: line.get_xdata(), axes.set_xlim, axes.get_autoscalex_on()),
+        (lambda line: line.get_ydata(), axes.set_ylim, axes.get_autoscaley_on()),
     ):
         data = [float(value) for line in axes.get_lines() for value in values(line) if math.isfinite(float(value))]
-        if data and max(data) == min(data):
+        if automatic and data and max(data) == min(data):
             pad = max(abs(data[0]) * 0.5, 1.0)
             set_limits(data[0] - pad, data[0] + pad)
 

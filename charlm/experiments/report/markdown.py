@@ -19,17 +19,13 @@ def markdown_table(columns: list[str], rows: list[list]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def loss_text(group: Group | None, *, bold: bool = False, units: bool = True) -> str:
+def loss_text(group: Group | None, *, bold: bool = False) -> str:
     """``1.2345 ± 0.0100 nats · 1.7810 ± 0.0144 bpc (2 runs; 1 interrupted)``, or a status alone."""
     if group is None:
         return "–"
     if group.loss is None:
         return group.status
-    text = (
-        f"{plus_minus(group.loss)} nats · {plus_minus(group.bpc)} bpc"
-        if units
-        else f"{plus_minus(group.loss)} · {plus_minus(group.bpc)}"
-    )
+    text = f"{plus_minus(group.loss)} nats · {plus_minus(group.bpc)} bpc"
     notes = [f"{len(group.runs)} runs"] if len(group.runs) > 1 else []
     notes += [] if group.status == "finished" else [group.status]
     text = f"**{text}**" if bold else text

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from charlm.errors import CharlmError
+from charlm.files import read_own_file
 from charlm.logs import get_logger
 from charlm.model import parse_budget
 from charlm.runs.directory import Run, find_runs
@@ -53,6 +54,8 @@ class RunRecord:
     device: str | None = None  # what it trained on, from provenance.json: ``NVIDIA H200``, ``cpu (x86_64, 2 threads)``
     trained: tuple[Point, ...] = ()  # training bpc of the step records, by tokens and training seconds
     validated: tuple[Point, ...] = ()  # validation bpc of the valid and epoch records
+    corpus_fingerprint: str | None = None  # the version of its corpus, from provenance.json
+    corpus_content: str | None = None  # ... and the digest of its content (since 0.4)
 
     @property
     def completed_epochs(self) -> int:
@@ -101,7 +104,32 @@ def read_runs(directories: list[str | Path], skipped: list | None = None) -> lis
         get_logger().warning(f"warning: skipped the damaged run {name}: {reason}")
     if skipped is not None:
         skipped.extend(sorted(damaged))
-    return sorted(records, key=lambda record: record.name)
+    return sorted(corpus_versions_apart(records), key=lambda record: record.name)
+
+
+def corpus_versions_apart(records: list[RunRecord]) -> list[RunRecord]:
+    """``records``, the runs of a corpus that trained on different versions of it (prepared again between
+    them) labelled ``name@VERSION`` so that no table or figure puts them together, with a warning. The
+    version is the content digest where every run of the corpus records one, else the fingerprint."""
+    by_corpus = {}
+    for record in records:
+        by_corpus.setdefault(record.corpus, []).append(record)
+    versions = {}
+    for corpus, runs in by_corpus.items():
+        by_content = all(run.corpus_content for run in runs)
+        versions[corpus] = {run.name: run.corpus_content if by_content else run.corpus_fingerprint for run in runs}
+    mixed = {corpus for corpus, of_run in versions.items() if len(set(of_run.values()) - {None}) > 1}
+    for corpus in sorted(mixed):
+        get_logger().warning(
+            f"warning: the runs on corpus {corpus!r} trained on {len(set(versions[corpus].values()) - {None})} "
+            f"versions of it (prepared again between them): they are reported apart, as {corpus}@VERSION"
+        )
+    return [
+        dataclasses.replace(record, corpus=f"{record.corpus}@{version[:8]}")
+        if record.corpus in mixed and (version := versions[record.corpus][record.name])
+        else record
+        for record in records
+    ]
 
 
 def read_run(run: Run, name: str) -> RunRecord:
@@ -110,6 +138,7 @@ def read_run(run: Run, name: str) -> RunRecord:
     config = run.read_config()
     train, model = config.get("train", {}), config.get("model", {})
     history = run.history()
+    provenance = run.read_json(run.provenance_file)
     parameters = history.parameters
     budget, budget_size = budget_label(train.get("params"), parameters, nominal_budget(run))
     return RunRecord(
@@ -132,7 +161,9 @@ def read_run(run: Run, name: str) -> RunRecord:
         evaluations=tuple(evaluation for evaluation in history.evaluations if evaluation.mode == "dynamic"),
         tokens_seen=_tokens_seen(history),
         stopped_by=_stopped_by(history, run.status(history)),
-        device=device_label(run.read_json(run.provenance_file)),
+        device=device_label(provenance),
+        corpus_fingerprint=_text(provenance.get("corpus_fingerprint")),
+        corpus_content=_text(provenance.get("corpus_content")),
         **progress_points(history),
     )
 
@@ -202,9 +233,11 @@ def _stopped_by(history, status: str) -> str | None:
 def nominal_budget(run: Run) -> str | None:
     """The ``budget`` label of the plan whose sweep made the run (sweep.json beside it), if any."""
     record = run.path.parent / "sweep.json"
+    if not os.path.lexists(record):
+        return None
     try:
-        label = json.loads(record.read_text(encoding="utf-8")).get("budget") if record.is_file() else None
-    except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: arrays nested thousands deep
+        label = json.loads(read_own_file(record, "sweep record").decode("utf-8")).get("budget")
+    except (CharlmError, ValueError, AttributeError, RecursionError):  # RecursionError: arrays nested thousands deep
         return None
     return label if isinstance(label, str) and label.strip() else None
 
@@ -229,3 +262,7 @@ def budget_label(params, parameters, nominal: str | None = None) -> tuple[str, f
         if rounded >= scale:
             return f"≈{rounded / scale:g}{suffix}", rounded
     return f"≈{rounded:g}", rounded
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None

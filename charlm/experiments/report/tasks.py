@@ -15,6 +15,7 @@ from charlm.errors import CharlmError
 from charlm.experiments.report import figures
 from charlm.logs import get_logger
 from charlm.experiments.report.markdown import markdown_table
+from charlm.experiments.report.terminal import TerminalTable
 from charlm.files import atomic_write_text
 from charlm.runs.directory import Run, find_runs
 
@@ -183,7 +184,11 @@ def write_task_report(out: Path, runs: list[TaskRun], directories) -> tuple[list
         "",
     ]
     atomic_write_text(out / "index.md", "\n".join(index))
-    terminal = [
-        ("Samples to each held-out accuracy threshold", COLUMNS, [[str(value) for value in row] for row in rows])
-    ]
-    return ["index.md", "tasks.md", "tasks.csv", "thresholds.png"], terminal
+    terminal = TerminalTable(
+        "Samples to each held-out accuracy threshold",
+        COLUMNS,
+        [[str(value) for value in row] for row in rows],
+        wrap=("network", ">50%", ">80%", ">99%", "100%"),
+        drop_order=("samples trained", "parameters", "seeds", ">50%", ">80%", ">99%"),
+    )
+    return ["index.md", "tasks.md", "tasks.csv", "thresholds.png"], [terminal]

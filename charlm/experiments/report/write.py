@@ -29,11 +29,11 @@ from charlm.experiments.report.compare import (
     unequal_data,
 )
 from charlm.experiments.report.markdown import bpc_text, csv_value, loss_text, needed_text, stat_values
-from charlm.experiments.report.markdown import display as _display
 from charlm.experiments.report.markdown import markdown_table as _markdown
 from charlm.experiments.report.reading import RunRecord, read_runs
 from charlm.experiments.report.publish import publish, report_directory, staged
 from charlm.experiments.report.tasks import is_task_run, read_task_runs, write_task_report
+from charlm.experiments.report.terminal import TerminalTable, runs_table, summary_table, table1_table
 from charlm.files import atomic_write_text
 from charlm.runs.directory import find_runs
 
@@ -111,24 +111,7 @@ class ReportWriter:
         self.write_gradnorms()
         self.write_dynamic()
         if not self.tables:  # no Table 1 (no run used all the data): the runs themselves, so a table is always shown
-            self.tables.append(
-                (
-                    "Runs (no run trained on all of the training data: no Table 1)",
-                    ["run", "cell", "fraction", "seed", "status", "best valid bpc", "test bpc"],
-                    [
-                        [
-                            record.name,
-                            record.cell,
-                            _display(record.fraction),
-                            _display(record.seed),
-                            record.status,
-                            _display(record.best and record.best.valid_bpc),
-                            _display(record.test_bpc),
-                        ]
-                        for record in self.records
-                    ],
-                )
-            )
+            self.tables.append(runs_table(self.records))
         self.text("index.md", self.index())
 
     def write_summary(self) -> None:
@@ -143,9 +126,7 @@ class ReportWriter:
         ]
         self.table("summary.csv", ["setting", "value"], rows)
         self.text("summary.md", f"# Run {record.name}\n\n" + _markdown(["setting", "value"], rows))
-        self.tables.append(
-            (f"run {record.name}", ["setting", "value"], [[key, _display(value)] for key, value in rows])
-        )
+        self.tables.append(summary_table(record.name, rows))
 
     def write_table1(self) -> None:
         sections = table1_sections(self.groups)
@@ -162,7 +143,7 @@ class ReportWriter:
             ],
         )
         for budget, cells, rows in sections:
-            markdown_rows, terminal_rows, remarks = [], [], []
+            markdown_rows, labelled, remarks = [], [], []
             for label, row in rows:
                 seen = unequal_data(row)
                 if seen is not None:
@@ -180,9 +161,7 @@ class ReportWriter:
                     remarks.append(f"{label.rstrip(' †')}: {ordering}")
                 best = [group is not None and group is best_of(row) for group in row]
                 markdown_rows.append([label, *[loss_text(group, bold=bold) for group, bold in zip(row, best)]])
-                terminal_rows.append(
-                    [label, *[loss_text(group, units=False) + " *" * bold for group, bold in zip(row, best)]]
-                )
+                labelled.append((label, row))
                 csv_rows += [
                     _table1_csv_row(budget, group, bold) for group, bold in zip(row, best) if group is not None
                 ]
@@ -192,13 +171,7 @@ class ReportWriter:
                 + "".join(f"\n- {remark}" for remark in remarks)
                 + ("\n" if remarks else "")
             )
-            self.tables.append(
-                (
-                    f"Table 1, {budget} parameters: test loss at the best validation epoch (nats · bpc; * best)",
-                    ["corpus", *cells],
-                    terminal_rows,
-                )
-            )
+            self.tables.append(table1_table(budget, cells, labelled, best_of))
         self.table(
             "table1.csv",
             [
@@ -455,7 +428,7 @@ class Report:
 
     out: Path
     files: list[str]
-    tables: list[tuple[str, list[str], list[list[str]]]]  # title, columns, rows
+    tables: list[TerminalTable]
 
 
 def build_report(directories: list[str | Path], out: str | Path | None = None, reference: str | None = None) -> Report:
