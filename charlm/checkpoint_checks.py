@@ -25,9 +25,21 @@ from charlm.corpora.vocabulary import vocabulary_problem
 from charlm.errors import CharlmError, ConfigError, kind_of, shown
 from charlm.settings import validate
 from charlm.model import LanguageModel
+from charlm.regularisers import REGULARISER_FIELDS
 
 # The model's settings, as TrainConfig names them and bounds them.
-MODEL_FIELDS = ("hidden_size", "layers", "embed_size", "dropout", "wiring", "block_conv", "block_expansion")
+MODEL_FIELDS = (
+    "hidden_size",
+    "layers",
+    "embed_size",
+    "dropout",
+    "wiring",
+    "block_conv",
+    "block_expansion",
+    "tie_weights",
+    "head_bias",
+    *REGULARISER_FIELDS,
+)
 
 
 def check_parts(payload: dict, path) -> None:

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import re
 
+from charlm.config_rules import DEFAULT_MOMENTUM, check_training_rules
 from charlm.errors import ConfigError, shown
 from charlm.settings import INT64_MAX, from_dict, renamed, setting, validate
 
@@ -26,12 +25,13 @@ MAX_WIDTH = 2**20  # --hidden, --embed-size: terabytes of weights already
 MAX_LR = 1000  # learning rates: SGD's largest in use is AWD-LSTM's 30
 MAX_WEIGHT_DECAY = 10
 MAX_DYNAMIC_LR = 100
+MAX_ACTIVATION_PENALTY = 1000  # --ar, --tar: AWD-LSTM's are 2 and 1
 MAX_SAMPLE_LENGTH = 10**9  # --length, Model.sample: the symbols drawn are all kept (ids, the text), gigabytes already
 DIST_TIMEOUT_MINUTES = 10.0  # --dist-timeout: how long a torchrun process waits for the others
-DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")  # --optimizer; built by charlm.training.optimizers
-DEFAULT_MOMENTUM = {"sgd": 0.9, "rmsprop": 0.0}  # --momentum when not given, for the optimizers that have one
 DEFAULT_WEIGHT_DECAY = {"adamw": 0.01}  # --weight-decay when not given (torch's AdamW default); 0 for the others
+ADAM_BETAS = (0.9, 0.999)  # --adam-betas when not given (torch's default)
+DECAY_ON = ("all", "matrices", "matrices-no-embedding")  # --decay-on; the groups: charlm.training.optimizers
 
 
 @dataclasses.dataclass
@@ -75,7 +75,62 @@ class TrainConfig:
         max=MAX_WIDTH,
         show_default="what the cell needs, else n",
     )
-    dropout: float = setting(0.0, "Dropout between layers and on the softmax input.", min=0, max=1, max_open=True)
+    dropout: float = setting(
+        0.0, "Dropout between layers and on the softmax input (a fresh mask each step).", min=0, max=1, max_open=True
+    )
+    dropout_embed: float = setting(
+        0.0,
+        "Embedding dropout (AWD-LSTM's dropoute): each training window drops whole symbols, zeroing their rows of "
+        "the embedding table and scaling the others by 1/(1 − p).",
+        min=0,
+        max=1,
+        max_open=True,
+    )
+    dropout_input: float = setting(
+        0.0,
+        "Locked (variational) dropout on the embedding output (AWD-LSTM's dropouti): one mask per stream and "
+        "window, the same at every step.",
+        min=0,
+        max=1,
+        max_open=True,
+    )
+    dropout_hidden: float = setting(
+        0.0,
+        "Locked dropout between layers (AWD-LSTM's dropouth); in place of --dropout there.",
+        min=0,
+        max=1,
+        max_open=True,
+    )
+    dropout_output: float = setting(
+        0.0,
+        "Locked dropout on the softmax input (AWD-LSTM's dropout); in place of --dropout there.",
+        min=0,
+        max=1,
+        max_open=True,
+    )
+    weight_drop: float = setting(
+        0.0,
+        "DropConnect on the recurrent (hidden-to-hidden) matrices (AWD-LSTM's wdrop): one mask per training window, "
+        "the same at every step; also with the fused cuDNN/oneDNN LSTM, GRU and RNN kernels. Cells without "
+        "recurrent matrices refuse it.",
+        min=0,
+        max=1,
+        max_open=True,
+    )
+    ar: float = setting(
+        0.0,
+        "Activation regularisation (AWD-LSTM's alpha): adds ar × the mean square of the top layer's dropped output "
+        "to the training loss (not to the reported loss).",
+        min=0,
+        max=MAX_ACTIVATION_PENALTY,
+    )
+    tar: float = setting(
+        0.0,
+        "Temporal activation regularisation (AWD-LSTM's beta): adds tar × the mean square of the difference between "
+        "the top layer's consecutive (undropped) outputs to the training loss (not to the reported loss).",
+        min=0,
+        max=MAX_ACTIVATION_PENALTY,
+    )
     wiring: str = setting(
         "stacked",
         "How layers are wired: stacked (cell on cell, the papers' protocol up to 2017) or block (each cell in a "
@@ -87,9 +142,32 @@ class TrainConfig:
     block_expansion: float = setting(
         3.0, "--wiring block: the gated MLP's width over the hidden size (0: none).", min=0, max=16
     )
+    tie_weights: bool = setting(
+        False,
+        "Share the embedding table with the softmax layer's weight (Press & Wolf 2017; nanoGPT and AWD-LSTM do): "
+        "where the top layer's output is not as wide as the embedding, a linear projection to the embedding's "
+        "width (no bias) comes before the softmax. Needs an embedding, not --embed-size 0.",
+    )
+    head_bias: bool = setting(True, "A bias in the softmax layer (AWD-LSTM's has one, nanoGPT's none).")
     cell_options: dict = setting({}, "Options of the cell (--cell-opt key=value).", cli=False)
     batch_size: int = setting(32, "Parallel streams per step (the LRU paper's protocol: 250).", min=1)
     bptt: int = setting(50, "Truncated backpropagation window (steps).", min=1)
+    windows: str = setting(
+        "contiguous",
+        "How training cuts the text into windows: contiguous (the batch's streams read in order and cut at the same "
+        "places every epoch, the state carried from window to window: the LRU, Delta-RNN and Grid LSTM papers), "
+        "shifted (the same streams started at a random offset below bptt each epoch, so that the cuts move; the state "
+        "carried) or random (each window's rows read from random offsets, each from a fresh state: nanoGPT's "
+        "sampling; an epoch is as many windows as contiguous gives). The draws follow the seed and the epoch; "
+        "validation and test are always contiguous.",
+        choices=("contiguous", "shifted", "random"),
+    )
+    vary_bptt: bool = setting(
+        False,
+        "--windows shifted: AWD-LSTM's window lengths, each drawn from a normal of mean bptt (with probability 0.95, "
+        "else bptt/2) and standard deviation 5, at least 5; each update's learning rate scaled by its windows' length "
+        "over bptt, as AWD-LSTM does (the records show the unscaled rate).",
+    )
     lr: float = setting(
         3e-3, "Initial learning rate (the LRU paper's protocol: 1e-3).", min=0, min_open=True, max=MAX_LR
     )
@@ -100,7 +178,8 @@ class TrainConfig:
         "epoch-decay",
         "Learning-rate schedule: epoch-decay (× --lr-decay every epoch; the LRU paper), plateau-halving (× "
         "--plateau-factor after an epoch whose validation loss did not improve, down to --min-lr; the Delta-RNN "
-        "paper), constant, or warmup-cosine (linear warmup over --warmup-steps, then a cosine down to --min-lr).",
+        "paper), constant, or warmup-cosine (linear warmup over --warmup-steps, then a cosine down to --min-lr at "
+        "the run's last step: that of --epochs, or of --max-tokens where it ends the run first).",
         choices=("epoch-decay", "plateau-halving", "constant", "warmup-cosine"),
     )
     min_lr: float = setting(0.0, "Lower bound of plateau-halving; the final rate of warmup-cosine.", min=0, max=MAX_LR)
@@ -118,17 +197,30 @@ class TrainConfig:
     clip: float = setting(5.0, "Gradient-norm clipping threshold, 0 for none.", min=0)
     optimizer: str = setting(
         "adam",
-        "Optimizer: adam (β = 0.9, 0.999), adamw (Adam with decoupled weight decay), sgd (with --momentum, "
-        "--nesterov; wants a far larger --lr than Adam, 0.1 to 1) or rmsprop (α = 0.99).",
+        "Optimizer: adam (β = 0.9, 0.999; --adam-betas), adamw (Adam with decoupled weight decay), sgd (with "
+        "--momentum, --nesterov; wants a far larger --lr than Adam, 0.1 to 1) or rmsprop (α = 0.99).",
         choices=OPTIMIZERS,
     )
     weight_decay: float | None = setting(
         None,
-        "Weight decay of every weight: adamw's is decoupled (each update also multiplies the weights by 1 − lr × "
-        "decay); adam's, sgd's and rmsprop's is L2 (decay × weight added to the gradient).",
+        "Weight decay of the weights --decay-on names (every weight by default): adamw's is decoupled (each update "
+        "also multiplies the weights by 1 − lr × decay); adam's, sgd's and rmsprop's is L2 (decay × weight added to "
+        "the gradient).",
         min=0,
         max=MAX_WEIGHT_DECAY,
         show_default="0.01 for adamw, else 0",
+    )
+    decay_on: str = setting(
+        "all",
+        "The parameters --weight-decay decays: all; matrices (every parameter of two or more dimensions: the "
+        "weight matrices and the embedding table, not biases, norm gains or other vectors, as nanoGPT); "
+        "matrices-no-embedding (the same without the embedding table, and so without a softmax tied to it).",
+        choices=DECAY_ON,
+    )
+    adam_betas: str | None = setting(
+        None,
+        "Adam's β₁,β₂ (adam and adamw only), as two numbers in [0, 1) such as 0.9,0.99 (nanoGPT's).",
+        show_default="0.9,0.999",
     )
     momentum: float | None = setting(
         None,
@@ -248,46 +340,9 @@ class TrainConfig:
     )
 
     def validate(self) -> None:
+        """Every field within its bounds, and the rules across fields (``charlm.config_rules``)."""
         validate(self)
-        changed = [name for name in ("block_conv", "block_expansion") if getattr(self, name) != _DEFAULTS[name]]
-        if self.wiring == "stacked" and changed:
-            raise ConfigError(TrainConfig, changed[0], "needs --wiring block")
-        if self.hidden_size is not None and self.params is not None:
-            raise ConfigError(TrainConfig, "hidden_size", "and --params are exclusive: give one, not both")
-        if not DEVICE_PATTERN.fullmatch(self.device):
-            raise ConfigError(TrainConfig, "device", f"must be auto, cpu, cuda, cuda:N or mps, not {self.device!r}")
-        if not isinstance(self.cell_options, dict) or not all(isinstance(key, str) for key in self.cell_options):
-            raise ConfigError(TrainConfig, "cell_options", "must be a mapping of option names to values")
-        if not isinstance(self.text, list) or not all(isinstance(path, str) and path for path in self.text):
-            raise ConfigError(TrainConfig, "text", f"must be a list of file paths, not {shown(self.text)}")
-        save_interval(self.save_every)
-        for name in ("data_dir", "run_dir"):  # a file where the directory belongs: said now, named by its flag
-            if getattr(self, name) and os.path.isfile(getattr(self, name)):
-                raise ConfigError(TrainConfig, name, f"must be a directory: {getattr(self, name)} is a file")
-        if self.cuda_graph and self.compile:
-            raise ConfigError(TrainConfig, "cuda_graph", "and --compile are exclusive: give one, not both")
-        if self.min_lr >= self.lr and self.schedule in ("plateau-halving", "warmup-cosine"):
-            raise ConfigError(
-                TrainConfig, "min_lr", f"must be below --lr ({self.lr:g}) for {self.schedule}, not {self.min_lr:g}"
-            )
-        self._validate_optimizer()
-
-    def _validate_optimizer(self) -> None:
-        """The settings that only some optimizers have, and gradient accumulation."""
-        if self.momentum is not None and self.optimizer not in DEFAULT_MOMENTUM:
-            raise ConfigError(
-                TrainConfig, "momentum", f"applies to --optimizer sgd and rmsprop only, not {self.optimizer}"
-            )
-        if self.nesterov and (self.optimizer != "sgd" or self.effective_momentum == 0):
-            used = f"--optimizer {self.optimizer}" if self.optimizer != "sgd" else "--momentum 0"
-            raise ConfigError(TrainConfig, "nesterov", f"needs --optimizer sgd with a positive --momentum, not {used}")
-        if self.accumulate > 1 and self.cuda_graph:
-            raise ConfigError(
-                TrainConfig,
-                "accumulate",
-                "above 1 and --cuda-graph are exclusive (a captured backward "
-                "reuses its gradient buffers at every window): give one, not both",
-            )
+        check_training_rules(self)
 
     @property
     def effective_momentum(self) -> float | None:
@@ -295,6 +350,11 @@ class TrainConfig:
         if self.optimizer not in DEFAULT_MOMENTUM:
             return None
         return DEFAULT_MOMENTUM[self.optimizer] if self.momentum is None else self.momentum
+
+    @property
+    def effective_adam_betas(self) -> tuple[float, float]:
+        """``adam_betas`` as two numbers, or Adam's default."""
+        return ADAM_BETAS if self.adam_betas is None else adam_betas(self.adam_betas)
 
     @property
     def effective_weight_decay(self) -> float:
@@ -316,9 +376,6 @@ class TrainConfig:
         return from_dict(cls, renamed(values))
 
 
-_DEFAULTS = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
-
-
 def save_interval(text: str) -> tuple[str, float] | None:
     """``--save-every``: ``"500"`` → ("steps", 500), ``"5m"`` → ("seconds", 300), ``"0"`` → None."""
     cleaned = str(text).strip().lower()
@@ -336,6 +393,20 @@ def save_interval(text: str) -> tuple[str, float] | None:
     if value == 0:
         return None
     return ("seconds", value * unit) if unit else ("steps", value)
+
+
+def adam_betas(text: str) -> tuple[float, float]:
+    """``--adam-betas``: ``"0.9,0.99"`` → (0.9, 0.99), each in [0, 1)."""
+    parts = str(text).replace(" ", "").split(",")
+    try:
+        betas = tuple(float(part) for part in parts)
+    except ValueError:
+        betas = ()
+    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+        raise ConfigError(
+            TrainConfig, "adam_betas", f"must be two numbers in [0, 1) such as 0.9,0.99, not {shown(text)}"
+        )
+    return betas
 
 
 # Settings that may differ between a run and its resumption; the rest define the run.

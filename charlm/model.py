@@ -7,12 +7,13 @@ import math
 import re
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from charlm.cells import CELLS, glorot_uniform_, parse_cell_options
 from charlm.cells.base import EmbeddingLookup
 from charlm.cells.block import Block
+from charlm.embedding import OneHot, input_layer, softmax_layer  # noqa: F401 (OneHot: charlm.model's, as before)
+from charlm.regularisers import Regularisers
 from charlm.settings import from_dict
 from charlm.errors import CharlmError
 
@@ -30,6 +31,14 @@ class ModelConfig:
     wiring: str = "stacked"  # "block": each cell in a residual block (charlm.cells.block)
     block_conv: int = 4  # the block's causal convolution width (0: none)
     block_expansion: float = 3.0  # the block's gated MLP width over the hidden size (0: none)
+    tie_weights: bool = False  # the softmax's weight is the embedding table (Press & Wolf 2017)
+    head_bias: bool = True  # the softmax layer's bias
+    # AWD-LSTM's regularisers, training mode only (charlm.regularisers)
+    weight_drop: float = 0.0
+    dropout_embed: float = 0.0
+    dropout_input: float = 0.0
+    dropout_hidden: float = 0.0
+    dropout_output: float = 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -37,18 +46,6 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, values: dict) -> "ModelConfig":
         return from_dict(cls, values)
-
-
-class OneHot(nn.Module):
-    """Feeds the symbol straight in as a one-hot vector (no trainable embedding)."""
-
-    def __init__(self, vocab_size: int):
-        super().__init__()
-        self.vocab_size = vocab_size
-        self.register_buffer("dtype_probe", torch.empty(0), persistent=False)  # follows .to() and .double()
-
-    def forward(self, tokens: Tensor) -> Tensor:
-        return F.one_hot(tokens.long(), self.vocab_size).to(self.dtype_probe.dtype)
 
 
 class LanguageModel(nn.Module):
@@ -60,6 +57,9 @@ class LanguageModel(nn.Module):
     """
 
     fold_embedding: bool = True
+    # Training mode: keep the last window's top-layer output, undropped and dropped (``top_output``), for
+    # the activation penalties of the training step (AR and TAR).
+    keeps_top_output: bool = False
 
     def __init__(self, config: ModelConfig, cell_class=None):
         """``cell_class``: the class of ``config.cell`` when the caller has resolved it already
@@ -91,12 +91,7 @@ class LanguageModel(nn.Module):
             raise CharlmError(
                 f"cell {config.cell!r}{wired} needs --embed-size {required} at hidden size {config.hidden_size}"
             )
-        if embed_size == 0:
-            self.embedding = OneHot(config.vocab_size)
-            input_size = config.vocab_size
-        else:
-            self.embedding = nn.Embedding(config.vocab_size, embed_size)
-            input_size = embed_size
+        self.embedding, input_size = input_layer(config.vocab_size, embed_size)
         try:
             if config.tie_layers:
                 layers = tied_stack(cell_class, input_size, config, cell_config)
@@ -113,18 +108,26 @@ class LanguageModel(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         if blocks:
             self.final_norm = nn.RMSNorm(self.layers[-1].output_size)
-        elif cell_class.final_layer_norm:
-            self.final_norm = nn.LayerNorm(self.layers[-1].output_size)
+        elif cell_class.final_layer_norm:  # without a bias where the cell has none (bias=false)
+            self.final_norm = nn.LayerNorm(self.layers[-1].output_size, bias=getattr(cell_config, "bias", True))
         else:
             self.final_norm = nn.Identity()
-        self.head = nn.Linear(self.layers[-1].output_size, config.vocab_size)
+        self.head_projection, self.head = softmax_layer(
+            self.embedding, self.layers[-1].output_size, config.vocab_size, config.tie_weights, config.head_bias
+        )
+        self.regularisers = Regularisers.of(config, self.layers)
+        self.top_output: tuple[Tensor, Tensor] | None = None
         self.reset_parameters()
 
     def reset_parameters(self):
         if isinstance(self.embedding, nn.Embedding):
             glorot_uniform_(self.embedding.weight)
-        glorot_uniform_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        if not self.config.tie_weights:
+            glorot_uniform_(self.head.weight)
+        if isinstance(self.head_projection, nn.Linear):
+            glorot_uniform_(self.head_projection.weight)
+        if self.head.bias is not None:
+            nn.init.zeros_(self.head.bias)
 
     def _embedding_table(self) -> Tensor | None:
         """The vector each symbol enters the bottom layer as, one row per symbol (None: one-hot)."""
@@ -136,19 +139,27 @@ class LanguageModel(nn.Module):
     def forward(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
         """``tokens`` is ``[B, T]``; returns logits ``[B, T, V]`` and the new state."""
         tokens = tokens.t()
-        output = self.embedding(tokens)
+        masks = self.regularisers.window(self.layers, self.training)  # none in eval mode
+        output, table = masks.embed(self.embedding, tokens, self._embedding_table())
+        output = masks.inputs(output)
         bottom = {}  # what the bottom layer is told about its inputs
-        if self.fold_embedding and self.layers[0].folds_embedding and tokens.numel() > self.config.vocab_size:
-            bottom = {"lookup": EmbeddingLookup(tokens, self._embedding_table())}
+        folds = self.fold_embedding and masks.folds_embedding and self.layers[0].folds_embedding
+        if folds and tokens.numel() > self.config.vocab_size:
+            bottom = {"lookup": EmbeddingLookup(tokens, table)}
         new_state = []
         evaluating = not torch.is_grad_enabled()
         for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
             if index > 0:
-                output = self.dropout(output)
+                output = masks.hidden(self.dropout(output))
             run = layer.inference_forward if evaluating and layer.evaluates_through_step else layer
+            run = masks.layer(index, layer, run)
             output, layer_state = run(output, layer_state, **(bottom if index == 0 else {}))
             new_state.append(layer_state)
-        logits = self.head(self.dropout(self.final_norm(output)))
+        top = self.final_norm(output)
+        dropped = masks.output(self.dropout(top))
+        if self.training and self.keeps_top_output and torch.is_grad_enabled():
+            self.top_output = (top, dropped)
+        logits = self.head(self.head_projection(dropped))
         return logits.transpose(0, 1), new_state
 
     def step(self, tokens: Tensor, state: list) -> tuple[Tensor, list]:
@@ -165,7 +176,7 @@ class LanguageModel(nn.Module):
                 output = self.dropout(output)
             output, layer_state = layer.step(output, layer_state)
             new_state.append(layer_state)
-        return self.head(self.dropout(self.final_norm(output))), new_state
+        return self.head(self.head_projection(self.dropout(self.final_norm(output)))), new_state
 
     @torch.no_grad()
     def for_sampling(self) -> "InferenceModel | LanguageModel":
@@ -174,7 +185,8 @@ class LanguageModel(nn.Module):
         return self if self.training else InferenceModel(self)
 
     def layer_groups(self) -> dict[str, list[nn.Parameter]]:
-        """Parameters by layer, for per-layer gradient norms (tied layers count once)."""
+        """Parameters by layer, for per-layer gradient norms (tied layers count once; a table tied to the
+        softmax is the embedding's)."""
         groups = {"embedding": list(self.embedding.parameters())}
         seen = set()
         for index, layer in enumerate(self.layers):
@@ -182,7 +194,9 @@ class LanguageModel(nn.Module):
                 continue
             seen.add(id(layer))
             groups[f"layer{index}"] = list(layer.parameters())
-        groups["softmax"] = list(self.head.parameters())
+        embedding = {id(parameter) for parameter in groups["embedding"]}
+        softmax = [*self.head_projection.parameters(), *self.head.parameters()]
+        groups["softmax"] = [parameter for parameter in softmax if id(parameter) not in embedding]
         return {name: params for name, params in groups.items() if params}
 
 
@@ -205,6 +219,7 @@ class InferenceModel:
         self.layers = [built[id(layer)] for layer in model.layers]
         self.table = self.layers[0].project(self.inputs)  # [V, k], or None where the cell takes nothing ahead
         self.final_norm = model.final_norm
+        self.head_projection = model.head_projection
         self.head_weight = model.head.weight.T
         self.head_bias = model.head.bias
 
@@ -219,7 +234,10 @@ class InferenceModel:
                 projected = layer.project(output)
             output, layer_state = layer.advance(projected, output, layer_state)
             new_state.append(layer_state)
-        return torch.addmm(self.head_bias, self.final_norm(output), self.head_weight), new_state
+        top = self.head_projection(self.final_norm(output))
+        if self.head_bias is None:
+            return top @ self.head_weight, new_state
+        return torch.addmm(self.head_bias, top, self.head_weight), new_state
 
 
 def tied_stack(cell_class, input_size: int, config: ModelConfig, cell_config) -> list:

@@ -139,6 +139,9 @@ CASES = [
     CellCase("transformer", {"heads": 1, "memory": 4}, lambda d, n: 12 * n * n + 13 * n, same),
     CellCase("transformer", {"heads": 1, "memory": 1, "mlp_ratio": 2}, lambda d, n: 8 * n * n + 11 * n, same),
     CellCase("transformer", {"heads": 1, "memory": 12}, lambda d, n: 12 * n * n + 13 * n, same),
+    CellCase(
+        "transformer", {"heads": 1, "memory": 4, "bias": False}, lambda d, n: 12 * n * n + 2 * n, same
+    ),  # nanoGPT's
 ]
 
 

@@ -12,10 +12,10 @@ PACKAGE = REPO / "charlm"
 
 # Bottom to top. A module may import from its own layer or from below, never from above.
 LAYERS = [
-    {"errors", "logs", "files", "settings", "config", "config_inference", "config_tools", "lazy"},
+    {"errors", "logs", "files", "settings", "config", "config_rules", "config_inference", "config_tools", "lazy"},
     {"runtime"},
     {"cells", "corpora"},
-    {"model", "checkpoint", "checkpoint_checks", "checkpoint_safetensors"},
+    {"model", "embedding", "regularisers", "checkpoint", "checkpoint_checks", "checkpoint_safetensors"},
     {"runs"},
     {"inference"},
     {"training", "tasks"},

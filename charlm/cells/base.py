@@ -88,9 +88,13 @@ class RecurrentCell(nn.Module):
     # charlm.cells.scan), "elementwise" (every product hoisted, an elementwise loop left) or "" (neither).
     # `charlm bench` times the cells that say one against their own step loop.
     parallel_form: ClassVar[str] = ""
-    # Whether the model normalises the last layer's output (a LayerNorm with bias) before the softmax, as a
-    # pre-norm residual stack needs (GPT-2's final ln_f); block wiring has its own RMSNorm there.
+    # Whether the model normalises the last layer's output (a LayerNorm, with a bias unless the cell's options
+    # say bias=false) before the softmax, as a pre-norm residual stack needs (GPT-2's final ln_f); block
+    # wiring has its own RMSNorm there.
     final_layer_norm: ClassVar[bool] = False
+    # The parameters that multiply the carried state (the hidden-to-hidden matrices): what --weight-drop
+    # masks (charlm.regularisers). Of a matrix that also multiplies the input, only recurrent_columns.
+    recurrent_weights: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         """A subclass that writes its own ``step`` samples through it unless it also writes its own
@@ -109,6 +113,10 @@ class RecurrentCell(nn.Module):
     def output_size(self) -> int:
         """Width of the depth output that goes up to the next layer (and to the softmax)."""
         return self.hidden_size
+
+    def recurrent_columns(self, name: str) -> slice:
+        """The columns (last dimension) of ``name``, one of ``recurrent_weights``, that multiply the carried state."""
+        return slice(None)
 
     @classmethod
     def required_input_size(cls, hidden_size: int, config) -> int | None:

@@ -72,6 +72,7 @@ class DeltaRNN(RecurrentCell):
     """
 
     name = "delta-rnn"
+    recurrent_weights = ("weight_hidden",)
     activation_factor = 17
     folds_embedding = True
     description = "Delta-RNN (Differential State Framework) (options: inner, outer, alpha_init, dropout)"

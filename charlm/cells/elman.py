@@ -33,6 +33,7 @@ class Elman(RecurrentCell):
     """
 
     name = "rnn"
+    recurrent_weights = ("weight_hidden",)
     activation_factor = 6
     folds_embedding = True
     description = "Elman network, h = φ(Wx + Uh + b) (option: activation tanh|sigmoid|relu)"

@@ -55,6 +55,7 @@ class GridLSTM(RecurrentCell):
 
     name = "grid-lstm"
     activation_factor = 36
+    recurrent_weights = ("time_weight",)  # its columns ..n multiply h_time
     folds_embedding = True
     evaluates_through_step = True  # measured faster without gradients (see RecurrentCell)
     description = "2-D Grid LSTM (time × depth), priority to depth, weights tied across depth by default"
@@ -76,6 +77,9 @@ class GridLSTM(RecurrentCell):
         self.depth_weight = nn.Parameter(torch.empty(depth_rows, 2 * n))  # columns: h_time′, then h_depth
         self.depth_bias = nn.Parameter(torch.empty(depth_rows))
         self.reset_parameters()
+
+    def recurrent_columns(self, name: str) -> slice:
+        return slice(0, self.hidden_size)
 
     @property
     def _stream(self) -> str:

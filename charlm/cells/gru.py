@@ -29,6 +29,7 @@ class GRU(RecurrentCell):
     """
 
     name = "gru"
+    recurrent_weights = ("weight_hidden",)
     activation_factor = 19
     description = "Gated recurrent unit, reset before the recurrent product (option: reset_after)"
     paper = "Cho et al. 2014; form of Ahuja & Morency 2017 (LRU paper)"

@@ -37,6 +37,7 @@ class _Lattice(RecurrentCell):
     Config = LatticeConfig
     folds_embedding = True
     evaluates_through_step = True  # measured faster without gradients (see RecurrentCell)
+    recurrent_weights = ("gate_weight", "projection_weight")  # their columns n.. multiply h₂
 
     def __init__(self, input_size: int, hidden_size: int, config: LatticeConfig | None = None):
         super().__init__(input_size, hidden_size, config)
@@ -63,6 +64,9 @@ class _Lattice(RecurrentCell):
         with torch.no_grad():
             self.gate_bias.zero_()
             self.projection_bias.zero_()
+
+    def recurrent_columns(self, name: str) -> slice:
+        return slice(self.hidden_size, None)
 
     def _split_gates(self, gates: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(r₁, r₂, z₁, z₂) from the stacked gate activations; shared gates appear twice."""

@@ -52,6 +52,7 @@ class LSTM(RecurrentCell):
     """
 
     name = "lstm"
+    recurrent_weights = ("weight_hidden",)
     activation_factor = 15
     description = "Long short-term memory (forget bias +1; option: peepholes, diagonal or full)"
     paper = "Hochreiter & Schmidhuber 1997; Gers et al. 2000"

@@ -19,6 +19,7 @@ class MinimalGatedUnit(RecurrentCell):
     """
 
     name = "mgu"
+    recurrent_weights = ("weight_hidden",)
     activation_factor = 19
     folds_embedding = True
     evaluates_through_step = True  # measured faster without gradients (see RecurrentCell)

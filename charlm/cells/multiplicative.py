@@ -59,6 +59,7 @@ class MultiplicativeRNN(RecurrentCell):
     """
 
     name = "mi-rnn"
+    recurrent_weights = ("weight_hidden",)
     activation_factor = 14
     folds_embedding = True
     description = "Multiplicative-integration RNN, tanh(α⊙Wx⊙Uh + β₁⊙Uh + β₂⊙Wx + b)"

@@ -34,6 +34,7 @@ class RecurrentHighwayNetwork(RecurrentCell):
     """
 
     name = "rhn"
+    recurrent_weights = ("weight_hidden",)
     activation_factor = 48
     description = "Recurrent highway network, L micro-layers, coupled carry gate (options: depth, gate_bias)"
     paper = "Zilly et al. 2017, Recurrent highway networks"

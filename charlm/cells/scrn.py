@@ -40,6 +40,7 @@ class SCRN(RecurrentCell):
     """
 
     name = "scrn"
+    recurrent_weights = ("R",)
     activation_factor = 8
     folds_embedding = True
     evaluates_through_step = True  # measured faster without gradients (see RecurrentCell)

@@ -56,7 +56,9 @@ class TransformerBlock(RecurrentCell):
 
     Options: ``heads`` (4; n must be a multiple of 2·heads, the head width even for the rotation),
     ``memory`` (50, charlm's default window ``--bptt``: every position sees the 50 symbols before it,
-    wherever it falls in its window; attention costs O(T·(T + M)) a window), ``mlp_ratio`` (4).
+    wherever it falls in its window; attention costs O(T·(T + M)) a window), ``mlp_ratio`` (4),
+    ``bias`` (true; false: no bias in the linear maps and the LayerNorms, the model's final LayerNorm
+    included, as nanoGPT's configuration has none).
     The initialisation is GPT-2's: linear weights N(0, 0.02), the two projections into the residual
     stream N(0, 0.02/√(2L)) for a stack of L blocks, biases zero, LayerNorm gains one.
     """
@@ -67,7 +69,7 @@ class TransformerBlock(RecurrentCell):
         "Vaswani et al. 2017; GPT-2 (Radford et al. 2019) pre-norm block; Transformer-XL memory (Dai et al. 2019); "
         "rotary positions (Su et al. 2021)"
     )
-    formula = "12n² + 13n (d = n; mlp_ratio r: (4 + 2r)n² + (9 + r)n)"
+    formula = "12n² + 13n (d = n; mlp_ratio r: (4 + 2r)n² + (9 + r)n; bias=false: 12n² + 2n)"
     # A count, not a measurement: per position and unit autograd keeps the block's input and LN_1's output,
     # q, k, v and the rotated q and k, the keys and values concatenated with the memory (M + T of them for T
     # queries: about 4 at M = T), the attention output, the residual, LN_2's input and output, and the MLP's
@@ -81,6 +83,7 @@ class TransformerBlock(RecurrentCell):
         heads: int = 4
         memory: int = 50
         mlp_ratio: int = 4
+        bias: bool = True
 
     def __init__(self, input_size: int, hidden_size: int, config=None):
         super().__init__(input_size, hidden_size, config)
@@ -102,12 +105,13 @@ class TransformerBlock(RecurrentCell):
             )
         self.heads, self.head_size, self.memory = heads, n // heads, memory
         self.depth = 1  # the stack's, for the residual projections' initialisation (make_stack sets it)
-        self.norm_attention = nn.LayerNorm(n)
-        self.qkv = nn.Linear(n, 3 * n)  # rows: q, k, v
-        self.out = nn.Linear(n, n)
-        self.norm_mlp = nn.LayerNorm(n)
-        self.up = nn.Linear(n, self.config.mlp_ratio * n)
-        self.down = nn.Linear(self.config.mlp_ratio * n, n)
+        bias = self.config.bias
+        self.norm_attention = nn.LayerNorm(n, bias=bias)
+        self.qkv = nn.Linear(n, 3 * n, bias=bias)  # rows: q, k, v
+        self.out = nn.Linear(n, n, bias=bias)
+        self.norm_mlp = nn.LayerNorm(n, bias=bias)
+        self.up = nn.Linear(n, self.config.mlp_ratio * n, bias=bias)
+        self.down = nn.Linear(self.config.mlp_ratio * n, n, bias=bias)
         self.reset_parameters()
 
     @classmethod
@@ -131,12 +135,12 @@ class TransformerBlock(RecurrentCell):
         with torch.no_grad():
             for linear, std in ((self.qkv, INIT_STD), (self.out, residual_std), (self.up, INIT_STD)):
                 nn.init.normal_(linear.weight, 0.0, std)
-                nn.init.zeros_(linear.bias)
             nn.init.normal_(self.down.weight, 0.0, residual_std)
-            nn.init.zeros_(self.down.bias)
             for norm in (self.norm_attention, self.norm_mlp):
                 nn.init.ones_(norm.weight)
-                nn.init.zeros_(norm.bias)
+            for module in (self.qkv, self.out, self.up, self.down, self.norm_attention, self.norm_mlp):
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
 
     def initial_state(self, batch_size: int, device=None, dtype=None) -> State:
         if not self.memory:
@@ -212,7 +216,7 @@ class TransformerInference(InferenceStep):
         self.cos, self.sin = cos, sin
 
     def project(self, x: Tensor) -> Tensor:
-        return torch.addmm(self.qkv_bias, self.norm_attention(x), self.qkv_weight)  # [B, 3n]: q, k, v
+        return affine(self.norm_attention(x), self.qkv_weight, self.qkv_bias)  # [B, 3n]: q, k, v
 
     def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
         if not self.memory:
@@ -229,11 +233,16 @@ class TransformerInference(InferenceStep):
             values.view(-1, memory + 1, heads, size).transpose(1, 2),
             attn_mask=filled[:, None, None, :],
         ).reshape(-1, n)
-        hidden = torch.addmm(self.out_bias, attended, self.out_weight).add_(x)
-        up = F.gelu(torch.addmm(self.up_bias, self.norm_mlp(hidden), self.up_weight))
-        output = torch.addmm(self.down_bias, up, self.down_weight).add_(hidden)
+        hidden = affine(attended, self.out_weight, self.out_bias).add_(x)
+        up = F.gelu(affine(self.norm_mlp(hidden), self.up_weight, self.up_bias))
+        output = affine(up, self.down_weight, self.down_bias).add_(hidden)
         new_flags = torch.cat([flags[:, 1:], torch.ones_like(flags[:, :1])], 1)
         return output, (keys[:, n:], values[:, n:], new_flags)
+
+
+def affine(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x ``[B, i]`` times ``weight`` ``[i, o]``, plus ``bias`` where there is one (a new tensor)."""
+    return x @ weight if bias is None else torch.addmm(bias, x, weight)
 
 
 def rotary(positions: int, size: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:

@@ -27,7 +27,9 @@ def cells():
     typer.echo(
         "--wiring block adds per layer n + kn + n + n + 3nm (two RMSNorm gains, a causal\n"
         "convolution of width k, a gated MLP of width m = expansion·n), and n for the\n"
-        "final RMSNorm."
+        "final RMSNorm.\n"
+        "--tie-weights shares the embedding table (V·e) with the softmax: V·e fewer,\n"
+        "and t·e more (a projection) where the top layer's output width t is not e."
     )
 
 

@@ -32,6 +32,19 @@ class Window:
     index: int
     inputs: torch.Tensor  # [B, T] int64
     targets: torch.Tensor  # [B, T] int64, IGNORE where padded
+    fresh_state: bool = False  # it starts from the initial state, not the one the window before left
+
+
+def window_on(index: int, inputs: np.ndarray, targets: np.ndarray, device=None, fresh_state: bool = False) -> Window:
+    """A window on ``device``. To a GPU it goes through pinned memory without waiting for the copy
+    (the kernels that read it are queued behind it)."""
+    inputs, targets = torch.from_numpy(inputs.astype(np.int64)), torch.from_numpy(targets.astype(np.int64))
+    if device is not None and torch.device(device).type == "cuda":
+        inputs = inputs.pin_memory().to(device, non_blocking=True)
+        targets = targets.pin_memory().to(device, non_blocking=True)
+    else:
+        inputs, targets = inputs.to(device), targets.to(device)
+    return Window(index, inputs, targets, fresh_state)
 
 
 class TokenStreams:
@@ -49,11 +62,20 @@ class TokenStreams:
     truncated BPTT does. Evaluation (``cover_all=True``) pads the last stream and masks the
     padding, so that every symbol after the first is scored exactly once. ``rows`` keeps only
     some streams (one process's share when training across processes); ``tokens_scored`` still
-    counts every stream.
+    counts every stream. ``window_lengths`` cuts the streams into windows of those lengths in turn
+    instead (``--vary-bptt``; they cover the streams).
     """
 
+    fresh_state = False  # each window starts from the state the one before left
+
     def __init__(
-        self, tokens: np.ndarray, batch_size: int, bptt: int, cover_all: bool = False, rows: slice = slice(None)
+        self,
+        tokens: np.ndarray,
+        batch_size: int,
+        bptt: int,
+        cover_all: bool = False,
+        rows: slice = slice(None),
+        window_lengths: list[int] | None = None,
     ):
         if batch_size < 1 or bptt < 1:
             raise CharlmError(f"batch size and bptt must be at least 1 (got {batch_size} and {bptt})")
@@ -78,7 +100,9 @@ class TokenStreams:
         self.stream_length = length
         self._inputs = inputs.reshape(batch_size, length)[rows]
         self._targets = targets.reshape(batch_size, length)[rows]
-        self.num_windows = math.ceil(length / bptt)
+        cuts = np.arange(0, length, bptt) if window_lengths is None else np.cumsum([0, *window_lengths[:-1]])
+        self._cuts = [*cuts[cuts < length].tolist(), length]  # where each window starts, and the streams' end
+        self.num_windows = len(self._cuts) - 1
         self.tokens_scored = int((targets != IGNORE).sum()) if cover_all else batch_size * length
         self.rows = self._inputs.shape[0]
 
@@ -86,18 +110,7 @@ class TokenStreams:
         return self.num_windows
 
     def windows(self, start: int = 0, device=None):
-        """The windows from ``start`` on, on ``device``. To a GPU they go through pinned memory without
-        waiting for the copy (the kernels that read them are queued behind it)."""
-        to_gpu = device is not None and torch.device(device).type == "cuda"
+        """The windows from ``start`` on, on ``device``."""
         for index in range(start, self.num_windows):
-            columns = slice(index * self.bptt, (index + 1) * self.bptt)
-            inputs = torch.from_numpy(self._inputs[:, columns].astype(np.int64))
-            targets = torch.from_numpy(self._targets[:, columns].astype(np.int64))
-            if to_gpu:
-                yield Window(
-                    index,
-                    inputs.pin_memory().to(device, non_blocking=True),
-                    targets.pin_memory().to(device, non_blocking=True),
-                )
-            else:
-                yield Window(index, inputs.to(device), targets.to(device))
+            columns = slice(self._cuts[index], self._cuts[index + 1])
+            yield window_on(index, self._inputs[:, columns], self._targets[:, columns], device)

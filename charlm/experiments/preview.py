@@ -45,6 +45,8 @@ def describe_point(sweep, point: Point) -> dict:
                 config.wiring,
                 config.block_conv,
                 config.block_expansion,
+                config.tie_weights,
+                config.head_bias,
             ],
             sort_keys=True,
         )

@@ -158,9 +158,13 @@ class CompiledForward:
 
 
 def has_active_dropout(network: torch.nn.Module) -> bool:
-    """Whether a forward pass of ``network`` draws dropout masks."""
+    """Whether a forward pass of ``network`` draws dropout masks (its own, or a model's regularisers')."""
     return any(
-        isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0 and module.training
+        module.training
+        and (
+            (isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0)
+            or getattr(getattr(module, "regularisers", None), "active", False)
+        )
         for module in network.modules()
     )
 

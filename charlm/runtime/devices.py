@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from charlm.config import DEVICE_PATTERN
+from charlm.config_rules import DEVICE_PATTERN
 from charlm.errors import CharlmError
 
 

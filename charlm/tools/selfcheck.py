@@ -32,6 +32,9 @@ from charlm.runtime.precision import PRECISIONS, layer_output_dtypes, set_tf32, 
 
 NO_CUDA = "skipped: no CUDA device"
 BLOCK_CELLS = {"lstm", "mingru"}  # checked in blocks too: a fused kernel and a scan
+# checked with the softmax tied to an embedding narrower than the top layer (a projection between), no head bias
+TIED_CELLS = {"lstm"}
+TIED = {"tie_weights": True, "embed_size": 4, "head_bias": False}
 VOCAB, HIDDEN, LAYERS, BATCH, STEPS = 7, 6, 2, 3, 5  # small enough for a minute on a GPU for every cell
 
 
@@ -107,6 +110,20 @@ def run_checks(
                 lambda: paths_against_step(cell, device, wiring="block"),
             )
         )
+    for cell in TIED_CELLS & set(cells):
+        tied = f"{cell} tied to its embedding (--tie-weights, a projection, --no-head-bias)"
+        rows.append(
+            _guarded(
+                f"{tied}: window, evaluation and sampling paths vs step (float64)",
+                lambda: paths_against_step(cell, device, **TIED),
+            )
+        )
+        title = f"{tied}: training graph vs eager, 3 windows"
+        rows.append(
+            CheckRow(title, NO_CUDA)
+            if device.type != "cuda"
+            else _guarded(title, lambda: training_graph_against_eager(cell, device, **TIED))
+        )
     if device.type == "cuda":
         rows.append(_guarded("synchronisations in one training step", lambda: synchronisations(device)))
     else:
@@ -162,16 +179,14 @@ def environment_rows(device: torch.device) -> list[CheckRow]:
 
 
 # --- each cell --------------------------------------------------------------------------------------------
-def small_model(
-    cell: str, device: torch.device, dtype=torch.float32, seed: int = 0, wiring: str = "stacked"
-) -> LanguageModel:
-    """A small model of ``cell`` with weights spread wider than their initialisation (gates away from
-    their resting values, so a wrong term shows)."""
+def small_model(cell: str, device: torch.device, dtype=torch.float32, seed: int = 0, **settings) -> LanguageModel:
+    """A small model of ``cell`` (with ``settings`` of ``ModelConfig``: wiring, tying) with weights spread
+    wider than their initialisation (gates away from their resting values, so a wrong term shows)."""
     torch.manual_seed(seed)
     cell_class = CELLS.get(cell)
     multiple = cell_class.hidden_size_multiple(parse_cell_options(cell_class, {}))
     hidden = -(-HIDDEN // multiple) * multiple  # the smallest size the cell is built at from HIDDEN up
-    model = LanguageModel(ModelConfig(cell, vocab_size=VOCAB, hidden_size=hidden, layers=LAYERS, wiring=wiring))
+    model = LanguageModel(ModelConfig(cell, vocab_size=VOCAB, hidden_size=hidden, layers=LAYERS, **settings))
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.3 * torch.randn_like(parameter))
@@ -185,11 +200,11 @@ def random_state(model: LanguageModel, batch: int, device, dtype) -> list:
     ]
 
 
-def paths_against_step(cell: str, device: torch.device, wiring: str = "stacked") -> CheckRow:
+def paths_against_step(cell: str, device: torch.device, **settings) -> CheckRow:
     """The window's logits, new state and gradients, the evaluation path's logits and the sampling
     step's logits, against ``model.step`` one step at a time, all in float64."""
     dtype = torch.float64
-    model = small_model(cell, device, dtype, wiring=wiring)
+    model = small_model(cell, device, dtype, **settings)
     tokens = torch.randint(VOCAB, (BATCH, STEPS), device=device)  # more positions than symbols: the folded path
     state = random_state(model, BATCH, device, dtype)
     logits, new_state = model(tokens, state)
@@ -268,12 +283,12 @@ def sampling_graph_against_eager(cell: str, device: torch.device, symbols: int =
     return judged("", worst, tolerance_for(device))
 
 
-def training_graph_against_eager(cell: str, device: torch.device, windows: int = 3) -> CheckRow:
+def training_graph_against_eager(cell: str, device: torch.device, windows: int = 3, **settings) -> CheckRow:
     """The training window's graphs (forward and backward) against eager on the same weights, state
     carried, logits and gradients compared at every window."""
     from charlm.runtime.training_graphs import GraphedWindow
 
-    model = small_model(cell, device).train()
+    model = small_model(cell, device, **settings).train()
     graphed = GraphedWindow(model, device, window_shape=(BATCH, STEPS))
     parameters = list(model.parameters())
     state = model.initial_state(BATCH, device=device)

@@ -5,7 +5,8 @@
   epoch whose validation loss is no better than the best before it, never below ``min_lr``.
 - ``constant``: ``lr`` throughout.
 - ``warmup-cosine``: linear from ``lr / warmup_steps`` to ``lr`` over the first ``warmup_steps``
-  steps, then half a cosine down to ``min_lr`` at the last step of the last epoch.
+  steps, then half a cosine down to ``min_lr`` at the last step of the last epoch (or the step where
+  ``--max-tokens`` ends the run, where that comes first).
 
 Each is one of torch's own schedulers behind :class:`Schedule`, which the trainer tells when a step
 and an epoch end; its state goes into the checkpoint (for ``epoch-decay`` exactly the

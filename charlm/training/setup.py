@@ -21,10 +21,11 @@ from charlm.checkpoint import Checkpoint
 from charlm.checkpoint_checks import check_against_model, compare_weights
 from charlm.config import DEFAULT_HIDDEN, TrainConfig
 from charlm.corpora.catalog import TrainedOn
-from charlm.corpora.streams import TokenStreams, check_streams_fit
+from charlm.corpora.streams import check_streams_fit
 from charlm.errors import CharlmError, ConfigError
 from charlm.inference.scoring import check_splits_fit
 from charlm.model import LanguageModel, ModelConfig, budget_of, count_parameters, size_for_budget
+from charlm.regularisers import REGULARISER_FIELDS
 from charlm.runtime.compiling import CompiledForward
 from charlm.runtime.training_graphs import graphed_window
 from charlm.runtime.devices import resolve_device
@@ -32,10 +33,11 @@ from charlm.runtime.distributed import World, device_for_rank, world_from_enviro
 from charlm.runtime.memory import check_budget_fits, check_fits, estimate_training_memory
 from charlm.runtime.precision import check_precision, set_tf32
 from charlm.runs import tensorboard, wandb_sink
-from charlm.training.optimizers import build_optimizer
+from charlm.training.optimizers import build_optimizer, decay_groups
 from charlm.training.control import tokens_used_up
 from charlm.training.resume import read_progress
 from charlm.training.schedules import Schedule
+from charlm.training.windows import WindowLayout
 from charlm.logs import get_logger, info
 
 
@@ -117,6 +119,9 @@ def model_config_for(
         wiring=config.wiring,
         block_conv=config.block_conv,
         block_expansion=config.block_expansion,
+        tie_weights=config.tie_weights,
+        head_bias=config.head_bias,
+        **{name: getattr(config, name) for name in REGULARISER_FIELDS},
     )
     if config.params is not None:
         budget = budget_of(config.params, model_config)
@@ -192,10 +197,16 @@ def forward_pass(model: LanguageModel, config: TrainConfig, device: torch.device
     return forward, (None if forward is plain else forward)
 
 
-def optimizer_and_schedule(model: LanguageModel, config: TrainConfig, windows_per_epoch: int = 1):
+def optimizer_and_schedule(model: LanguageModel, config: TrainConfig, windows_per_epoch: int | list[int] = 1):
     """The optimizer (``charlm.training.optimizers``), and its learning rate's schedule
-    (``charlm.training.schedules``), whose steps are updates: ``accumulate`` windows each."""
-    optimizer = build_optimizer(model.parameters(), config)
+    (``charlm.training.schedules``), whose steps are updates: ``accumulate`` windows each, over
+    ``epochs`` epochs of ``windows_per_epoch`` windows (or of each epoch's count, a list), or as many
+    as ``max_tokens`` allows where it is fewer."""
+    counts = windows_per_epoch if isinstance(windows_per_epoch, list) else [windows_per_epoch] * config.epochs
+    total_steps = sum(updates_per_epoch(count, config.accumulate) for count in counts)
+    if config.max_tokens:  # a token budget that ends the run first ends the schedule there too
+        total_steps = min(total_steps, -(-config.max_tokens // (config.batch_size * config.bptt * config.accumulate)))
+    optimizer = build_optimizer(decay_groups(model, config.decay_on), config)
     return optimizer, Schedule(
         optimizer,
         config.schedule,
@@ -204,7 +215,7 @@ def optimizer_and_schedule(model: LanguageModel, config: TrainConfig, windows_pe
         min_lr=config.min_lr,
         plateau_factor=config.plateau_factor,
         warmup_steps=config.warmup_steps,
-        total_steps=config.epochs * updates_per_epoch(windows_per_epoch, config.accumulate),
+        total_steps=total_steps,
     )
 
 
@@ -269,19 +280,28 @@ def gradient_sync_pause(forward):
     return inner.no_sync if isinstance(inner, DistributedDataParallel) else contextlib.nullcontext
 
 
-def training_streams(corpus, config: TrainConfig, world: World) -> TokenStreams:
-    """The first ``train_fraction`` of the training split as ``batch_size`` streams, of which this
-    process carries its share."""
+def training_windows(corpus, config: TrainConfig, world: World) -> WindowLayout:
+    """The windows of the first ``train_fraction`` of the training split, epoch by epoch, laid out
+    as ``--windows`` says (``charlm.training.windows``), of which this process reads its share of the rows."""
     tokens = corpus.split("train")
     used = training_tokens(corpus, config)
-    streams = TokenStreams(tokens[:used], config.batch_size, config.bptt, rows=world.share(config.batch_size))
-    if streams.stream_length < config.bptt:
+    layout = WindowLayout(
+        tokens[:used],
+        config.batch_size,
+        config.bptt,
+        config.windows,
+        config.vary_bptt,
+        config.seed,
+        rows=world.share(config.batch_size),
+    )
+    streams = layout.contiguous
+    if streams.stream_length < config.bptt and config.windows != "random":
         get_logger().warning(
             f"warning: --batch-size {config.batch_size} cuts the {used:,} training tokens into streams "
             f"of {streams.stream_length} tokens, shorter than one --bptt window ({config.bptt}): an "
             "epoch is a single short step; a smaller --batch-size trains more steps"
         )
-    return streams
+    return layout
 
 
 def settings_from_init(settings: dict) -> dict:
@@ -303,6 +323,9 @@ def settings_from_init(settings: dict) -> dict:
         "wiring": model.wiring,
         "block_conv": model.block_conv,
         "block_expansion": model.block_expansion,
+        "tie_weights": model.tie_weights,
+        "head_bias": model.head_bias,
+        **{name: getattr(model, name) for name in REGULARISER_FIELDS},
         "corpus": trained.corpus,
     }
     filled = dict(settings)

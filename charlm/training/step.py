@@ -100,6 +100,8 @@ class TrainingStep:
         precision: str,
         device: torch.device,
         gradient_sync_pause=contextlib.nullcontext,
+        ar: float = 0.0,
+        tar: float = 0.0,
     ):
         self.model = model
         self.forward = forward  # the model, or its wrappers: what computes a window's logits
@@ -108,6 +110,8 @@ class TrainingStep:
         self.precision, self.device = precision, device
         self.gradient_sync_pause = gradient_sync_pause  # DDP's no_sync (setup.gradient_sync_pause)
         self.layer_groups = model.layer_groups()
+        self.ar, self.tar = ar, tar  # the activation penalties' weights (activation_penalty)
+        model.keeps_top_output = ar > 0 or tar > 0
 
     def __call__(
         self, windows: Window | list[Window], state: list, stop: StopRequest, budget: TimeBudget
@@ -118,6 +122,8 @@ class TrainingStep:
         self.optimizer.zero_grad(set_to_none=True)
         means, shares, totals = [], [], []
         for number, window in enumerate(group):
+            if window.fresh_state:  # --windows random: every window starts from the initial state
+                state = self.model.initial_state(window.inputs.shape[0], device=self.device)
             pause = self.gradient_sync_pause if number < len(group) - 1 else contextlib.nullcontext
             with pause():
                 mean, state = self._window(window, state, len(group))
@@ -149,7 +155,12 @@ class TrainingStep:
         share_tokens = window.targets.numel()
         tokens = self.batch_size * window.targets.shape[1]
         mean = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), window.targets.reshape(-1))
-        loss = mean * (self.world.size * share_tokens / tokens / windows)
+        if self.model.keeps_top_output:  # trained on, not reported
+            loss = mean + activation_penalty(*self.model.top_output, self.ar, self.tar)
+            self.model.top_output = None  # not kept beyond its window
+        else:
+            loss = mean
+        loss = loss * (self.world.size * share_tokens / tokens / windows)
         self.gradients.backward(loss, self.optimizer)
         return mean.detach().float(), float32_state(detach_state(new_state))
 
@@ -163,6 +174,17 @@ class TrainingStep:
                     torch.stack([torch.linalg.vector_norm(g) for g in grads])
                 ).float()
         return norms
+
+
+def activation_penalty(top: torch.Tensor, dropped: torch.Tensor, ar: float, tar: float) -> torch.Tensor:
+    """AWD-LSTM's activation regularisation ``ar`` · mean(dropped²), on the top layer's output as the
+    softmax reads it (dropped), and temporal activation regularisation ``tar`` · mean((h_t − h_{t−1})²),
+    on its undropped output (``[T, B, d]``, time-major: consecutive steps of the window)."""
+    top, dropped = (x.to(torch.promote_types(x.dtype, torch.float32)) for x in (top, dropped))  # float32 at least
+    penalty = ar * dropped.pow(2).mean()
+    if tar > 0 and top.shape[0] > 1:
+        penalty = penalty + tar * (top[1:] - top[:-1]).pow(2).mean()
+    return penalty
 
 
 def update_groups(windows: Iterable[Window], accumulate: int) -> Iterator[list[Window]]:

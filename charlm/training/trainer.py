@@ -80,10 +80,11 @@ from charlm.training.setup import (
     model_config_for,
     optimizer_and_schedule,
     placement,
-    training_streams,
+    training_windows,
 )
 from charlm.training.step import StepResult, TrainingStep, gradients_for, update_groups
 from charlm.training.text_input import check_text_corpus
+from charlm.training.windows import scaled_learning_rate
 
 __all__ = ["Trainer", "TrainingDiverged", "TrainingInterrupted", "ProcessLost", "StorageError", "Progress"]
 
@@ -160,12 +161,15 @@ class Trainer:
         seed_this_process(config.seed, self.world)
         self.forward, fast_path = forward_pass(self.model, config, self.device, self.world)
         self.fast_path = reporting.FastPathReport(fast_path)  # reported once, when the first steps settle it
-        self.train_streams = training_streams(self.corpus, config, self.world)
+        self.layout = training_windows(self.corpus, config, self.world)
+        self.train_streams = self.layout.epoch(0)  # the current epoch's windows
 
     def _setup_optimizer(self) -> None:
         """The optimizer, its learning-rate schedule, and the step that updates the model with them."""
         config = self.config
-        self.optimizer, self.scheduler = optimizer_and_schedule(self.model, config, len(self.train_streams))
+        self.optimizer, self.scheduler = optimizer_and_schedule(
+            self.model, config, self.layout.windows_per_epoch(config.epochs)
+        )
         self.step = TrainingStep(
             self.model,
             self.forward,
@@ -177,6 +181,8 @@ class Trainer:
             precision=config.precision,
             device=self.device,
             gradient_sync_pause=gradient_sync_pause(self.forward),
+            ar=config.ar,
+            tar=config.tar,
         )
 
     def _setup_progress(self) -> None:
@@ -317,6 +323,7 @@ class Trainer:
         stopped at the end of an update before its own end (interrupted, diverged, out of time or
         tokens), or None where it ran to its end."""
         config, progress = self.config, self.progress
+        self.train_streams = self.layout.epoch(progress.epoch)
         if progress.window == 0 or self.state is None:
             self.state = self.model.initial_state(self.train_streams.rows, device=self.device)
         self.model.train()
@@ -328,7 +335,8 @@ class Trainer:
         try:
             windows = self.train_streams.windows(progress.window, device=self.device)
             for group in update_groups(windows, config.accumulate):  # one update each
-                result = self.step(group, self.state, stop, self._budget)
+                with scaled_learning_rate(self.optimizer, self.layout.learning_rate_factor(group)):
+                    result = self.step(group, self.state, stop, self._budget)
                 if result.diverged:
                     self._diverged_loss = result.loss
                     return Stop.DIVERGED

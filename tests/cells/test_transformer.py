@@ -44,7 +44,7 @@ def reference(cell, inputs, span=None, origin=0):
     for b in range(batch):
         x = inputs[:, b]
         h = F.layer_norm(x, (n,), cell.norm_attention.weight, cell.norm_attention.bias)
-        q, k, v = (h @ cell.qkv.weight.T + cell.qkv.bias).split(n, dim=-1)
+        q, k, v = F.linear(h, cell.qkv.weight, cell.qkv.bias).split(n, dim=-1)
         attended = torch.zeros(steps, n, dtype=torch.float64)
         for head in range(heads):
             part = slice(head * size, (head + 1) * size)
@@ -54,9 +54,11 @@ def reference(cell, inputs, span=None, origin=0):
                 scores = torch.stack([qh[t] @ kh[s] / math.sqrt(size) for s in range(first, t + 1)])
                 weights = scores.exp() / scores.exp().sum()
                 attended[t, part] = sum(w * vh[s] for w, s in zip(weights, range(first, t + 1)))
-        a = x + attended @ cell.out.weight.T + cell.out.bias
+        a = x + F.linear(attended, cell.out.weight, cell.out.bias)
         z = F.layer_norm(a, (n,), cell.norm_mlp.weight, cell.norm_mlp.bias)
-        outputs[:, b] = a + F.gelu(z @ cell.up.weight.T + cell.up.bias) @ cell.down.weight.T + cell.down.bias
+        outputs[:, b] = a + F.linear(
+            F.gelu(F.linear(z, cell.up.weight, cell.up.bias)), cell.down.weight, cell.down.bias
+        )
     return outputs
 
 
@@ -76,6 +78,36 @@ def test_windows_carrying_the_memory_equal_sliding_window_attention_over_the_seq
     keys, values, flags = state
     assert keys.shape == values.shape == (2, memory * 8) and flags.shape == (2, memory)
     assert flags.eq(1).all()  # 17 positions fill every slot
+
+
+def test_without_biases_it_has_none_and_is_still_the_reference(double_precision):
+    """bias=false (nanoGPT's configuration): no bias in the linear maps, the LayerNorms or the final
+    LayerNorm, 12n² + 2n a block; the windows, the step and sampling are still the reference's."""
+    torch.manual_seed(3)
+    cell = block(8, heads=2, memory=4, bias=False)
+    assert count_parameters(cell) == 12 * 8 * 8 + 2 * 8
+    inputs = torch.randn(11, 2, 8)
+    expected = reference(cell, inputs, span=4)
+    state, outputs = cell.initial_state(2), []
+    for start, length in ((0, 6), (6, 5)):
+        output, state = cell(inputs[start : start + length], state)
+        outputs.append(output)
+    torch.testing.assert_close(torch.cat(outputs), expected)
+    config = ModelConfig(
+        "transformer", vocab_size=7, hidden_size=8, layers=2, cell_options={"heads": 2, "memory": 6, "bias": False}
+    )
+    model = LanguageModel(config).eval()
+    assert not [name for name, _ in model.named_parameters() if "bias" in name.split(".")[-1] and "head" not in name]
+    assert model.final_norm.bias is None
+    randomise(model)
+    tokens = torch.randint(7, (3, 9))
+    with torch.no_grad():
+        scored, _ = model(tokens, model.initial_state(3))
+        sampling, state, sampled = model.for_sampling(), model.initial_state(3), []
+        for t in range(tokens.shape[1]):
+            logits, state = sampling.step(tokens[:, t], state)
+            sampled.append(logits)
+    torch.testing.assert_close(torch.stack(sampled, dim=1), scored)
 
 
 def test_the_step_is_the_window_with_a_bounded_cache(double_precision):

@@ -68,6 +68,8 @@ CASES = [
     Case("zero accumulation", "train --accumulate 0"),
     Case("negative checkpoints to keep", "train --keep-checkpoints -1"),
     Case("dropout of 1", "train --dropout 1"),
+    Case("weight drop on a cell without recurrent matrices", "train --cell transformer --weight-drop 0.5"),
+    Case("locked and per-step dropout between layers", "train --dropout 0.2 --dropout-hidden 0.2"),
     Case("train fraction 0", "train --train-fraction 0"),
     Case("train fraction above 1", "train --train-fraction 1.5"),
     Case("negative clipping", "train --clip -1"),

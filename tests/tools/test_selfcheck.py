@@ -43,19 +43,21 @@ def test_a_fast_path_that_differs_from_the_equations_fails_the_check(monkeypatch
     assert [row["check"] for row in failed] == [
         "lstm: window, evaluation and sampling paths vs step (float64)",
         "lstm in blocks (--wiring block): window, evaluation and sampling paths vs step (float64)",
+        "lstm tied to its embedding (--tie-weights, a projection, --no-head-bias): window, evaluation and "
+        "sampling paths vs step (float64)",
     ]
     assert float(failed[0]["figure"]) > 1e-9
     terminal_of(monkeypatch, 80)  # issue 34: the table fits, and a line sums it up at its end
     table = cli("check", "--device", "cpu", "--cells", "lstm,gru")
-    assert table.returncode == 1 and "charlm check on cpu: 2 failure(s)" in table.stdout
+    assert table.returncode == 1 and "charlm check on cpu: 3 failure(s)" in table.stdout
     assert_fits(table.stdout)
     assert table_header(table.stdout)[:3] == ["check", "result", "figure"]
     results = [row["result"] for row in report["rows"]]
     skipped = sum(result.startswith("skipped:") for result in results)
     assert table.stdout.splitlines()[-1] == (
-        f"{results.count('pass')} pass, 2 fail, {skipped} skipped, {results.count('info')} info"
+        f"{results.count('pass')} pass, 3 fail, {skipped} skipped, {results.count('info')} info"
     )
-    assert results.count("pass") + 2 + skipped + results.count("info") == len(results) and skipped > 0
+    assert results.count("pass") + 3 + skipped + results.count("info") == len(results) and skipped > 0
 
 
 def test_compiled_steps_are_checked_with_recompilation_an_error(monkeypatch):

@@ -109,6 +109,20 @@ def test_the_trainer_follows_the_schedule_it_was_given(tiny_corpus, tmp_path):
     assert steps[-1]["lr"] < 1e-3 / 2  # the cosine's second half by the last step
 
 
+def test_the_cosine_ends_where_a_token_budget_ends_the_run(tiny_corpus, tmp_path):
+    """--max-tokens of 10 updates (batch 8 × bptt 16 each) over 3 epochs of many more: the cosine reaches --min-lr
+    at the 10th update, as nanoGPT's at max_iters."""
+    run = tmp_path / "budget"
+    config = tiny_config(tiny_corpus, run, epochs=3, schedule="warmup-cosine", warmup_steps=2, min_lr=1e-4, log_every=1)
+    config.max_tokens = 10 * 8 * 16
+    Trainer(config).fit()
+    steps = records(run, "step")
+    assert len(steps) == 10
+    assert steps[1]["lr"] == pytest.approx(1e-3)
+    expected = [1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * (k - 2) / 8)) for k in range(2, 10)]
+    assert [step["lr"] for step in steps[2:]] == pytest.approx(expected)
+
+
 def test_schedule_errors_are_one_line(tiny_corpus):
     common = ("--corpus", "tiny", "--data-dir", str(tiny_corpus), "--epochs", "1", "--hidden", "8")
     assert_one_line_error(
