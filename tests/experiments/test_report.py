@@ -465,3 +465,21 @@ def test_cells_at_their_own_depths_share_a_row(sweep, tmp_path):
     table = (tmp_path / "out" / "table1.md").read_text()
     assert "| corpus | gru (2 layers) | lstm (1 layer) |" in table
     assert len([line for line in table.splitlines() if line.startswith("| tiny")]) == 1
+
+
+def test_runs_from_several_machines_report_together_and_protocols_apart(sweep, tmp_path):
+    """Two directories of runs copied without their weights, as from other machines, make one report; runs of
+    one cell under another protocol (here a larger batch) never share a cell of its tables."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    for name, target in (("tiny-lstm-f1-s1", here), ("tiny-gru-f1-s1", here), ("tiny-lstm-f1-s2", there)):
+        shutil.copytree(sweep / name, target / name, ignore=shutil.ignore_patterns("*.pt"))
+    merged = cli("report", here, there, "--out", tmp_path / "merged", check_code=0)
+    table1 = read_csv(tmp_path / "merged" / "table1.csv")
+    assert "warning" not in merged.stderr and {row["cell"] for row in table1} >= {"lstm", "gru"}
+    config = json.loads((there / "tiny-lstm-f1-s2" / "config.json").read_text())
+    config["train"]["batch_size"] = 4
+    (there / "tiny-lstm-f1-s2" / "config.json").write_text(json.dumps(config))
+    apart = cli("report", here, there, "--out", tmp_path / "apart", check_code=0)
+    assert "warning: the lstm runs on tiny trained under 2 protocols" in apart.stderr
+    cells = {row["cell"] for row in read_csv(tmp_path / "apart" / "table1.csv")}
+    assert "lstm" not in cells and len([cell for cell in cells if cell.startswith("lstm@")]) == 2

@@ -6,11 +6,13 @@ a warning, never hiding the others."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
 from pathlib import Path
 
+from charlm.config import RESUMABLE_SETTINGS, TrainConfig
 from charlm.errors import CharlmError
 from charlm.files import read_own_file
 from charlm.logs import get_logger
@@ -56,6 +58,7 @@ class RunRecord:
     validated: tuple[Point, ...] = ()  # validation bpc of the valid and epoch records
     corpus_fingerprint: str | None = None  # the version of its corpus, from provenance.json
     corpus_content: str | None = None  # ... and the digest of its content (since 0.4)
+    protocol: str = ""  # the digest of the settings that define how it trained (protocol_of)
 
     @property
     def completed_epochs(self) -> int:
@@ -70,6 +73,13 @@ class RunRecord:
         return sum(
             epoch.train_seconds or 0.0 for epoch in self.epochs if through_epoch is None or epoch.epoch <= through_epoch
         )
+
+
+NOT_PROTOCOL = {  # what may change between sessions, but the budgets a comparison shares; and the sweep's axes
+    *(set(RESUMABLE_SETTINGS) - {"epochs", "max_minutes", "max_tokens", "patience"}),
+    *("seed", "run_dir", "data_dir", "init_from", "text", "corpus", "cell", "cell_options"),
+    *("params", "hidden_size", "layers", "train_fraction"),
+}
 
 
 def read_runs(directories: list[str | Path], skipped: list | None = None) -> list[RunRecord]:
@@ -104,7 +114,43 @@ def read_runs(directories: list[str | Path], skipped: list | None = None) -> lis
         get_logger().warning(f"warning: skipped the damaged run {name}: {reason}")
     if skipped is not None:
         skipped.extend(sorted(damaged))
-    return sorted(corpus_versions_apart(records), key=lambda record: record.name)
+    return sorted(protocols_apart(corpus_versions_apart(records)), key=lambda record: record.name)
+
+
+def protocols_apart(records: list[RunRecord]) -> list[RunRecord]:
+    """``records``, the runs that a table would put in one cell (corpus, budget, layers, cell, fraction) but
+    that trained under different protocols (batch, window, rates, schedule, layout, regularisers: every
+    setting that defines a run but the sweep's axes and the seed) labelled ``cell@PROTOCOL``, with a warning:
+    runs gathered from several machines or sweeps never share a cell of a table unless they share a protocol."""
+    groups = {}
+    for record in records:
+        key = (record.corpus, record.budget_size, record.budget, record.layers or 0, record.cell, record.fraction)
+        groups.setdefault(key, []).append(record)
+    mixed = {key for key, runs in groups.items() if len({run.protocol for run in runs}) > 1}
+    for key in sorted(mixed, key=str):
+        get_logger().warning(
+            f"warning: the {key[4]} runs on {key[0]} trained under {len({r.protocol for r in groups[key]})} protocols "
+            f"(settings other than the seed differ): they are reported apart, as {key[4]}@PROTOCOL"
+        )
+    return [
+        dataclasses.replace(record, cell=f"{record.cell}@{record.protocol}")
+        if (record.corpus, record.budget_size, record.budget, record.layers or 0, record.cell, record.fraction) in mixed
+        else record
+        for record in records
+    ]
+
+
+def protocol_of(train: dict, model: dict) -> str:
+    """A short digest of the settings that define how a run trained, besides what a sweep varies (corpus,
+    cell, size, fraction, seed) and what may change between sessions (``RESUMABLE_SETTINGS``); the settings
+    a run of an earlier charlm does not record count at their defaults."""
+    try:
+        train = TrainConfig.from_dict(train).to_dict()
+    except CharlmError:
+        pass
+    defining = {key: value for key, value in train.items() if key not in NOT_PROTOCOL}
+    defining["cell_options"] = model.get("cell_options", train.get("cell_options", {}))
+    return hashlib.sha256(json.dumps(defining, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:8]
 
 
 def corpus_versions_apart(records: list[RunRecord]) -> list[RunRecord]:
@@ -164,6 +210,7 @@ def read_run(run: Run, name: str) -> RunRecord:
         device=device_label(provenance),
         corpus_fingerprint=_text(provenance.get("corpus_fingerprint")),
         corpus_content=_text(provenance.get("corpus_content")),
+        protocol=protocol_of(train, model),
         **progress_points(history),
     )
 
