@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from charlm.cells import CELLS, glorot_uniform_, parse_cell_options
-from charlm.cells.base import EmbeddingLookup
+from charlm.cells.base import EmbeddingLookup, RMSNorm
 from charlm.cells.block import Block
 from charlm.embedding import OneHot, input_layer, softmax_layer  # noqa: F401 (OneHot: charlm.model's, as before)
 from charlm.regularisers import Regularisers
@@ -108,6 +108,8 @@ class LanguageModel(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         if blocks:
             self.final_norm = nn.RMSNorm(self.layers[-1].output_size)
+        elif cell_class.final_layer_norm == "rms":  # an RMSNorm (ε = 1e-5), as Mamba's norm_f
+            self.final_norm = RMSNorm(self.layers[-1].output_size, eps=1e-5)
         elif cell_class.final_layer_norm:  # without a bias where the cell has none (bias=false)
             self.final_norm = nn.LayerNorm(self.layers[-1].output_size, bias=getattr(cell_config, "bias", True))
         else:

@@ -63,6 +63,34 @@ def high_order_params(base_gates, ho_gates, form="factored", m=16, r=4):
     return params
 
 
+def gated_deltanet_params(d, n, heads, e=2, w=4):
+    """Gated DeltaNet's layer: 2(1 + e)dn + 2Hd + en² + (2 + e)wn + en/H + 2H."""
+    return 2 * (1 + e) * d * n + 2 * heads * d + e * n * n + (2 + e) * w * n + e * n // heads + 2 * heads
+
+
+def mlstm_params(d, n, heads=4, block=4, width=4):
+    """The mLSTM layer: W_up (d → 2m), the convolution, W_q, W_k, W_v (blocks of b), the gates (3m → 2H, with
+    bias), the norm's gain, the skip, W_down (m → n); m = 2n."""
+    m = 2 * n
+    block = block or m
+    return 2 * d * m + (width * m + m if width else 0) + 3 * m * block + 6 * heads * m + 2 * heads + 2 * m + m * n
+
+
+def slstm_params(n, heads, width=4):
+    """The sLSTM layer (d = n): W and R block-diagonal (4 gates × H blocks of (n/H)²), b, the norm's gain, the
+    convolution."""
+    return 8 * n * n // heads + 5 * n + (width * n + n if width else 0)
+
+
+def mamba_params(d, n, expand=2, states=16, width=4, rank=None, residual=True):
+    """A Mamba block: the RMSNorm's gain (residual), W_in (d → 2e), the convolution (k taps and a bias), the x_proj
+    (e → R + 2N), W_Δ and b_Δ, A_log (e × N), D, W_out (e → n); e = E·n, R = ⌈n/16⌉."""
+    e, r = expand * n, rank or -(-n // 16)
+    return (
+        (d if residual else 0) + 2 * d * e + width * e + e + e * (r + 2 * states) + r * e + e + e * states + e + e * n
+    )
+
+
 SMALL_SYMMETRIC = {"ho_form": "symmetric", "ho_kernels": 3, "ho_rank": 2}
 
 CASES = [
@@ -142,6 +170,51 @@ CASES = [
     CellCase(
         "transformer", {"heads": 1, "memory": 4, "bias": False}, lambda d, n: 12 * n * n + 2 * n, same
     ),  # nanoGPT's
+    # mamba: d = n but with residual=false; chunks of the selective scan shorter than the tests' windows of 7 and 10
+    CellCase("mamba", {}, lambda d, n: mamba_params(d, n), same),
+    CellCase("mamba", {"chunk": 3}, lambda d, n: mamba_params(d, n), same),
+    CellCase(
+        "mamba",
+        {"scan": "auto", "state_size": 3, "dt_rank": 2},
+        lambda d, n: mamba_params(d, n, states=3, rank=2),
+        same,
+    ),
+    CellCase(
+        "mamba", {"conv_width": 1, "expand": 1, "scan": "chunked"}, lambda d, n: mamba_params(d, n, 1, width=1), same
+    ),
+    CellCase(
+        "mamba",
+        {"residual": False, "conv_width": 2, "chunk": 4},
+        lambda d, n: mamba_params(d, n, width=2, residual=False),
+    ),
+    # mlstm: chunks shorter than the tests' windows of 7 and 10 cross chunks and end on a shorter one
+    CellCase("mlstm", {}, lambda d, n: mlstm_params(d, n)),
+    CellCase("mlstm", {"chunk_size": 3}, lambda d, n: mlstm_params(d, n)),
+    CellCase(
+        "mlstm",
+        {"heads": 2, "qkv_blocksize": 2, "conv_width": 0, "forget_gate": "exp", "chunk_size": 4},
+        lambda d, n: mlstm_params(d, n, heads=2, block=2, width=0),
+    ),
+    CellCase(
+        "mlstm",
+        {"qkv_blocksize": 0, "conv_width": 1, "chunk_size": 2},
+        lambda d, n: mlstm_params(d, n, block=0, width=1),
+    ),
+    # slstm: d = n; heads that divide the tests' widths 6 and 16
+    CellCase("slstm", {"heads": 2}, lambda d, n: slstm_params(n, 2), same),
+    CellCase("slstm", {"heads": 1, "conv_width": 0, "forget_gate": "exp"}, lambda d, n: slstm_params(n, 1, 0), same),
+    CellCase("slstm", {"heads": 2, "conv_width": 1}, lambda d, n: slstm_params(n, 2, 1), same),
+    # gated-deltanet: W_in (q, k: n each; v, output gate: e·n each; w_α, w_β: H each), the convolution over q, k, v
+    # (w taps), A_log and dt_bias (H each), the norm's gain (d_v = e·n/H), W_o (e·n → n). Chunks shorter than the
+    # tests' windows of 7 and 10, so that the chunked form crosses chunks and pads the last.
+    CellCase("gated-deltanet", {"heads": 2, "chunk": 4}, lambda d, n: gated_deltanet_params(d, n, heads=2)),
+    CellCase("gated-deltanet", {"heads": 1, "conv": 0, "chunk": 3}, lambda d, n: gated_deltanet_params(d, n, 1, w=0)),
+    CellCase(
+        "gated-deltanet",
+        {"heads": 2, "expand_v": 1, "conv": 1, "chunk": 64},
+        lambda d, n: gated_deltanet_params(d, n, 2, e=1, w=1),
+        overfit_steps=200,
+    ),
 ]
 
 

@@ -34,6 +34,10 @@ CELL_NAMES = (
     "minlstm",
     "griffin-rglru",
     "transformer",
+    "mamba",
+    "mlstm",
+    "slstm",
+    "gated-deltanet",
 )
 
 _EXPORTS = {
@@ -73,6 +77,10 @@ def _registered_cells():
     from charlm.cells.min_rnn import MinGRU, MinLSTM
     from charlm.cells.rglru import GriffinRGLRU
     from charlm.cells.transformer import TransformerBlock
+    from charlm.cells.mamba import Mamba
+    from charlm.cells.mlstm import MLSTM
+    from charlm.cells.slstm import SLSTM
+    from charlm.cells.gated_deltanet import GatedDeltaNet
 
     cells = CellRegistry(
         [
@@ -99,6 +107,10 @@ def _registered_cells():
             MinLSTM,
             GriffinRGLRU,
             TransformerBlock,
+            Mamba,
+            MLSTM,
+            SLSTM,
+            GatedDeltaNet,
         ]
     )
     if tuple(cells.names()) != CELL_NAMES:

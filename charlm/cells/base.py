@@ -85,13 +85,14 @@ class RecurrentCell(nn.Module):
     # rounded up by a quarter); a user's cell that does not say is assumed to keep more than any.
     activation_factor: ClassVar[int] = 64
     # How the window's forward avoids a step loop with matrix products in it: "scan" (a linear recurrence,
-    # charlm.cells.scan), "elementwise" (every product hoisted, an elementwise loop left) or "" (neither).
+    # charlm.cells.scan), "elementwise" (every product hoisted, an elementwise loop left), "chunked" (a matrix
+    # state computed chunk by chunk, parallel within each chunk) or "" (neither).
     # `charlm bench` times the cells that say one against their own step loop.
     parallel_form: ClassVar[str] = ""
     # Whether the model normalises the last layer's output (a LayerNorm, with a bias unless the cell's options
-    # say bias=false) before the softmax, as a pre-norm residual stack needs (GPT-2's final ln_f); block
-    # wiring has its own RMSNorm there.
-    final_layer_norm: ClassVar[bool] = False
+    # say bias=false) before the softmax, as a pre-norm residual stack needs (GPT-2's final ln_f); "rms": an
+    # RMSNorm (ε = 1e-5) there instead (Mamba's norm_f); block wiring has its own RMSNorm there.
+    final_layer_norm: ClassVar[bool | str] = False
     # The parameters that multiply the carried state (the hidden-to-hidden matrices): what --weight-drop
     # masks (charlm.regularisers). Of a matrix that also multiplies the input, only recurrent_columns.
     recurrent_weights: ClassVar[tuple[str, ...]] = ()
@@ -237,6 +238,24 @@ class InferenceStep:
     def advance(self, projected: Tensor | None, x: Tensor | None, state: State) -> tuple[Tensor, State]:
         """The depth output and the new state, from ``project(x)`` (and ``x``, if ``reads_input``)."""
         return self.cell.step(x, state)
+
+
+class RMSNorm(nn.Module):
+    """``x / √(mean(x²) + ε) ⊙ g`` over the last dimension, in float32 at least: ``nn.RMSNorm`` written out,
+    which the ONNX exporter takes (opset 17 has no rms_norm)."""
+
+    def __init__(self, width: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def reset_parameters(self):
+        nn.init.ones_(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight
 
 
 def library_rnn(kernel, inputs: Tensor, hidden, weights: list[Tensor], training: bool):

@@ -31,7 +31,12 @@ def sweep(
         help="The sweep directory (default: sweeps/PLAN-PROFILE; sweeps/PLAN for a plan of your own run as written).",
     ),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="List the runs (settings, hidden size, parameters, state) without training."
+        False,
+        "--dry-run",
+        help="List the runs (settings, hidden size, parameters, state, time on this machine) without training.",
+    ),
+    no_estimate: bool = typer.Option(
+        False, "--no-estimate", help="With --dry-run: do not time each model to estimate the runs' time."
     ),
     only: Optional[List[str]] = typer.Option(
         None, "--only", help="Only the runs with KEY=VALUE (repeatable), e.g. --only cell=lru."
@@ -57,6 +62,7 @@ def sweep(
     """  # noqa: E501  the help shows the docstring's line breaks
     from charlm.experiments.plan import load_plan, shipped_plans
     from charlm.experiments.selection import parse_shard, select
+    from charlm.experiments.estimate import estimate_points
     from charlm.experiments.sweep import Sweep
 
     if list_plans:
@@ -67,6 +73,8 @@ def sweep(
             wrap=("description",),
         )
         return
+    if no_estimate and not dry_run:
+        raise CharlmError("--no-estimate goes with --dry-run (a sweep that trains estimates nothing)")
     if plan is None:
         raise CharlmError("give a plan (a .toml file or a shipped plan's name; charlm sweep --list shows them)")
     if "RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1":  # started by torchrun
@@ -81,6 +89,11 @@ def sweep(
     if dry_run:
         runner.check(points)  # the values a prepared corpus judges, as the real run does before it writes
         rows = [runner.describe(point) for point in points]
+        estimates = None
+        if not no_estimate:
+            states = {row["run"]: row["state"] for row in rows}
+            estimates = estimate_points(runner, points, states, get_logger().info)
+        timed = estimates is not None and bool(estimates.seconds)  # the column only where a run has an estimate
         paper = (
             loaded.paper_parameters if loaded.profile == "paper" else {}
         )  # the column only where a paper gives counts
@@ -89,6 +102,7 @@ def sweep(
             f"{len(rows)} run(s) of {loaded.name}{profile} in {target}",
             ["run", "corpus", "cell", "layers", "budget", "hidden", "parameters"]
             + (["paper's count"] if paper else [])
+            + (["estimate"] if timed else [])
             + ["state"],
             [
                 [
@@ -101,6 +115,7 @@ def sweep(
                     _or_unknown(row["parameters"], "{:,}"),
                 ]
                 + ([_paper_count(paper, row)] if paper else [])
+                + ([estimates.shown(row["run"])] if timed else [])
                 + [row["state"]]
                 for row in rows
             ],
@@ -108,6 +123,8 @@ def sweep(
         )  # the point's name is in run
         if any(row["vocabulary_assumed"] for row in rows):
             stdout.print("(sizes of corpora not prepared yet use their documented vocabulary sizes)")
+        for line in [] if estimates is None else estimates.lines():
+            stdout.print(line, soft_wrap=False)
         for warning in runner.warnings(points):
             get_logger().warning(f"warning: {warning}")
         return

@@ -184,12 +184,13 @@ def runner(format: str, path: Path, layout: StateLayout) -> Runner:
 
 
 def example_inputs(model: LanguageModel, layout: StateLayout, batch: int, seed: int) -> tuple[Tensor, ...]:
-    """Tokens drawn from the vocabulary and a state drawn from N(0, 0.5²) (not zeros, so that every
-    state input is seen to matter), in the model's dtype."""
+    """Tokens drawn from the vocabulary and a state drawn from |N(0, 0.5²)| (not zeros, so that every
+    state input is seen to matter; not negative, as a normaliser that sums positive terms, sLSTM's n,
+    never is: near zero from both sides it would cancel, and float rounding with it), in the model's dtype."""
     generator = torch.Generator().manual_seed(seed)
     dtype = model.head.weight.dtype
     tokens = torch.randint(model.config.vocab_size, (batch,), generator=generator)
-    state = [0.5 * torch.randn(batch, width, generator=generator, dtype=dtype) for width in layout.widths]
+    state = [0.5 * torch.randn(batch, width, generator=generator, dtype=dtype).abs() for width in layout.widths]
     return (tokens, *state)
 
 

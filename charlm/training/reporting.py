@@ -16,6 +16,8 @@ from charlm.model import count_parameters
 from charlm.runtime.fast_path_check import FastPathCheck
 
 STATUS_INTERVAL = 60.0  # seconds between plain status lines when stderr is not a terminal
+ESTIMATE_STEPS = 20  # steps a session times (after its first) before it states its estimate
+ESTIMATE_SECONDS = 10.0  # ... or seconds of training, whichever come first
 
 
 class EpochBar:
@@ -81,6 +83,75 @@ def resuming_line(progress) -> str:
         f"resuming at epoch {progress.epoch + 1}, window {progress.window:,}, step {progress.step:,}: "
         f"{progress.tokens_seen:,} tokens trained so far{best}"
     )
+
+
+def tokens_to_train(epochs: int, tokens_per_epoch: int, max_tokens: int | None) -> int:
+    """The tokens a run trains in all: ``epochs`` epochs, or its ``--max-tokens`` where fewer."""
+    total = epochs * tokens_per_epoch
+    return total if max_tokens is None else min(total, max_tokens)
+
+
+def duration(seconds: float) -> str:
+    """An estimate's length to the precision it has: ``40 s``, ``1 min 30 s``, ``12 min``, ``2 h 10 min``,
+    ``130 h``."""
+    if seconds < 59.5:
+        return f"{max(round(seconds), 1)} s"
+    if seconds < 595:  # under ten minutes: to ten seconds
+        minutes, tens = divmod(round(seconds / 10), 6)
+        return f"{minutes} min" + (f" {tens}0 s" if tens else "")
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    if minutes >= 100 * 60:
+        return f"{round(minutes / 60):,} h"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h" + (f" {minutes} min" if minutes else "")
+
+
+class StartEstimate:
+    """`charlm train`'s estimate, stated once a session: the session's first step (compiling,
+    capturing, a cold cache) is left out, the next ``ESTIMATE_STEPS`` steps or ``ESTIMATE_SECONDS``
+    of training are timed, and the line says how long the tokens left take at that speed (training
+    time: validation not counted). Nothing is measured but the run's own steps."""
+
+    def __init__(self, config, tokens_per_epoch: int, budget):
+        self.goal = tokens_to_train(config.epochs, tokens_per_epoch, config.max_tokens)
+        epochs = f"{config.epochs} epoch" + ("s" if config.epochs != 1 else "")
+        self.goal_name = epochs if self.goal == config.epochs * tokens_per_epoch else "its --max-tokens"
+        self.budget = budget  # the run's TimeBudget (--max-minutes)
+        self.start = None  # (step, tokens seen, training seconds) after the session's first step
+        self.stated = False
+
+    def after_step(self, progress, log) -> None:
+        """Count an update; once enough are timed, ``log`` the estimate (once a session)."""
+        if self.stated:
+            return
+        seconds = progress.wall_seconds.get("train", 0.0) + progress.train_seconds
+        if self.start is None:
+            self.start = (progress.step, progress.tokens_seen, seconds)
+            return
+        first_step, first_tokens, first_seconds = self.start
+        steps, elapsed = progress.step - first_step, seconds - first_seconds
+        if steps < ESTIMATE_STEPS and elapsed < ESTIMATE_SECONDS:
+            return
+        self.stated = True
+        left = self.goal - progress.tokens_seen
+        if left > 0 and elapsed > 0:
+            log(self.line(left, (progress.tokens_seen - first_tokens) / elapsed, first_step + 1, progress.step))
+
+    def line(self, left: int, speed: float, first: int, last: int) -> str:
+        """``estimate: about 12 min to go for 2 epochs (1,536,000 tokens) at ~2,100 tokens/s, ...``, or
+        where ``--max-minutes`` ends the run first, when it does."""
+        seconds, measured = left / speed, f"at ~{speed:,.0f} tokens/s, measured on steps {first:,}-{last:,}"
+        goal = f"{self.goal_name} ({self.goal:,} tokens)"
+        if self.budget.max_minutes is not None:
+            budget_left = max(self.budget.max_minutes * 60 - self.budget.spent(), 0.0)
+            if budget_left < seconds:
+                return (
+                    f"estimate: about {duration(budget_left)} to go: --max-minutes {self.budget.max_minutes:g} stops "
+                    f"it before its {goal}, which would take about {duration(seconds)} more {measured}"
+                )
+        return f"estimate: about {duration(seconds)} to go for {goal} {measured} (validation not counted)"
 
 
 def check_fields(check) -> dict:

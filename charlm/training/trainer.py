@@ -303,6 +303,7 @@ class Trainer:
         )
         if progress.step:
             run.log(reporting.resuming_line(progress))
+        self.estimate = reporting.StartEstimate(config, self.train_streams.tokens_scored, self._budget)
         run.record(
             "start",
             parameters=parameters,
@@ -343,6 +344,7 @@ class Trainer:
                 self.state = result.state
                 self.fast_path.after_step(self.run, self.provenance, progress)  # once compiled or captured, or not
                 self._count(group, result, seconds_before + time.monotonic() - epoch_clock)
+                self.estimate.after_step(progress, lambda line: bar.write(self.run.log, line))
                 bar.advance(len(group))
                 bar.show_step(self._running_bpc(), self._speed(), self.last_valid_bpc)
                 self._report_step(result, bar)

@@ -66,6 +66,7 @@ COMMANDS = {  # run in the directory of ``places``
     "report of one run": ("report", FULL, "--out", "out/one"),
     "report of task runs": ("report", "tasks", "--out", "out/tasks"),
     "sweep --dry-run": ("sweep", "plan.toml", "--dir", "sweep", "--data-dir", "data", "--dry-run"),
+    "sweep --dry-run with estimates": ("sweep", "plan.toml", "--dir", "fresh", "--data-dir", "data", "--dry-run"),
     "sweep --list": ("sweep", "--list"),
     "cells": ("cells",),
     "corpora": ("corpora", "--data-dir", "data"),
@@ -102,6 +103,10 @@ def test_every_table_fits_80_columns_with_its_figures_and_names_whole(arguments,
                 assert [cell for cell in cells if cell] == [value for value in values if value], heading
     if arguments[0] == "runs":  # the run directories' names, too long to share a line with their figures
         assert "│ sweep/cell-lstm_train_fraction-0.5_seed-2\n" in result.stdout
+    if "fresh" in arguments:  # runs to train: each one's time, and the total
+        assert "estimate" in printed[0][0] and re.search(
+            r"^about .+ for 8 run\(s\) on cpu .*measured now$", result.stdout, re.M
+        )
     if arguments[0] == "report":  # bpc to 4 decimals, as every other command prints it
         assert not re.search(r"\d\.\d{5}", result.stdout)
 

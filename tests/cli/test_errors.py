@@ -199,6 +199,7 @@ CASES = [
     Case("plan named outside its sweep directory", "sweep FILES/climbing-plan.toml"),
     Case("plan profile whose base is a number", "sweep FILES/profile-base-number.toml"),
     Case("plan with a bad value in its last point", "sweep FILES/late-bad-value.toml --data-dir DATA"),
+    Case("sweep estimate option without --dry-run", "sweep lru-table1 --no-estimate"),
     Case("plan setting misspelled", "sweep FILES/misspelled-plan.toml"),
     Case("plan evaluation wider than the split", "sweep FILES/wide-eval-plan.toml --data-dir DATA --dir FILES/sweep"),
     Case(

@@ -72,7 +72,12 @@ def test_completion_offers_the_registered_cells():
     assert complete("charlm train --cell ") == list(CELL_NAMES)
     assert complete("charlm train --cell l") == ["lstm", "lru", "linear-ru"]
     assert complete("charlm task --cell grid") == ["grid-lstm"]
-    assert complete("charlm bench --cells lstm,g") == ["lstm,gru", "lstm,grid-lstm", "lstm,griffin-rglru"]
+    assert complete("charlm bench --cells lstm,g") == [
+        "lstm,gru",
+        "lstm,grid-lstm",
+        "lstm,griffin-rglru",
+        "lstm,gated-deltanet",
+    ]
     assert complete("charlm check --cells ")[0] == "all"
 
 

@@ -172,6 +172,7 @@ def test_shipped_plans_pass_a_dry_run(name, profile, tmp_path):
         "--data-dir",
         tmp_path / "data",
         "--dry-run",
+        "--no-estimate",  # the sizes, not the time (tests/experiments/test_estimate.py)
         check_code=0,
     )
     plan = load_plan(name, profile)
