@@ -13,11 +13,9 @@ Names: a ``*Config`` is the settings of one job (TrainConfig, EvalConfig, Benchm
 from __future__ import annotations
 
 import dataclasses
-import math
 
-from charlm.config_rules import DEFAULT_MOMENTUM, check_training_rules
-from charlm.errors import ConfigError, shown
-from charlm.settings import INT64_MAX, from_dict, renamed, setting, validate
+from charlm.config_rules import DEFAULT_MOMENTUM, adam_betas, check_training_rules, save_interval
+from charlm.settings import from_dict, renamed, setting, validate
 
 DEFAULT_HIDDEN = 256  # hidden size when neither a hidden size nor a parameter budget is given
 MAX_LAYERS = 1024  # bounds of what makes sense, shown in the help: far beyond any model in the papers
@@ -354,7 +352,7 @@ class TrainConfig:
     @property
     def effective_adam_betas(self) -> tuple[float, float]:
         """``adam_betas`` as two numbers, or Adam's default."""
-        return ADAM_BETAS if self.adam_betas is None else adam_betas(self.adam_betas)
+        return ADAM_BETAS if self.adam_betas is None else adam_betas(self.adam_betas, type(self))
 
     @property
     def effective_weight_decay(self) -> float:
@@ -364,7 +362,7 @@ class TrainConfig:
     @property
     def save_interval(self) -> tuple[str, float] | None:
         """``("steps", n)``, ``("seconds", s)`` or None: when to save ``last.pt`` inside an epoch."""
-        return save_interval(self.save_every)
+        return save_interval(self.save_every, type(self))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -374,39 +372,6 @@ class TrainConfig:
         """From plain values (a config file, a checkpoint); unknown keys and wrong types are errors. A
         file written before 0.4 names the hidden size ``hidden`` (``charlm.settings.renamed``)."""
         return from_dict(cls, renamed(values))
-
-
-def save_interval(text: str) -> tuple[str, float] | None:
-    """``--save-every``: ``"500"`` → ("steps", 500), ``"5m"`` → ("seconds", 300), ``"0"`` → None."""
-    cleaned = str(text).strip().lower()
-    unit = {"s": 1, "m": 60, "h": 3600}.get(cleaned[-1:], None)
-    number = cleaned[:-1] if unit else cleaned
-    try:
-        value = float(number) if unit else int(number)
-    except ValueError:
-        value = math.nan
-    finite = value <= INT64_MAX if isinstance(value, int) else math.isfinite(value)  # a step count of 400 digits too
-    if not (finite and value >= 0):
-        raise ConfigError(
-            TrainConfig, "save_every", f"must be a number of steps (500) or of minutes (5m), not {shown(text)}"
-        )
-    if value == 0:
-        return None
-    return ("seconds", value * unit) if unit else ("steps", value)
-
-
-def adam_betas(text: str) -> tuple[float, float]:
-    """``--adam-betas``: ``"0.9,0.99"`` → (0.9, 0.99), each in [0, 1)."""
-    parts = str(text).replace(" ", "").split(",")
-    try:
-        betas = tuple(float(part) for part in parts)
-    except ValueError:
-        betas = ()
-    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
-        raise ConfigError(
-            TrainConfig, "adam_betas", f"must be two numbers in [0, 1) such as 0.9,0.99, not {shown(text)}"
-        )
-    return betas
 
 
 # Settings that may differ between a run and its resumption; the rest define the run.

@@ -1,4 +1,5 @@
-"""The rules of ``TrainConfig`` across its fields.
+"""The rules of ``TrainConfig`` across its fields, and the parsers of its settings written as text
+(``--save-every``, ``--adam-betas``; ``owner`` is the config class their errors name the flag of).
 
 Each field declares its own bounds (``charlm.settings``); what one field allows depending on another
 (``--vary-bptt`` needs ``--windows shifted``, ``--nesterov`` needs sgd) is checked here, at
@@ -8,10 +9,12 @@ Each field declares its own bounds (``charlm.settings``); what one field allows 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 
 from charlm.errors import ConfigError, shown
+from charlm.settings import INT64_MAX
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 DEFAULT_MOMENTUM = {"sgd": 0.9, "rmsprop": 0.0}  # --momentum when not given, for the optimizers that have one
@@ -107,3 +110,32 @@ def _check_optimizer(config) -> None:
 
 def _default(owner, name: str):
     return next(field.default for field in dataclasses.fields(owner) if field.name == name)
+
+
+def save_interval(text: str, owner) -> tuple[str, float] | None:
+    """``--save-every``: ``"500"`` → ("steps", 500), ``"5m"`` → ("seconds", 300), ``"0"`` → None."""
+    cleaned = str(text).strip().lower()
+    unit = {"s": 1, "m": 60, "h": 3600}.get(cleaned[-1:], None)
+    number = cleaned[:-1] if unit else cleaned
+    try:
+        value = float(number) if unit else int(number)
+    except ValueError:
+        value = math.nan
+    finite = value <= INT64_MAX if isinstance(value, int) else math.isfinite(value)  # a step count of 400 digits too
+    if not (finite and value >= 0):
+        raise ConfigError(owner, "save_every", f"must be a number of steps (500) or of minutes (5m), not {shown(text)}")
+    if value == 0:
+        return None
+    return ("seconds", value * unit) if unit else ("steps", value)
+
+
+def adam_betas(text: str, owner) -> tuple[float, float]:
+    """``--adam-betas``: ``"0.9,0.99"`` → (0.9, 0.99), each in [0, 1)."""
+    parts = str(text).replace(" ", "").split(",")
+    try:
+        betas = tuple(float(part) for part in parts)
+    except ValueError:
+        betas = ()
+    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+        raise ConfigError(owner, "adam_betas", f"must be two numbers in [0, 1) such as 0.9,0.99, not {shown(text)}")
+    return betas

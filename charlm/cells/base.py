@@ -93,6 +93,7 @@ class RecurrentCell(nn.Module):
     # say bias=false) before the softmax, as a pre-norm residual stack needs (GPT-2's final ln_f); "rms": an
     # RMSNorm (ε = 1e-5) there instead (Mamba's norm_f); block wiring has its own RMSNorm there.
     final_layer_norm: ClassVar[bool | str] = False
+    scaled_by_depth: ClassVar[bool] = False  # its initialisation reads self.depth, the stack's (make_stack sets it)
     # The parameters that multiply the carried state (the hidden-to-hidden matrices): what --weight-drop
     # masks (charlm.regularisers). Of a matrix that also multiplies the input, only recurrent_columns.
     recurrent_weights: ClassVar[tuple[str, ...]] = ()
@@ -131,12 +132,17 @@ class RecurrentCell(nn.Module):
 
     @classmethod
     def make_stack(cls, input_size: int, hidden_size: int, num_layers: int, config) -> list["RecurrentCell"]:
-        """The layers of a model built from this cell; cells that tie weights across depth override it."""
+        """The layers of a model built from this cell; cells that tie weights across depth override it. A cell
+        whose initialisation depends on the stack's depth (``scaled_by_depth``) is told it, and initialised again."""
         layers = []
         for _ in range(num_layers):
             layer = cls(input_size, hidden_size, config)
             layers.append(layer)
             input_size = layer.output_size
+        if cls.scaled_by_depth:
+            for layer in layers:
+                layer.depth = num_layers
+                layer.reset_parameters()
         return layers
 
     def initial_state(self, batch_size: int, device=None, dtype=None) -> State:

@@ -112,6 +112,7 @@ class Mamba(RecurrentCell):
     # keep the window's coefficients and states, e·N numbers each a step: ≈ 122 (scan=loop), not counted here.
     activation_factor = 40
     final_layer_norm = "rms"  # the model's last RMSNorm, Mamba's norm_f
+    scaled_by_depth = True
     folds_embedding = True
     Config = MambaConfig
 
@@ -139,14 +140,6 @@ class Mamba(RecurrentCell):
     @classmethod
     def required_input_size(cls, hidden_size: int, config) -> int | None:
         return hidden_size if config.residual else None
-
-    @classmethod
-    def make_stack(cls, input_size: int, hidden_size: int, num_layers: int, config) -> list[RecurrentCell]:
-        layers = super().make_stack(input_size, hidden_size, num_layers, config)
-        for layer in layers:
-            layer.depth = num_layers
-            layer.reset_parameters()
-        return layers
 
     def reset_parameters(self):
         c = self.config

@@ -89,6 +89,7 @@ class MLSTM(RecurrentCell):
     # 2 layers of 256: 43.6 float32 per (step, stream, unit), rounded up by a quarter. It grows with the
     # chunk's L × L matrices (H·L/n a position each) and the chunk states (4n/(H·L) each).
     activation_factor = 55
+    scaled_by_depth = True
     description = "xLSTM's mLSTM: matrix memory per head, exponential gating, chunkwise-parallel (not Krause's mLSTM)"
     paper = "Beck et al. 2024, xLSTM: Extended Long Short-Term Memory"
     formula = (
@@ -127,14 +128,6 @@ class MLSTM(RecurrentCell):
     def hidden_size_multiple(cls, config) -> int:
         multiple = math.lcm(config.heads, config.qkv_blocksize or 1)
         return multiple // math.gcd(multiple, EXPANSION)
-
-    @classmethod
-    def make_stack(cls, input_size: int, hidden_size: int, num_layers: int, config) -> list[RecurrentCell]:
-        layers = super().make_stack(input_size, hidden_size, num_layers, config)
-        for layer in layers:
-            layer.depth = num_layers
-            layer.reset_parameters()
-        return layers
 
     def reset_parameters(self):
         n, heads = self.hidden_size, self.heads

@@ -77,6 +77,7 @@ class TransformerBlock(RecurrentCell):
     # per query (heads × (T + M) weights, a few per unit at charlm's sizes) to 40.
     activation_factor = 40
     final_layer_norm = True  # GPT-2's ln_f before the softmax
+    scaled_by_depth = True
 
     @dataclasses.dataclass
     class Config:
@@ -121,14 +122,6 @@ class TransformerBlock(RecurrentCell):
     @classmethod
     def hidden_size_multiple(cls, config) -> int:
         return 2 * max(config.heads, 1)
-
-    @classmethod
-    def make_stack(cls, input_size: int, hidden_size: int, num_layers: int, config) -> list[RecurrentCell]:
-        layers = super().make_stack(input_size, hidden_size, num_layers, config)
-        for layer in layers:
-            layer.depth = num_layers
-            layer.reset_parameters()
-        return layers
 
     def reset_parameters(self):
         residual_std = INIT_STD / math.sqrt(2 * self.depth)

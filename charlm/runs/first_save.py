@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from charlm.config import save_interval
+from charlm.config import TrainConfig
+from charlm.config_rules import save_interval
 from charlm.errors import CharlmError, NoCheckpoint
 from charlm.runs.directory import Run
 
@@ -50,7 +51,7 @@ def _first_save(run) -> str:
     at_epoch_end = "at the end of its first epoch"
     try:
         every = run.read_config().get("train", {}).get("save_every")
-        interval = save_interval(every) if isinstance(every, str) else None
+        interval = save_interval(every, TrainConfig) if isinstance(every, str) else None
     except CharlmError:
         interval = None
     if interval is None:
