@@ -16,11 +16,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import time
 from pathlib import Path
 
-import numpy as np
-
+from charlm.api_scoring import TextScore, dynamic_options, evaluate_split, first_position, score_text
 from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
 from charlm.config_inference import DEFAULT_PRIME, DynamicOptions, EvalConfig, SampleConfig, ScoreConfig
@@ -28,8 +26,6 @@ from charlm.settings import validate
 from charlm.runtime.devices import resolve_device
 from charlm.runs.best_weights import best_of_run
 from charlm.errors import CharlmError, NoCheckpoint, OutOfVocabulary, out_of_memory
-from charlm.corpora.streams import check_streams_fit
-from charlm.inference.scoring import LN2, Score, check_splits_fit, score_split, score_tokens
 from charlm.logs import get_logger
 from charlm.model import count_parameters
 from charlm.inference.beam import check_beam_settings
@@ -37,11 +33,10 @@ from charlm.inference.generation import Generation, beam_generation, check_stops
 from charlm.inference.sampling import decoded_pieces, encode_prime, generate, outside_vocabulary, unknown_ids
 from charlm.training.text_input import new_run_inputs
 from charlm.training.trainer import Trainer
-from charlm.inference.dynamic_protocol import NoProgress, statistics_tokens, evaluate_dynamic
-from charlm.inference.dynamic import collect_gradient_statistics, dynamic_score, make_update
-from charlm.runs.directory import Run
 from charlm.runs.first_save import explained
 from charlm.files import access_error
+
+__all__ = ["Model", "TextScore", "dynamic_options", "first_position", "load", "train"]
 
 _SAMPLE = SampleConfig()
 _SCORE = ScoreConfig()
@@ -124,27 +119,6 @@ def load(
     if prefer == "best" and Path(reference).is_dir():  # the run's best weights, or a warning saying which are used
         checkpoint = best_of_run(Path(reference), checkpoint, lambda file: Checkpoint.load(file, map_location="cpu"))
     return Model(checkpoint, target, cells=cells, trust_code=trust_code, cuda_graphs=cuda_graphs)
-
-
-@dataclasses.dataclass
-class TextScore:
-    """The score of a text: every token after the first predicted from the ones before it."""
-
-    nats: float  # total negative log-likelihood
-    tokens: int  # predictions scored
-    characters: int  # characters (bytes for a byte model) those predictions cover
-    skipped: int = 0  # characters left out (unknown="skip")
-    symbols: list[str] | None = None  # with per_char: the predicted symbols, in order
-    log_probs: np.ndarray | None = None  # with per_char: their natural-log probabilities
-
-    @property
-    def bpc(self) -> float:
-        return self.nats / LN2 / self.characters
-
-    @property
-    def perplexity(self) -> float:
-        """Per token."""
-        return Score(self.nats, self.tokens, self.characters).perplexity
 
 
 class Model:
@@ -338,77 +312,16 @@ class Model:
         the weights test-then-train while scoring (rms reads its gradient statistics from the
         training split of the model's corpus); the model's weights are restored afterwards.
         ``progress``: an object with ``stage(label, total)``, as ``evaluate``'s with ``dynamic``."""
-        validate(ScoreConfig(unknown=unknown, batch_size=batch_size))
-        if progress is not None and not hasattr(progress, "stage"):
-            raise CharlmError(f"progress must be an object with stage(label, total), not {progress!r}")
-        progress = progress or NoProgress()
-        text = self.normalise(text)
-        ids, skipped = self.encode(text, unknown)
-        if len(ids) < 2:
-            raise CharlmError("the text is too short to score: it needs at least two symbols")
-        characters = len(text) - skipped - len(self.tokenizer.decode(ids[:1]))
-        if self.unit == "byte":
-            characters = len(self.tokenizer.decode(ids[1:]).encode("utf-8")) if characters else 0
-        tokens = np.asarray(ids, dtype=np.int64)
-        check_streams_fit(batch_size, tokens, ScoreConfig, "batch_size", "the text")
-        chars_per_token = max(characters, 1) / (len(ids) - 1)
-        if dynamic is None:
-            bptt = self.checkpoint.train_config.bptt
-            with progress.stage("score", len(tokens) - 1) as callback:
-                score = score_tokens(
-                    self.network,
-                    tokens,
-                    batch_size=batch_size,
-                    bptt=bptt,
-                    device=self.device,
-                    chars_per_token=chars_per_token,
-                    per_token=per_char,
-                    cuda_graph=self.cuda_graphs,
-                    progress=lambda count: callback(count, 0.0),
-                )
-            self.last_fast_path = score.fast_path
-        else:
-            score = self._score_dynamically(tokens, dynamic, batch_size, chars_per_token, per_char, data_dir, progress)
-        result = TextScore(score.nats, score.tokens, max(characters, 1), skipped)
-        if per_char:
-            result.symbols = [self.tokenizer.decode([token]) for token in ids[1:]]
-            result.log_probs = -score.token_nats
-        return result
-
-    def _score_dynamically(self, tokens, dynamic, batch_size, chars_per_token, per_token, data_dir, progress) -> Score:
-        options = dynamic_options(dynamic)
-        options = dataclasses.replace(options, batch_size=batch_size)
-        options.validate()
-        train = self.corpus(data_dir).split("train") if options.method == "rms" else ()
-        trained = {name: tensor.detach().clone() for name, tensor in self.network.state_dict().items()}
-        try:
-            rms = None
-            if options.method == "rms":
-                with progress.stage("gradient statistics (train)", statistics_tokens(train, options)) as callback:
-                    rms, _ = collect_gradient_statistics(
-                        self.network,
-                        train,
-                        segment=options.segment,
-                        batch_size=options.stat_batch_size,
-                        max_batches=options.stat_batches,
-                        device=self.device,
-                        progress=callback,
-                    )
-            update = make_update(self.network, options, rms)
-            with progress.stage(f"score, dynamic {options.method}", len(tokens) - 1) as callback:
-                return dynamic_score(
-                    self.network,
-                    tokens,
-                    update,
-                    segment=options.segment,
-                    batch_size=batch_size,
-                    device=self.device,
-                    chars_per_token=chars_per_token,
-                    per_token=per_token,
-                    progress=callback,
-                )
-        finally:
-            self.network.load_state_dict(trained)
+        return score_text(
+            self,
+            text,
+            per_char=per_char,
+            unknown=unknown,
+            dynamic=dynamic,
+            batch_size=batch_size,
+            data_dir=data_dir,
+            progress=progress,
+        )
 
     # --- evaluating on the corpus ----------------------------------------------------------------
     def corpus(self, data_dir=None):
@@ -435,63 +348,18 @@ class Model:
         dynamic figures (a ``DynamicReport``; the weights stay adapted until ``restore()``).
         ``progress``: for static, ``callback(tokens)``; for dynamic, an object with ``stage``.
         ``record``: append an ``eval`` record to the run's metrics.jsonl, if the checkpoint is in one."""
-        validate(EvalConfig(split=split))  # valid or test, as `charlm eval`: the training split is not a score
-        if progress is not None and not (callable(progress) if dynamic is None else hasattr(progress, "stage")):
-            wanted = "a callable, progress(tokens)" if dynamic is None else "an object with stage(label, total)"
-            raise CharlmError(f"progress must be {wanted}, not {progress!r}")
-        corpus = self.corpus(data_dir)
-        if dynamic is None:
-            config = EvalConfig(
-                split="test", batch_size=_EVAL.batch_size if batch_size is None else batch_size, bptt=bptt
-            )
-            validate(config)
-            check_splits_fit(corpus, (split,), config.batch_size, EvalConfig)
-            bptt = bptt or self.checkpoint.train_config.bptt
-            started = time.perf_counter()
-            score = score_split(
-                self.network,
-                corpus,
-                split,
-                batch_size=config.batch_size,
-                bptt=bptt,
-                device=self.device,
-                progress=progress,
-                cuda_graph=self.cuda_graphs,
-            )
-            self.last_fast_path = score.fast_path
-            if record:
-                self._record(
-                    split=split,
-                    mode="static",
-                    chars_per_s=score.characters / (time.perf_counter() - started),
-                    fast_path=None if score.fast_path is None else score.fast_path.fields(),
-                    **score.as_dict(),
-                )
-            return score
-        options = dynamic_options(dynamic)
-        if batch_size is not None:
-            options = dataclasses.replace(options, batch_size=batch_size)
-        report = evaluate_dynamic(
-            self.network,
-            corpus,
+        return evaluate_split(
+            self,
             split,
-            options,
+            dynamic=dynamic,
+            data_dir=data_dir,
+            batch_size=batch_size,
+            bptt=bptt,
             adapt_on=adapt_on,
             search_prefix=search_prefix,
-            device=self.device,
             progress=progress,
-            cuda_graph=self.cuda_graphs,
+            record=record,
         )
-        self.last_fast_path = report.static.fast_path
-        if record:
-            fast_path = None if report.static.fast_path is None else report.static.fast_path.fields()
-            self._record(**report.record_fields(), fast_path=fast_path)
-        return report
-
-    def _record(self, **fields) -> None:
-        path = self.checkpoint.path
-        if path is not None and (path.parent / "metrics.jsonl").exists():
-            Run(path.parent).record("eval", checkpoint=str(path), **fields)
 
     def restore(self) -> None:
         """Put back the checkpoint's weights (after a dynamic evaluation adapted them)."""
@@ -506,23 +374,3 @@ class Model:
     def export(self, path: str | Path) -> Path:
         """A slim inference file: weights, configs, vocabulary and provenance; no training state."""
         return self.checkpoint.exported().save(path)
-
-
-def dynamic_options(dynamic) -> DynamicOptions:
-    """``dynamic`` as given to ``score`` or ``evaluate``: "sgd" or "rms" (that method's defaults) or DynamicOptions."""
-    if isinstance(dynamic, str):
-        return DynamicOptions(method=dynamic)
-    if not isinstance(dynamic, DynamicOptions):
-        raise CharlmError(f"dynamic must be 'sgd', 'rms' or a charlm.DynamicOptions, not {dynamic!r}")
-    return dynamic
-
-
-def first_position(text: str, symbols) -> str:
-    """``line L, column C`` of the first of ``symbols`` (characters, or whole words) in ``text``."""
-    found = [index for index in (text.find(symbol) for symbol in symbols) if index >= 0]
-    if not found:
-        return ""
-    index = min(found)
-    line = text.count("\n", 0, index) + 1
-    column = index - (text.rfind("\n", 0, index) + 1) + 1
-    return f"line {line}, column {column}"

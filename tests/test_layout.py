@@ -19,7 +19,7 @@ LAYERS = [
     {"runs"},
     {"inference"},
     {"training", "tasks"},
-    {"api"},
+    {"api", "api_scoring"},
     {"experiments", "tools", "serve"},
     {"cli", "__main__"},
 ]

@@ -18,7 +18,8 @@ uninterrupted one.
 ``Trainer`` is the loop and its decisions, read top to bottom: the constructor's setup steps, then
 ``fit``: epochs in a loop, each returning why it stopped training if it did (a ``control.Stop``),
 and the end that stop calls for. The parts it is built from are made in ``setup``, one optimization
-step is ``step.TrainingStep``, stopping is ``control``, what it shows and records is ``reporting``.
+step is ``step.TrainingStep``, stopping is ``control``, what it shows and records is ``reporting`` and
+``recording``.
 """
 
 from __future__ import annotations
@@ -33,16 +34,14 @@ from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
 from charlm.corpora import load_corpus
 from charlm.files import path_value
-from charlm.inference.scoring import LN2, characters_per_token
-from charlm.model import LanguageModel, count_parameters
+from charlm.inference.scoring import characters_per_token
+from charlm.model import LanguageModel
 from charlm.runs import provenance
 from charlm.runs.directory import FollowerRun, Run, default_run_dir
 from charlm.runs.retention import epoch_checkpoint_name, save_epoch_checkpoint
-from charlm.runs.tensorboard import TensorBoardSink
-from charlm.runs.wandb_sink import WandbSink
 from charlm.runtime.distributed import environment_rank
 from charlm.runtime.precision import grad_scaler
-from charlm.training import reporting
+from charlm.training import recording, reporting
 from charlm.training.control import (
     ProcessLost,
     SaveSchedule,
@@ -284,33 +283,10 @@ class Trainer:
         """This session's sinks, the run marked running, the lines and the ``start`` record that say
         what trains and from where."""
         config, progress, run = self.config, self.progress, self.run
-        if config.tensorboard and self.world.is_main:
-            run.sinks.append(TensorBoardSink(run.path / "tensorboard"))
-        if config.wandb and self.world.is_main:
-            run.sinks.append(
-                WandbSink(
-                    run.path,
-                    {"train": config.to_dict(), "model": self.model_config.to_dict()},
-                    config.wandb_project,
-                    step=progress.step,
-                )
-            )
+        recording.add_sinks(run, config, self.model_config, progress, self.world.is_main)
         run.mark_running()
-        parameters = count_parameters(self.model)
-        run.log(
-            f"training {self.model_config.cell} ({self.model_config.layers}×{self.model_config.hidden_size}, "
-            f"{parameters:,} parameters) on {config.corpus} [{self.device}] → {run.path}"
-        )
-        if progress.step:
-            run.log(reporting.resuming_line(progress))
         self.estimate = reporting.StartEstimate(config, self.train_streams.tokens_scored, self._budget)
-        run.record(
-            "start",
-            parameters=parameters,
-            hidden_size=self.model_config.hidden_size,
-            device=str(self.device),
-            resumed_at={"epoch": progress.epoch, "window": progress.window, "step": progress.step},
-        )
+        recording.record_start(run, config, self.model_config, self.model, self.device, progress)
         self._note_stop(None)
 
     def _note_stop(self, why: Stop | None) -> None:
@@ -346,8 +322,18 @@ class Trainer:
                 self._count(group, result, seconds_before + time.monotonic() - epoch_clock)
                 self.estimate.after_step(progress, lambda line: bar.write(self.run.log, line))
                 bar.advance(len(group))
-                bar.show_step(self._running_bpc(), self._speed(), self.last_valid_bpc)
-                self._report_step(result, bar)
+                bar.show_step(self._running_bpc(), recording.speed(progress), self.last_valid_bpc)
+                recording.report_step(
+                    self.run,
+                    config,
+                    progress,
+                    result,
+                    bar,
+                    self.lr,
+                    self.train_chars_per_token,
+                    len(self.train_streams),
+                    self.world.is_main,
+                )
                 self.scheduler.after_step()  # the step record above has the rate the step trained with
                 if config.eval_every and progress.step % config.eval_every == 0:
                     self._validate_within_epoch()
@@ -356,7 +342,7 @@ class Trainer:
                 if self.world.any(saves.due(progress.step)):
                     self._save_within_epoch()
                     saves.saved()
-                bar.status_line(progress.window, self._running_bpc(), self._speed(), self.last_valid_bpc)
+                bar.status_line(progress.window, self._running_bpc(), recording.speed(progress), self.last_valid_bpc)
                 if result.out_of_time:
                     return Stop.TIME
                 if self._tokens_used_up() and progress.window < len(self.train_streams):
@@ -381,67 +367,14 @@ class Trainer:
             progress.overflowed_steps += 1
 
     def _running_bpc(self) -> float:
-        """The epoch's train bpc so far."""
-        progress = self.progress
-        return progress.train_nats / max(progress.train_tokens, 1) / LN2 / self.train_chars_per_token
-
-    def _speed(self) -> float:
-        """The epoch's training tokens a second so far."""
-        return self.progress.train_tokens / max(self.progress.train_seconds, 1e-9)
-
-    def _report_step(self, result: StepResult, bar: reporting.EpochBar) -> None:
-        """The ``step`` record every ``log_every`` updates, the ``--print-every`` line."""
-        config, progress, run = self.config, self.progress, self.run
-        bpc = result.loss / LN2 / self.train_chars_per_token
-        if progress.step % config.log_every == 0:
-            run.record(
-                "step",
-                epoch=progress.epoch + 1,
-                step=progress.step,
-                loss=result.loss,
-                bpc=bpc,
-                lr=self.lr,
-                grad_norm=result.grad_norms,
-                **self._position(),
-            )
-        if config.print_every and progress.step % config.print_every == 0 and self.world.is_main:
-            bar.write(
-                run.log,
-                reporting.step_line(
-                    progress.epoch + 1,
-                    progress.step,
-                    progress.window,
-                    len(self.train_streams),
-                    result.loss,
-                    bpc,
-                    self.lr,
-                    self._speed(),
-                ),
-            )
+        return recording.running_bpc(self.progress, self.train_chars_per_token)
 
     def _validate_within_epoch(self) -> None:
         """``--eval-every``: a ``valid`` record with the current weights."""
-        progress = self.progress
         valid = self.scorer("valid")
         self.last_valid_bpc = valid.bpc
         self.model.train()
-        self.run.record(
-            "valid",
-            epoch=progress.epoch + 1,
-            step=progress.step,
-            **valid.as_dict("valid_"),
-            **self._valid_fraction(),
-            **self._position(),
-        )
-
-    def _position(self) -> dict:
-        """How far the run has trained, for the step and valid records: tokens, and training seconds
-        (every session, validation left out)."""
-        progress = self.progress
-        return {
-            "tokens": progress.tokens_seen,
-            "seconds": round(progress.wall_seconds.get("train", 0.0) + progress.train_seconds, 3),
-        }
+        recording.record_valid(self.run, self.config, self.progress, valid)
 
     def _save_within_epoch(self) -> None:
         """``--save-every``: last.pt, the ``checkpoint`` record before its commit (a kill between them
@@ -449,10 +382,6 @@ class Trainer:
         progress = self.progress
         self.run.record("checkpoint", epoch=progress.epoch + 1, window=progress.window, step=progress.step)
         self.run.save_last(self.checkpoint())
-
-    def _valid_fraction(self) -> dict:
-        """``valid_fraction`` for the records, where validation scored part of the split."""
-        return {"valid_fraction": self.config.eval_fraction} if self.config.eval_fraction < 1.0 else {}
 
     def _tokens_used_up(self) -> bool:
         return tokens_used_up(self.progress.tokens_seen, self.config.max_tokens)
@@ -476,12 +405,9 @@ class Trainer:
             progress.epochs_without_improvement = 0
         else:
             progress.epochs_without_improvement += 1
-        record = reporting.epoch_record(
-            progress, valid, test, self.lr, self.train_chars_per_token, partial, improved, config.accumulate
+        recording.record_epoch(
+            run, config, progress, valid, test, self.lr, self.train_chars_per_token, partial, improved
         )
-        record.update(self._valid_fraction())
-        run.record("epoch", **record)
-        run.log(reporting.epoch_line(record))
         if not partial:
             self._next_epoch(valid.loss)
         stop_early = progress.epochs_without_improvement >= config.patience
@@ -532,16 +458,7 @@ class Trainer:
         run.save_last(self.checkpoint())
         summary = self.summary()
         run.record("end", **summary)
-        if cut is Stop.TIME:
-            run.log(
-                f"time budget of {config.max_minutes:g} min used up: the run is resumable with "
-                f"`charlm train --resume {run.path}`"
-            )
-        elif cut is Stop.TOKENS:
-            run.log(
-                f"token budget of {config.max_tokens:,} used up ({progress.tokens_seen:,} tokens): the run is "
-                f"resumable with `charlm train --resume {run.path} --max-tokens N` (a larger N)"
-            )
+        recording.log_budget_cut(run, config, progress, cut)
         return summary
 
     def _fail(self, why: Stop) -> None:

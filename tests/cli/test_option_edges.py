@@ -380,9 +380,11 @@ MODEL_REFUSED = {
 def test_model_methods_name_the_setting(kind, places, monkeypatch):
     import charlm
     import charlm.api as api
+    import charlm.api_scoring as api_scoring
     import charlm.inference.dynamic_protocol as protocol
 
-    for target, work in ((api, "generate"), (api, "beam_generation"), (api, "score_split"), (protocol, "score_tokens")):
+    patched = ((api, "generate"), (api, "beam_generation"), (api_scoring, "score_split"), (protocol, "score_tokens"))
+    for target, work in patched:
         monkeypatch.setattr(target, work, _started)  # where the work begins: every check has passed
     method, arguments, name = MODEL_REFUSED[kind]
     before = _snapshot(places["RUN"])

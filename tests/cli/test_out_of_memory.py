@@ -10,6 +10,7 @@ import torch
 
 import charlm
 import charlm.api
+import charlm.api_scoring
 from charlm.errors import OutOfMemory, out_of_memory
 from charlm.model import LanguageModel
 from helpers import assert_one_line_error, cli, tiny_config
@@ -50,7 +51,7 @@ def test_what_counts_as_running_out_of_memory_and_how_it_reads():
 @pytest.mark.parametrize("error", [RuntimeError(CPU), torch.OutOfMemoryError(CUDA)], ids=["allocator", "torch"])
 def test_eval_that_runs_out_of_memory_is_one_line_with_exit_code_1(trained_run, monkeypatch, error):
     monkeypatch.delenv("CHARLM_DEBUG", raising=False)
-    monkeypatch.setattr(charlm.api, "score_split", _raising(error))
+    monkeypatch.setattr(charlm.api_scoring, "score_split", _raising(error))
     result = cli("eval", trained_run)
     assert_one_line_error(result, "charlm: error: out of memory on ", EVAL_ADVICE, code=1)
     assert "internal error" not in result.stderr

@@ -1,7 +1,8 @@
-"""Writing a report: the Markdown and CSV files of each comparison, its figures and its index.
+"""Writing a report: the one-run summary, the convergence table, the figures and the index.
 
 ``build_report`` reads the runs (``reading.read_runs``) and calls ``ReportWriter(...).write_all()``;
-each ``write_*`` method writes one part, or adds a note to the index saying why it has none.
+each ``write_*`` method writes one part, or adds a note to the index saying why it has none. The
+comparison tables (Table 1, statistical efficiency, dynamic evaluation) are written by ``tables``.
 """
 
 from __future__ import annotations
@@ -12,28 +13,14 @@ import io
 from pathlib import Path
 
 from charlm.errors import CharlmError
-from charlm.experiments.report import figures, series
-from charlm.experiments.report.compare import (
-    Group,
-    best_of,
-    data_needed,
-    dynamic_columns,
-    dynamic_rows,
-    efficiency_families,
-    group_runs,
-    layers_text,
-    protocol_name,
-    ordering_note,
-    reference_loss,
-    table1_sections,
-    unequal_data,
-)
-from charlm.experiments.report.markdown import bpc_text, csv_value, loss_text, needed_text, stat_values
+from charlm.experiments.report import figures, series, tables
+from charlm.experiments.report.compare import group_runs
+from charlm.experiments.report.markdown import csv_value
 from charlm.experiments.report.markdown import markdown_table as _markdown
 from charlm.experiments.report.reading import RunRecord, read_runs
 from charlm.experiments.report.publish import publish, report_directory, staged
 from charlm.experiments.report.tasks import is_task_run, read_task_runs, write_task_report
-from charlm.experiments.report.terminal import TerminalTable, runs_table, summary_table, table1_table
+from charlm.experiments.report.terminal import TerminalTable, runs_table, summary_table
 from charlm.files import atomic_write_text
 from charlm.runs.directory import find_runs
 
@@ -103,13 +90,13 @@ class ReportWriter:
         if len(self.records) == 1:
             self.write_summary()
         else:
-            self.write_table1()
+            tables.write_table1(self)
             self.write_convergence()
-            self.write_efficiency()
+            tables.write_efficiency(self)
         self.write_curves()
         self.write_progress()
         self.write_gradnorms()
-        self.write_dynamic()
+        tables.write_dynamic(self)
         if not self.tables:  # no Table 1 (no run used all the data): the runs themselves, so a table is always shown
             self.tables.append(runs_table(self.records))
         self.text("index.md", self.index())
@@ -127,69 +114,6 @@ class ReportWriter:
         self.table("summary.csv", ["setting", "value"], rows)
         self.text("summary.md", f"# Run {record.name}\n\n" + _markdown(["setting", "value"], rows))
         self.tables.append(summary_table(record.name, rows))
-
-    def write_table1(self) -> None:
-        sections = table1_sections(self.groups)
-        if not sections:
-            self.notes.append("No run trained on the full training data: no Table 1.")
-            return
-        csv_rows, markdown = (
-            [],
-            [
-                "# Table 1: test loss at the best validation epoch\n",
-                "Nats per token · bits per character, mean ± standard deviation over runs (seeds) "
-                "where several share corpus, budget, layers and cell; the best cell of each row in "
-                "bold. Full-data runs only.\n",
-            ],
-        )
-        for budget, cells, rows in sections:
-            markdown_rows, labelled, remarks = [], [], []
-            for label, row in rows:
-                seen = unequal_data(row)
-                if seen is not None:
-                    label += " †"
-                    remarks.append(
-                        f"† {label[:-2]}: the runs saw different amounts of training data "
-                        f"({', '.join(f'{count:,}' for count in seen)} tokens); the comparison mixes data "
-                        "with modelling (give every run the same --epochs, --train-fraction or --max-tokens)"
-                    )
-                    self.notes.append(
-                        f"{budget}, {label[:-2]}: the runs compared saw different amounts of training data"
-                    )
-                ordering = ordering_note(row, cells)
-                if ordering is not None:
-                    remarks.append(f"{label.rstrip(' †')}: {ordering}")
-                best = [group is not None and group is best_of(row) for group in row]
-                markdown_rows.append([label, *[loss_text(group, bold=bold) for group, bold in zip(row, best)]])
-                labelled.append((label, row))
-                csv_rows += [
-                    _table1_csv_row(budget, group, bold) for group, bold in zip(row, best) if group is not None
-                ]
-            markdown.append(
-                f"## {budget} parameters\n\n"
-                + _markdown(["corpus", *cells], markdown_rows)
-                + "".join(f"\n- {remark}" for remark in remarks)
-                + ("\n" if remarks else "")
-            )
-            self.tables.append(table1_table(budget, cells, labelled, best_of))
-        self.table(
-            "table1.csv",
-            [
-                "budget",
-                "corpus",
-                "layers",
-                "cell",
-                "runs",
-                "test_loss",
-                "test_loss_std",
-                "test_bpc",
-                "test_bpc_std",
-                "status",
-                "best",
-            ],
-            csv_rows,
-        )
-        self.text("table1.md", "\n".join(markdown))
 
     def write_convergence(self) -> None:
         rows = [
@@ -241,74 +165,6 @@ class ReportWriter:
         epochs = {cell: [record.best_epoch for record in full if record.cell == cell] for cell in cells}
         self.figure("convergence.png", figures.convergence_boxes, epochs, self.colours)
 
-    def write_efficiency(self) -> None:
-        if all(record.fraction == 1.0 for record in self.records):
-            self.notes.append(
-                "Every run trained on the whole training split: no statistical-efficiency comparison "
-                "(train with --train-fraction 0.2, 0.4, ...)."
-            )
-            return
-        rows = [
-            [
-                group.corpus,
-                group.budget,
-                group.layers,
-                group.cell,
-                group.fraction,
-                len(group.runs),
-                *stat_values(group.loss),
-                *stat_values(group.bpc),
-                group.status,
-            ]
-            for groups in efficiency_families(self.groups).values()
-            for group in groups
-        ]
-        self.table(
-            "efficiency.csv",
-            [
-                "corpus",
-                "budget",
-                "layers",
-                "cell",
-                "fraction",
-                "runs",
-                "test_loss",
-                "test_loss_std",
-                "test_bpc",
-                "test_bpc_std",
-                "status",
-            ],
-            rows,
-        )
-        self.text("efficiency.md", self.efficiency_markdown())
-        self.figure("efficiency.png", figures.efficiency_lines, series.efficiency_lines(self.groups, self.colours))
-
-    def efficiency_markdown(self) -> str:
-        parts = [
-            "# Statistical efficiency\n",
-            f"Test bits per character at each fraction of the training split (mean over runs). The last column is "
-            f"the fraction of the data a cell needs to reach the full-data test loss of the reference cell, "
-            f"{self.reference}, interpolated linearly between measured fractions; ≤ marks a loss already reached "
-            f"at the smallest fraction measured.\n",
-        ]
-        for (corpus, budget, layers), groups in efficiency_families(self.groups).items():
-            fractions = sorted({group.fraction for group in groups})
-            target = reference_loss(groups, self.reference)
-            match = f"data to match {self.reference}" + ("" if target is None else f" ({target:.4f} nats)")
-            rows = []
-            for cell in sorted({group.cell for group in groups}):
-                own = {group.fraction: group for group in groups if group.cell == cell}
-                points = [(fraction, group.loss.mean) for fraction, group in own.items() if group.loss is not None]
-                needed = (
-                    "no full-data run of the reference" if target is None else needed_text(data_needed(points, target))
-                )
-                rows.append([cell, *[bpc_text(own.get(fraction)) for fraction in fractions], needed])
-            parts.append(
-                f"## {corpus}, {budget} parameters, {layers_text(layers)}\n\n"
-                + _markdown(["cell", *[f"bpc at {fraction:g}" for fraction in fractions], match], rows)
-            )
-        return "\n".join(parts)
-
     def write_curves(self) -> None:
         panels = series.learning_curves(self.records, self.colours)
         if not panels:
@@ -332,36 +188,6 @@ class ReportWriter:
             self.notes.append("No step record holds per-layer gradient norms: no gradient-norm heat map.")
             return
         self.figure("gradnorms.png", figures.gradient_heatmaps, maps)
-
-    def write_dynamic(self) -> None:
-        rows = dynamic_rows(self.records)
-        if not rows:
-            self.notes.append("No dynamic evaluation recorded (`charlm eval RUN --dynamic sgd`): no dynamic table.")
-            return
-        pairs = dynamic_columns(self.records)
-        table = [
-            [record.name, record.corpus, record.cell, split, static, *[by_protocol.get(pair) for pair in pairs]]
-            for record, split, static, by_protocol in rows
-        ]
-        self.table(
-            "dynamic.csv",
-            [
-                "run",
-                "corpus",
-                "cell",
-                "split",
-                "static_bpc",
-                *[f"{method}_{2 if after_valid else 1}_bpc" for method, after_valid in pairs],
-            ],
-            table,
-        )
-        self.text(
-            "dynamic.md",
-            "# Static and dynamic evaluation\n\nBits per character of the evaluated split: static, "
-            "and dynamic by method; #1 adapts on the evaluated split only, #2 first adapts over the whole "
-            "validation split (Delta-RNN paper).\n\n"
-            + _markdown(["run", "corpus", "cell", "split", "static bpc", *map(protocol_name, pairs)], table),
-        )
 
     def index(self) -> str:
         runs = "run" if len(self.records) == 1 else "runs"
@@ -406,20 +232,6 @@ def _settings(record: RunRecord) -> dict:
         "tokens": record.tokens_seen,
         "stopped by": record.stopped_by,
     }
-
-
-def _table1_csv_row(budget: str, group: Group, best: bool) -> list:
-    return [
-        budget,
-        group.corpus,
-        group.layers,
-        group.cell,
-        len(group.runs),
-        *stat_values(group.loss),
-        *stat_values(group.bpc),
-        group.status,
-        best,
-    ]
 
 
 @dataclasses.dataclass
