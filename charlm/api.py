@@ -31,7 +31,7 @@ from charlm.model import count_parameters
 from charlm.inference.beam import check_beam_settings
 from charlm.inference.generation import Generation, beam_generation, check_stops, recorded, until_stop
 from charlm.inference.sampling import decoded_pieces, encode_prime, generate, outside_vocabulary, unknown_ids
-from charlm.training.text_input import new_run_inputs
+from charlm.training.run_inputs import new_run_inputs
 from charlm.training.trainer import Trainer
 from charlm.runs.first_save import explained
 from charlm.files import access_error

@@ -1,5 +1,6 @@
-"""The settings of the tools: the benchmark (``BenchmarkConfig``), the demo (``DemoConfig``) and the
-defaults of ``charlm prepare`` that are not a recipe's own (``PrepareConfig``), as in ``charlm.config``.
+"""The settings of the tools: the benchmark (``BenchmarkConfig``), the demo (``DemoConfig``), the
+defaults of ``charlm prepare`` that are not a recipe's own (``PrepareConfig``) and what ``charlm runs
+--prune`` keeps (``PruneConfig``), as in ``charlm.config``.
 """
 
 from __future__ import annotations
@@ -81,3 +82,15 @@ class PrepareConfig:
     """`charlm prepare`: the defaults that are not a recipe's own."""
 
     vocab_size: int = setting(2000, "Pieces in the subword model (with --subword and the *-subword corpora).", min=2)
+
+
+@dataclasses.dataclass
+class PruneConfig:
+    """`charlm runs --prune`: what it keeps of each run beyond last.pt and best.pt."""
+
+    keep: int | None = setting(
+        None,
+        "With --prune: epoch checkpoints to keep in each run.",
+        min=0,
+        show_default="the run's --keep-checkpoints",
+    )

@@ -107,7 +107,7 @@ def _errno_of(error: BaseException) -> int | None:
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     """Call ``write(temporary_path)``, then rename the result onto ``path``; a failure leaves
     ``path`` as it was and no temporary file behind; a failed write raises ``WriteError``. A
-    directory where the file belongs (``.``, which an empty path names) is refused before anything is written."""
+    directory where the file belongs (``.`` too) is refused before anything is written, as is an empty path."""
     path = path_value(path, "the file to write")
     if path.is_dir():  # a rename onto it would fail after the write, and on "." with EBUSY, not as a wrong path
         raise WriteError(path, os.strerror(errnos.EISDIR), errnos.EISDIR)
@@ -150,7 +150,7 @@ def append_text(path: str | Path, text: str) -> None:
 
 def read_text(path: str | Path, what: str) -> str:
     """A UTF-8 text file the user named; one-line errors say which ``what`` ("prime file") is wrong."""
-    path = Path(path)
+    path = path_value(path, what)
     try:
         return read_bytes(path, what).decode("utf-8")
     except UnicodeDecodeError:
@@ -159,7 +159,7 @@ def read_text(path: str | Path, what: str) -> str:
 
 def read_bytes(path: str | Path, what: str) -> bytes:
     """The bytes of a file the user named (a pipe too: ``charlm score RUN <(zcat text.gz)``)."""
-    path = Path(path)
+    path = path_value(path, what)
     try:
         return path.read_bytes()
     except FileNotFoundError:
@@ -218,10 +218,13 @@ def _refuse_over(path: Path, size: int, limit: int, what: str) -> None:
 
 def path_value(value, what: str) -> Path:
     """``value``, a path a caller gave (a str or an os.PathLike), as a Path; anything else (None, bytes,
-    a number), or a path holding a NUL character, is a one-line error saying that ``what`` ("data_dir") must be one."""
+    a number), an empty path (which pathlib reads as ".": `--out "$UNSET"` would write into the current
+    directory) or a path holding a NUL character, is a one-line error naming ``what`` ("data_dir", "--out")."""
     text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
     if not isinstance(text, str):
         raise CharlmError(f"{what} must be a path (a str or a pathlib.Path), not {shown(value)}")
+    if text == "":
+        raise CharlmError(f"{what} is an empty path, which names no file or directory")
     if "\x00" in text:
         raise CharlmError(f"{what} {shown(text)} holds a NUL character, which no path can hold")
     return Path(text)

@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 
 from charlm.errors import CharlmError, ConfigError, closest, shown
-from charlm.files import read_bytes
+from charlm.files import path_value, read_bytes
 
 
 def setting(
@@ -111,19 +111,24 @@ def validate(settings) -> None:
     its bounds and its choices (None is 'unset', where the field may be unset)."""
     owner = type(settings)
     for field in dataclasses.fields(settings):
-        value = getattr(settings, field.name)
-        meta = field.metadata
-        if meta:
-            check_type(owner, field.name, value)
-        if value is None or not meta:
-            continue
-        choices = meta.get("choices")
-        if choices and value not in choices:
-            raise ConfigError(owner, field.name, f"must be one of {', '.join(map(str, choices))}, not {value!r}")
-        _check_bounds(owner, field.name, value, meta)
-        kind = number_kind(owner, field.name)
-        if kind is not None:  # after the bounds, which say more of a NaN ("must be positive, not nan")
-            check_number(owner, field.name, value, kind)
+        if field.metadata:
+            check_field(owner, field, getattr(settings, field.name))
+
+
+def check_field(owner, field: dataclasses.Field, value) -> None:
+    """One value of a field of settings dataclass ``owner`` against the field's type, choices and bounds,
+    as ``validate`` checks each (a cell's options are checked this way before the rules across them)."""
+    meta = field.metadata
+    check_type(owner, field.name, value)
+    if value is None:
+        return
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(owner, field.name, f"must be one of {', '.join(map(str, choices))}, not {value!r}")
+    _check_bounds(owner, field.name, value, meta)
+    kind = number_kind(owner, field.name)
+    if kind is not None:  # after the bounds, which say more of a NaN ("must be positive, not nan")
+        check_number(owner, field.name, value, kind)
 
 
 def _check_bounds(owner, name: str, value, meta) -> None:
@@ -161,9 +166,9 @@ def field_kinds(owner, name: str) -> tuple[tuple, bool]:
 
 def check_type(owner, name: str, value) -> None:
     """``value`` is of the type field ``name`` is annotated with, as Python gives it (``validate``) or
-    a file does (``from_dict``): None only where the field may be unset; text (without a NUL, which no
-    name or path can hold), true or false, an object or a list where the field is one. A number
-    field's value is checked by ``check_number``, which says more."""
+    a file does (``from_dict``): None only where the field may be unset; text, true or false, an object
+    or a list where the field is one. A number field's value is checked by ``check_number``, which says
+    more. (Text that becomes a path is checked where it does: ``charlm.files.path_value``.)"""
     allowed, optional = field_kinds(owner, name)
     if value is None:
         if not optional:
@@ -175,8 +180,6 @@ def check_type(owner, name: str, value) -> None:
         raise ConfigError(
             owner, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {shown(value)}"
         )
-    if isinstance(value, str) and "\x00" in value:
-        raise ConfigError(owner, name, f"must not hold a NUL character, as {shown(value)} does")
 
 
 def from_dict(cls, values: dict):
@@ -209,7 +212,6 @@ def from_dict(cls, values: dict):
             raise ConfigError(
                 cls, name, f"must be {_KIND_NAMES.get(allowed[0], allowed[0].__name__)}, not {shown(value)}"
             )
-        check_type(cls, name, value)  # as validate does: text without a NUL
         checked[name] = value
     return cls(**checked)
 
@@ -224,7 +226,7 @@ def _as_float(owner, name: str, value) -> float:
 
 def read_config_file(path: str | Path) -> dict:
     """A JSON object of training settings (keys as in TrainConfig, e.g. "cell_options": {...})."""
-    path = Path(path)
+    path = path_value(path, "config file")
     try:
         values = json.loads(read_bytes(path, "config file").decode("utf-8"))
     except ValueError as error:  # not UTF-8, not JSON, or an integer of more digits than Python converts

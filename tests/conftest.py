@@ -104,7 +104,7 @@ def corpus_server():
 
 # --- shared trained fixtures: prepared and trained once per session ----------------------------
 
-from helpers import prepare_tiny_corpus  # noqa: E402
+from helpers import prepare_tiny_corpus, tiny_train  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -137,6 +137,28 @@ def trained_run(tiny_corpus, tmp_path_factory) -> Path:
         )
     )
     return run
+
+
+SINK_RUN = dict(cell="lru", hidden_size=16, log_every=10, lr=None)  # tiny_train's settings but these
+
+
+@pytest.fixture(scope="session")
+def sink_corpus(tmp_path_factory) -> Path:
+    """The data root of a `tiny` corpus of 8,000 characters, for the runs of the TensorBoard and W&B sinks' tests."""
+    data_dir = tmp_path_factory.mktemp("sink-corpus") / "data"
+    prepare_tiny_corpus(data_dir, characters=8_000)
+    return data_dir
+
+
+@pytest.fixture
+def sink_train(sink_corpus):
+    """``sink_train(run, *extra, **settings)``: the arguments of a small LRU's `charlm train` into ``run``
+    (``tiny_train``'s), as the tests of the TensorBoard and W&B sinks train it."""
+
+    def arguments(run, *extra, **settings):
+        return tiny_train(sink_corpus, run, *extra, **{**SINK_RUN, **settings})
+
+    return arguments
 
 
 @pytest.fixture

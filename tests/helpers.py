@@ -153,22 +153,29 @@ def assert_replays_the_step(step, graphed, tokens, state, start: int) -> None:
 # --- training runs compared bit for bit ---------------------------------------------------------
 
 
+TINY = dict(  # a small model of the tiny corpus, trained in seconds
+    corpus="tiny", cell="lstm", hidden_size=24, batch_size=8, bptt=16, epochs=2, log_every=5, lr=1e-3, eval_batch_size=4
+)
+
+
 def tiny_config(corpus_dir, run_dir, **overrides) -> TrainConfig:
-    settings = dict(
-        corpus="tiny",
-        cell="lstm",
-        hidden_size=24,
-        batch_size=8,
-        bptt=16,
-        epochs=2,
-        log_every=5,
-        lr=1e-3,
-        eval_batch_size=4,
-        data_dir=str(corpus_dir),
-        run_dir=str(run_dir),
-    )
-    settings.update(overrides)
-    return TrainConfig(**settings)
+    return TrainConfig(**{**TINY, "data_dir": str(corpus_dir), "run_dir": str(run_dir), **overrides})
+
+
+def tiny_train(corpus_dir, run_dir=None, *extra, **overrides) -> list:
+    """The arguments of ``charlm train`` for ``tiny_config``'s run: its settings as flags (``overrides`` by
+    field name; None leaves a setting to charlm's default, True and False are a flag and its --no- form),
+    then ``extra``."""
+    from charlm.settings import flag_of
+
+    arguments = ["train"]
+    for name, value in {**TINY, "data_dir": corpus_dir, "run_dir": run_dir, **overrides}.items():
+        flag = flag_of(TrainConfig, name)
+        if isinstance(value, bool):
+            arguments.append(flag if value else f"--no-{flag[2:]}")
+        elif value is not None:
+            arguments += [flag, value]
+    return [*arguments, *extra]
 
 
 def weights(run_dir, name="last.pt"):

@@ -430,7 +430,7 @@ WRONG_TYPES = [
     ),
     (lambda m, run, tmp: m.export(None), "the checkpoint file to write must be a path"),
     (lambda m, run, tmp: m.export("a\x00b.pt"), "the checkpoint file to write 'a\\x00b.pt' holds a NUL character"),
-    (lambda m, run, tmp: m.export(""), "cannot write .: Is a directory"),
+    (lambda m, run, tmp: m.export(""), "the checkpoint file to write is an empty path"),
     (
         lambda m, run, tmp: charlm.train("pydoc"),
         "config must be a charlm.TrainConfig (or give the settings as keywords), not str",
@@ -438,7 +438,6 @@ WRONG_TYPES = [
     (lambda m, run, tmp: charlm.train(charlm.TrainConfig(corpus=b"pydoc")), "corpus must be text, not b'pydoc'"),
     (lambda m, run, tmp: charlm.train(charlm.TrainConfig(layers=None)), "layers must be an integer, not None"),
     (lambda m, run, tmp: charlm.train(charlm.TrainConfig(compile="no")), "compile must be true or false, not 'no'"),
-    (lambda m, run, tmp: charlm.train(run_dir=str(tmp / "a\x00b")), "run_dir must not hold a NUL character"),
     (lambda m, run, tmp: charlm.train(lr=10**400), "lr must be a finite number, not 1000"),
     (
         lambda m, run, tmp: charlm.train(hidden_size=-(10**400)),

@@ -24,28 +24,11 @@ from charlm.runtime.memory import MemoryEstimate, check_fits, estimate_training_
 from charlm.runs.directory import Run
 from charlm.training.trainer import Trainer
 from helpers import assert_one_line_error, cli, records
-from helpers import assert_same_run_end, tiny_config
+from helpers import assert_same_run_end, tiny_config, tiny_train
 
-SMALL_RUN = [
-    "--corpus",
-    "tiny",
-    "--cell",
-    "gru",
-    "--hidden",
-    "16",
-    "--batch-size",
-    "2",
-    "--bptt",
-    "8",
-    "--epochs",
-    "2",
-    "--log-every",
-    "1",
-    "--eval-batch-size",
-    "8",
-    "--train-fraction",
-    "0.3",
-]
+SMALL_RUN = dict(  # tiny_train's settings but these (and the default learning rate)
+    cell="gru", hidden_size=16, batch_size=2, bptt=8, log_every=1, eval_batch_size=8, train_fraction=0.3, lr=None
+)
 
 
 def wait_for(predicate, seconds=120.0):
@@ -68,9 +51,9 @@ def checkpoint_events(run_dir):
 # tests/training/test_crash_consistency.py and the sweep kill -9 test stay in the default run
 def test_kill_9_inside_an_epoch_loses_at_most_save_every_and_the_lock_dies_with_the_process(tiny_corpus, tmp_path):
     killed = tmp_path / "killed"
-    args = [*SMALL_RUN, "--data-dir", tiny_corpus, "--save-every", "3"]
+    args = tiny_train(tiny_corpus, killed, save_every=3, **SMALL_RUN)
     process = subprocess.Popen(
-        [sys.executable, "-m", "charlm", "train", *map(str, args), "--run-dir", str(killed)],
+        [sys.executable, "-m", "charlm", *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -79,9 +62,7 @@ def test_kill_9_inside_an_epoch_loses_at_most_save_every_and_the_lock_dies_with_
         assert wait_for(lambda: len(checkpoint_events(killed)) >= 2), process.stderr.read() if process.poll() else ""
         assert Run(killed).status() == "running"  # `charlm runs` sees the lock its process holds
         # While it trains, the directory is its own: a second training, new or resumed, is refused.
-        assert_one_line_error(
-            cli("train", *args, "--run-dir", killed), "is in use by another training", f"pid {process.pid}"
-        )
+        assert_one_line_error(cli(*args), "is in use by another training", f"pid {process.pid}")
         assert_one_line_error(cli("train", "--resume", killed), "is in use by another training")
         process.send_signal(signal.SIGKILL)
         process.communicate(timeout=60)
@@ -94,7 +75,8 @@ def test_kill_9_inside_an_epoch_loses_at_most_save_every_and_the_lock_dies_with_
     assert steps_recorded - saved["step"] < 3 + 1  # at most --save-every steps lost (one may be in flight)
 
     # both finish without saving every 3 steps (a save is not part of the arithmetic; it takes time)
-    cli("train", *args, "--save-every", "0", "--log-every", "100", "--run-dir", tmp_path / "straight", check_code=0)
+    straight = {**SMALL_RUN, "save_every": 0, "log_every": 100}
+    cli(*tiny_train(tiny_corpus, tmp_path / "straight", **straight), check_code=0)
     resumed = cli(
         "train", "--resume", killed, "--save-every", "0", "--log-every", "100", check_code=0
     )  # the dead process's lock does not block
@@ -151,23 +133,7 @@ def test_full_disk_while_saving_stops_with_one_line_and_keeps_the_last_checkpoin
 
     monkeypatch.setattr(charlm.checkpoint, "atomic_write_bytes", write_until_the_disk_fills)
     run = tmp_path / "run"
-    result = cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--cell",
-        "lstm",
-        "--hidden",
-        "16",
-        "--batch-size",
-        "8",
-        "--epochs",
-        "3",
-        "--data-dir",
-        tiny_corpus,
-        "--run-dir",
-        run,
-    )
+    result = cli(*tiny_train(tiny_corpus, run, hidden_size=16, epochs=3))
     assert_one_line_error(
         result,
         "training stopped: cannot write",
@@ -207,9 +173,7 @@ def test_run_killed_before_its_first_checkpoint_starts_again_on_resume(tiny_corp
 
 def test_progress_lines_when_stderr_is_not_a_terminal(tiny_corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(charlm.training.reporting, "STATUS_INTERVAL", 0.0)
-    result = cli(
-        "train", *SMALL_RUN, "--epochs", "1", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "run", check_code=0
-    )
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "run", epochs=1, **SMALL_RUN), check_code=0)
     lines = [line for line in result.stderr.splitlines() if line.startswith("epoch 1/1  window ")]
     assert len(lines) > 10 and "bpc" in lines[0] and "chars/s" in lines[0]
 

@@ -15,7 +15,7 @@ LAYERS = [
     {"errors", "logs", "files", "settings", "config", "config_rules", "config_inference", "config_tools", "lazy"},
     {"runtime"},
     {"cells", "corpora"},
-    {"model", "embedding", "regularisers", "checkpoint", "checkpoint_checks", "checkpoint_safetensors"},
+    {"model", "sizing", "embedding", "regularisers", "checkpoint", "checkpoint_checks", "checkpoint_safetensors"},
     {"runs"},
     {"inference"},
     {"training", "tasks"},

@@ -17,10 +17,11 @@ from charlm.cells import CELLS, parse_cell_options
 from charlm.checkpoint import Checkpoint
 from charlm.config import TrainConfig
 from charlm.errors import CharlmError
-from charlm.model import LanguageModel, ModelConfig, count_parameters, size_for_budget
+from charlm.model import LanguageModel, ModelConfig, count_parameters
+from charlm.sizing import size_for_budget
 from charlm.training.setup import optimizer_and_schedule
 from charlm.training.trainer import Trainer
-from helpers import assert_one_line_error, assert_same_run_end, cli, tiny_config
+from helpers import assert_one_line_error, assert_same_run_end, cli, tiny_config, tiny_train
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 
@@ -143,18 +144,7 @@ def test_a_budget_sizes_the_tied_model_by_what_it_allocates():
 
 def test_tying_one_hot_input_is_refused_in_one_line(tiny_corpus, tmp_path):
     message = "--tie-weights needs an embedding table to share with the softmax, not --embed-size 0"
-    result = cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--data-dir",
-        tiny_corpus,
-        "--run-dir",
-        tmp_path / "r",
-        "--tie-weights",
-        "--embed-size",
-        "0",
-    )
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "r", tie_weights=True, embed_size=0))
     assert_one_line_error(result, message)
     assert not (tmp_path / "r").exists()
     with pytest.raises(CharlmError, match=message):
@@ -248,7 +238,7 @@ def test_adam_betas_reach_the_optimizer():
     ],
 )
 def test_bad_betas_and_decay_settings_are_one_line_errors(tiny_corpus, tmp_path, extra, message):
-    result = cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", *extra)
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "r", *extra))
     assert_one_line_error(result, message)
     assert not (tmp_path / "r").exists()
 
@@ -287,24 +277,8 @@ def test_a_resumed_run_with_two_decay_groups_ends_as_a_straight_one(tiny_corpus,
 
 def test_a_tied_run_evaluates_samples_and_exports(tiny_corpus, tmp_path):
     run = tmp_path / "run"
-    settings = ["--cell", "lstm", "--hidden", "16", "--embed-size", "12", "--tie-weights", "--no-head-bias"]
-    cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--data-dir",
-        tiny_corpus,
-        "--run-dir",
-        run,
-        *settings,
-        "--batch-size",
-        "4",
-        "--bptt",
-        "16",
-        "--max-tokens",
-        "1280",
-        check_code=0,
-    )
+    tied = dict(hidden_size=16, embed_size=12, tie_weights=True, head_bias=False, batch_size=4, max_tokens=1280)
+    cli(*tiny_train(tiny_corpus, run, **tied), check_code=0)
     assert "bpc" in cli("eval", run, "--split", "valid", check_code=0).stdout
     cli("sample", run, "--prime", "The ", "--length", "12", "--seed", "1", check_code=0)
     model = charlm.load(run, device="cpu")

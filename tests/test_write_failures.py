@@ -93,6 +93,7 @@ def test_training_save_past_the_limit_is_one_line_keeps_the_checkpoints_and_resu
     assert_same_run_end(straight, run)
 
 
+@pytest.mark.slow  # a subprocess importing torch; the training's checkpoints above go through torch's writer too
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 def test_export_past_the_limit_is_one_line_and_keeps_the_earlier_export(trained_run, tmp_path):
     output = tmp_path / "step.ts"
@@ -109,6 +110,7 @@ def test_export_past_the_limit_is_one_line_and_keeps_the_earlier_export(trained_
     torch.jit.load(str(output))
 
 
+@pytest.mark.slow  # a subprocess importing torch; the default run keeps the training's ulimit test above
 def test_prepare_past_the_limit_is_one_line_and_keeps_the_prepared_corpus(tmp_path):
     data = tmp_path / "data"
     prepare_tiny_corpus(data)
@@ -128,6 +130,7 @@ def test_prepare_past_the_limit_is_one_line_and_keeps_the_prepared_corpus(tmp_pa
     assert np.array_equal(corpus.split("train"), np.load(data / "tiny" / "train.npy"))
 
 
+@pytest.mark.slow  # a subprocess importing torch; the default run keeps the training's ulimit test above
 def test_report_past_the_limit_is_one_line_and_keeps_the_earlier_report(trained_run, tmp_path):
     out = tmp_path / "report"
     cli("report", trained_run, "--out", out, check_code=0)

@@ -1,44 +1,47 @@
-"""The registry of recurrent cells. Each family lives in its own module; registration is explicit.
+"""The registry of recurrent cells. Each family lives in its own module; registration is explicit:
+one line of ``BUILT_IN`` per cell.
 
 The cells' names are declared here (``CELL_NAMES``) and the rest loads on first use (``CELLS``,
 ``RecurrentCell``, ...): the command line completes ``--cell`` and prints its help without
-importing torch. Building ``CELLS`` checks that the names are those of the classes registered.
+importing torch. Building ``CELLS`` checks that each name is that of the class registered under it.
 """
 
 from charlm.lazy import lazy_attribute
 
+import importlib
 import threading
 
-# The registered cells, in the order `charlm cells` lists them.
-CELL_NAMES = (
-    "rnn",
-    "lstm",
-    "gru",
-    "mgu",
-    "mi-rnn",
-    "scrn",
-    "rhn",
-    "delta-rnn",
-    "ps-lru",
-    "rg-lru",
-    "lru",
-    "grid-lstm",
-    "ho-lstm",
-    "ho-gru",
-    "qrnn",
-    "sru",
-    "indrnn",
-    "linear-ru",
-    "hgrn",
-    "mingru",
-    "minlstm",
-    "griffin-rglru",
-    "transformer",
-    "mamba",
-    "mlstm",
-    "slstm",
-    "gated-deltanet",
-)
+# The built-in cells, in the order `charlm cells` lists them: name → the module (in charlm.cells) and class.
+BUILT_IN = {
+    "rnn": "elman:Elman",
+    "lstm": "lstm:LSTM",
+    "gru": "gru:GRU",
+    "mgu": "mgu:MinimalGatedUnit",
+    "mi-rnn": "multiplicative:MultiplicativeRNN",
+    "scrn": "scrn:SCRN",
+    "rhn": "rhn:RecurrentHighwayNetwork",
+    "delta-rnn": "delta_rnn:DeltaRNN",
+    "ps-lru": "lru:ProjectedStateLRU",
+    "rg-lru": "lru:ResetGateLRU",
+    "lru": "lru:LatticeRecurrentUnit",
+    "grid-lstm": "grid_lstm:GridLSTM",
+    "ho-lstm": "high_order:HighOrderLSTM",
+    "ho-gru": "high_order:HighOrderGRU",
+    "qrnn": "qrnn:QRNN",
+    "sru": "sru:SRU",
+    "indrnn": "indrnn:IndRNN",
+    "linear-ru": "linear_ru:LinearRU",
+    "hgrn": "hgrn:HGRN",
+    "mingru": "min_rnn:MinGRU",
+    "minlstm": "min_rnn:MinLSTM",
+    "griffin-rglru": "rglru:GriffinRGLRU",
+    "transformer": "transformer:TransformerBlock",
+    "mamba": "mamba:Mamba",
+    "mlstm": "mlstm:MLSTM",
+    "slstm": "slstm:SLSTM",
+    "gated-deltanet": "gated_deltanet:GatedDeltaNet",
+}
+CELL_NAMES = tuple(BUILT_IN)
 
 _EXPORTS = {
     "CellRegistry": "charlm.cells.registry",
@@ -46,6 +49,7 @@ _EXPORTS = {
     "parse_key_values": "charlm.cells.registry",
     "NoOptions": "charlm.cells.base",
     "RecurrentCell": "charlm.cells.base",
+    "ScanCell": "charlm.cells.scan_cell",
     "State": "charlm.cells.base",
     "glorot_uniform_": "charlm.cells.base",
     "uniform_all_": "charlm.cells.base",
@@ -57,67 +61,16 @@ _BUILDING = threading.Lock()
 
 
 def _registered_cells():
-    from charlm.cells.delta_rnn import DeltaRNN
-    from charlm.cells.elman import Elman
-    from charlm.cells.grid_lstm import GridLSTM
-    from charlm.cells.gru import GRU
-    from charlm.cells.high_order import HighOrderGRU, HighOrderLSTM
-    from charlm.cells.lru import LatticeRecurrentUnit, ProjectedStateLRU, ResetGateLRU
-    from charlm.cells.lstm import LSTM
-    from charlm.cells.mgu import MinimalGatedUnit
-    from charlm.cells.multiplicative import MultiplicativeRNN
     from charlm.cells.registry import CellRegistry
-    from charlm.cells.rhn import RecurrentHighwayNetwork
-    from charlm.cells.scrn import SCRN
-    from charlm.cells.qrnn import QRNN
-    from charlm.cells.sru import SRU
-    from charlm.cells.indrnn import IndRNN
-    from charlm.cells.linear_ru import LinearRU
-    from charlm.cells.hgrn import HGRN
-    from charlm.cells.min_rnn import MinGRU, MinLSTM
-    from charlm.cells.rglru import GriffinRGLRU
-    from charlm.cells.transformer import TransformerBlock
-    from charlm.cells.mamba import Mamba
-    from charlm.cells.mlstm import MLSTM
-    from charlm.cells.slstm import SLSTM
-    from charlm.cells.gated_deltanet import GatedDeltaNet
 
-    cells = CellRegistry(
-        [
-            Elman,
-            LSTM,
-            GRU,
-            MinimalGatedUnit,
-            MultiplicativeRNN,
-            SCRN,
-            RecurrentHighwayNetwork,
-            DeltaRNN,
-            ProjectedStateLRU,
-            ResetGateLRU,
-            LatticeRecurrentUnit,
-            GridLSTM,
-            HighOrderLSTM,
-            HighOrderGRU,
-            QRNN,
-            SRU,
-            IndRNN,
-            LinearRU,
-            HGRN,
-            MinGRU,
-            MinLSTM,
-            GriffinRGLRU,
-            TransformerBlock,
-            Mamba,
-            MLSTM,
-            SLSTM,
-            GatedDeltaNet,
-        ]
-    )
-    if tuple(cells.names()) != CELL_NAMES:
-        raise RuntimeError(
-            f"charlm.cells.CELL_NAMES {CELL_NAMES} differs from the cells registered {tuple(cells.names())}"
-        )
-    return cells
+    classes = []
+    for name, reference in BUILT_IN.items():
+        module, _, class_name = reference.partition(":")
+        cell = getattr(importlib.import_module(f"{__name__}.{module}"), class_name)
+        if cell.name != name:
+            raise RuntimeError(f"charlm.cells.BUILT_IN names {reference} {name!r}, but its class says {cell.name!r}")
+        classes.append(cell)
+    return CellRegistry(classes)
 
 
 def __getattr__(name):  # torch loads on first use, not on `import charlm.cells`

@@ -34,6 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from charlm.errors import CharlmError, ConfigError
+from charlm.settings import check_field
+
 State = tuple[Tensor, ...]
 
 
@@ -66,6 +69,24 @@ class EmbeddingLookup:
 @dataclasses.dataclass
 class NoOptions:
     """The options of a cell that has none."""
+
+
+def check_options(cell, options) -> None:
+    """A cell's options, its ``Config`` or a dict of some of its fields, against the type, choices and
+    bounds each field declares with ``charlm.settings.setting(...)``, as the training settings are
+    checked (a field declared without it is not); one line names the cell, the option, its value and
+    what it may be."""
+    owner = type(options) if dataclasses.is_dataclass(options) else cell.Config
+    if not dataclasses.is_dataclass(owner):
+        return
+    fields = dataclasses.fields(owner)
+    values = options if isinstance(options, dict) else {field.name: getattr(options, field.name) for field in fields}
+    try:
+        for field in fields:
+            if field.metadata and field.name in values:
+                check_field(owner, field, values[field.name])
+    except ConfigError as error:
+        raise CharlmError(f"bad option for cell {cell.name!r}: {error}") from None
 
 
 class RecurrentCell(nn.Module):
@@ -110,6 +131,7 @@ class RecurrentCell(nn.Module):
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.config = config if config is not None else self.Config()
+        check_options(type(self), self.config)  # also a config built in Python, not read by parse_cell_options
 
     @property
     def output_size(self) -> int:
@@ -248,9 +270,10 @@ class InferenceStep:
 
 class RMSNorm(nn.Module):
     """``x / √(mean(x²) + ε) ⊙ g`` over the last dimension, in float32 at least: ``nn.RMSNorm`` written out,
-    which the ONNX exporter takes (opset 17 has no rms_norm)."""
+    which the ONNX exporter takes (opset 17 has no rms_norm). ``eps=None``: ε is the machine epsilon of the
+    input's dtype, as ``nn.RMSNorm``'s default."""
 
-    def __init__(self, width: int, eps: float):
+    def __init__(self, width: int, eps: float | None):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(width))
@@ -260,7 +283,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         wide = x.to(torch.promote_types(x.dtype, torch.float32))
-        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
         return normed.to(x.dtype) * self.weight
 
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from charlm.cells.base import RecurrentCell, State
+from charlm.cells.base import RecurrentCell, RMSNorm, State
 
 
 class Block(RecurrentCell):
@@ -40,7 +40,7 @@ class Block(RecurrentCell):
             )
         n = cell.input_size
         self.cell, self.conv_width = cell, conv_width
-        self.norm = nn.RMSNorm(n)
+        self.norm = RMSNorm(n, eps=None)
         if conv_width:
             self.conv_weight = nn.Parameter(torch.empty(n, conv_width))  # column j multiplies u_{t−j}
             self.conv_bias = nn.Parameter(torch.zeros(n))
@@ -114,7 +114,7 @@ class GatedMLP(nn.Module):
 
     def __init__(self, width: int, hidden: int):
         super().__init__()
-        self.norm = nn.RMSNorm(width)
+        self.norm = RMSNorm(width, eps=None)
         self.gate = nn.Linear(width, hidden, bias=False)
         self.up = nn.Linear(width, hidden, bias=False)
         self.down = nn.Linear(hidden, width, bias=False)

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
 from charlm.cells.multiplicative import MultiplicativeIntegration
+from charlm.settings import setting
 
 
 class AdditiveIntegration(nn.Module):
@@ -42,18 +43,16 @@ OUTER = {"identity": lambda v: v, "tanh": torch.tanh}
 
 @dataclasses.dataclass
 class DeltaRNNConfig:
-    inner: str = "second"  # proposal z_t: "second" order (general MI block) or "first" order
-    outer: str = "identity"  # Φ: "identity" (character and word models) or "tanh" (subword models)
-    alpha_init: float = 2.0  # initial α of the second-order inner function (the paper's PTB value)
-    dropout: float = 0.0  # Delta-RNN-drop: dropout on z_t before mixing (training mode only)
-
-    def __post_init__(self):
-        if self.inner not in INNER:
-            raise ValueError(f"inner must be one of {', '.join(INNER)}, not {self.inner!r}")
-        if self.outer not in OUTER:
-            raise ValueError(f"outer must be one of {', '.join(OUTER)}, not {self.outer!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), not {self.dropout}")
+    inner: str = setting(
+        "second", "The proposal z_t: second order (the general MI block) or first order.", choices=tuple(INNER)
+    )
+    outer: str = setting(
+        "identity", "Φ: identity (character and word models) or tanh (subword models).", choices=tuple(OUTER)
+    )
+    alpha_init: float = setting(2.0, "Initial α of the second-order inner function (the paper's PTB value).")
+    dropout: float = setting(
+        0.0, "Delta-RNN-drop: dropout on z_t before mixing (training mode only).", min=0, max=1, max_open=True
+    )
 
 
 class DeltaRNN(RecurrentCell):

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_, library_rnn
+from charlm.settings import setting
 
 ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu}
 IN_PLACE = {"tanh": torch.tanh_, "sigmoid": torch.sigmoid_, "relu": torch.relu_}
@@ -16,11 +17,7 @@ FUSED_KERNELS = {"tanh": torch.rnn_tanh, "relu": torch.rnn_relu}  # PyTorch's ow
 
 @dataclasses.dataclass
 class ElmanConfig:
-    activation: str = "tanh"  # φ: tanh, sigmoid or relu
-
-    def __post_init__(self):
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, not {self.activation!r}")
+    activation: str = setting("tanh", "φ, the activation.", choices=tuple(ACTIVATIONS))
 
 
 class Elman(RecurrentCell):

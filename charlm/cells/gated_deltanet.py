@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from charlm.cells.base import InferenceStep, RecurrentCell, State
 from charlm.cells.delta_rule import delta_rule_chunked, delta_rule_loop
+from charlm.settings import setting
 
 INIT_STD = 0.02  # the published code's N(0, 0.02) for every projection and convolution weight
 NORM_EPS = 1e-6  # the output RMSNorm's ε (the published configuration's norm_eps)
@@ -25,19 +26,17 @@ DT_MIN, DT_MAX, DT_FLOOR = 0.001, 0.1, 1e-4  # Mamba-2's range for the initial s
 
 @dataclasses.dataclass
 class GatedDeltaNetConfig:
-    heads: int = 4  # H: the hidden size n is cut into H key heads of d_k = n / H
-    expand_v: int = 2  # d_v = expand_v · d_k (the published configuration's 2)
-    conv: int = 4  # width of the short causal convolutions on q, k, v (0: none, SiLU alone)
-    chunk: int = 64  # positions per chunk of the training form (any window length; the last chunk is padded)
-    # the weights' draw: "fan_in", the published layer's own (PyTorch's); "normal", its language model's N(0, 0.02)
-    init: str = "fan_in"
-
-    def __post_init__(self):
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {', '.join(INITS)}, not {self.init!r}")
-        for name, least in (("heads", 1), ("expand_v", 1), ("conv", 0), ("chunk", 1)):
-            if getattr(self, name) < least:
-                raise ValueError(f"{name} must be at least {least}, not {getattr(self, name)}")
+    heads: int = setting(4, "H: the hidden size n is cut into H key heads of d_k = n / H.", min=1)
+    expand_v: int = setting(2, "d_v = expand_v · d_k (the published configuration's 2).", min=1)
+    conv: int = setting(4, "Width of the short causal convolutions on q, k, v (0: none, SiLU alone).", min=0)
+    chunk: int = setting(
+        64, "Positions per chunk of the training form (any window length; the last chunk is padded).", min=1
+    )
+    init: str = setting(
+        "fan_in",
+        "The weights' draw: fan_in, the published layer's own (PyTorch's); normal, its language model's N(0, 0.02).",
+        choices=INITS,
+    )
 
 
 class GatedDeltaNet(RecurrentCell):

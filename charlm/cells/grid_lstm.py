@@ -9,23 +9,22 @@ from torch import Tensor, nn
 
 from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
 from charlm.cells.lstm import lstm_memory_
+from charlm.settings import setting
 
 _DEPTH_ACTIVATIONS = {"tanh": torch.tanh, "identity": lambda pre: pre}
 
 
 @dataclasses.dataclass
 class GridLSTMConfig:
-    tied: bool = True  # every layer's block shares the same two transforms (the paper's character model)
-    output: str = "paper"  # "paper": h′ = tanh(g^o ⊙ m′); "standard": h′ = g^o ⊙ tanh(m′)
-    depth: str = "lstm"  # "lstm"; "tanh" or "identity": a non-LSTM depth dimension h′ = act(V H′ + b)
-
-    def __post_init__(self):
-        if not isinstance(self.tied, bool):
-            raise ValueError(f"tied must be true or false, not {self.tied!r}")
-        if self.output not in ("paper", "standard"):
-            raise ValueError(f"output must be 'paper' or 'standard', not {self.output!r}")
-        if self.depth not in ("lstm", *_DEPTH_ACTIVATIONS):
-            raise ValueError(f"depth must be 'lstm', 'tanh' or 'identity', not {self.depth!r}")
+    tied: bool = setting(True, "Every layer's block shares the same two transforms (the paper's character model).")
+    output: str = setting(
+        "paper", "paper: h′ = tanh(g^o ⊙ m′); standard: h′ = g^o ⊙ tanh(m′).", choices=("paper", "standard")
+    )
+    depth: str = setting(
+        "lstm",
+        "lstm; tanh or identity: a non-LSTM depth dimension h′ = act(V H′ + b).",
+        choices=("lstm", *_DEPTH_ACTIVATIONS),
+    )
 
 
 class GridLSTM(RecurrentCell):

@@ -8,11 +8,12 @@ import torch
 from torch import Tensor, nn
 
 from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_, library_rnn
+from charlm.settings import setting
 
 
 @dataclasses.dataclass
 class GRUConfig:
-    reset_after: bool = False  # cuDNN form: ĥ = tanh(W_h x + r ⊙ (U_h h + b_hn)); a different function
+    reset_after: bool = setting(False, "cuDNN's form: ĥ = tanh(W_h x + r ⊙ (U_h h + b_hn)); a different function.")
 
 
 class GRU(RecurrentCell):

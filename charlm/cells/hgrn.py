@@ -9,22 +9,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from charlm.cells.base import InferenceStep, RecurrentCell, State
-from charlm.cells.scan import SCAN_METHODS, linear_scan
+from charlm.cells.base import State
+from charlm.cells.scan import SCAN_METHODS
+from charlm.cells.scan_cell import ScanCell
+from charlm.settings import setting
 
 LAYER_NORM_EPS = 1e-5
 
 
 @dataclasses.dataclass
 class HGRNConfig:
-    lower_bound: bool = True  # forget-gate lower bounds rising with depth (false: the paper's ablation without them)
-    scan: str = "auto"  # how forward computes h_t = f_t ⊙ h_{t−1} + (1 − f_t) ⊙ i_t (charlm.cells.scan)
-
-    def __post_init__(self):
-        if not isinstance(self.lower_bound, bool):
-            raise ValueError(f"lower_bound must be true or false, not {self.lower_bound!r}")
-        if self.scan not in SCAN_METHODS:
-            raise ValueError(f"scan must be one of {', '.join(SCAN_METHODS)}, not {self.scan!r}")
+    lower_bound: bool = setting(
+        True, "Forget-gate lower bounds rising with depth (false: the paper's ablation without them)."
+    )
+    scan: str = setting(
+        "auto",
+        "How forward computes h_t = f_t ⊙ h_{t−1} + (1 − f_t) ⊙ i_t (a form of the linear scan).",
+        choices=SCAN_METHODS,
+    )
 
 
 class HGRNLowerBounds(nn.Module):
@@ -45,7 +47,7 @@ class HGRNLowerBounds(nn.Module):
         return weights[1 : index + 1].sum(dim=0)
 
 
-class HGRN(RecurrentCell):
+class HGRN(ScanCell):
     r"""One HGRU layer of the Hierarchically Gated Recurrent Neural Network, in its real form (Qin,
     Yang & Zhong 2023). Layer k of L has a forget-gate lower bound γ^k ∈ [0, 1)^n that rises with k:
 
@@ -69,11 +71,9 @@ class HGRN(RecurrentCell):
     """
 
     name = "hgrn"
-    parallel_form = "scan"
     # Measured as for the built-in cells (peak resident memory, batch 128 × bptt 50, 2 layers of 256): 21.3 with
     # scan=auto, 13.8 with the loop; auto's, rounded up by a quarter.
     activation_factor = 27
-    folds_embedding = True
     description = "HGRN (Qin et al.): gated linear recurrence, forget-gate lower bounds rising with depth"
     paper = "Qin, Yang & Zhong 2023, Hierarchically Gated Recurrent Neural Network for Sequence Modeling"
     formula = "3dn + n² + 7n (Γ's row n; lower_bound=false: 3dn + n² + 6n)"
@@ -128,16 +128,6 @@ class HGRN(RecurrentCell):
         """γ^k of this layer, ``[n]`` (0 without lower bounds)."""
         return 0.0 if self.lower_bounds is None else self.lower_bounds.bound(self.layer_index)
 
-    def _gates(self, pre: Tensor, bound: Tensor | float) -> Tensor:
-        """[f, (1 − f) ⊙ i, g] from the pre-activations [x W_f + b_f, x W_i + b_i, x W_g + b_g]."""
-        pre_f, pre_i, pre_g = pre.chunk(3, dim=-1)
-        f = bound + (1 - bound) * torch.sigmoid(pre_f)
-        return torch.cat([f, (1 - f) * F.silu(pre_i), torch.sigmoid(pre_g)], dim=-1)
-
-    def _output(self, h: Tensor, g: Tensor) -> Tensor:
-        normed = F.layer_norm(h * g, (self.hidden_size,), self.norm_weight, self.norm_bias, LAYER_NORM_EPS)
-        return normed @ self.weight_output.T + self.bias_output
-
     def step(self, x: Tensor, state: State) -> tuple[Tensor, State]:
         (h,) = state
         W_f, W_i, W_g = self.weight_input.chunk(3)
@@ -151,41 +141,16 @@ class HGRN(RecurrentCell):
         output = normed @ self.weight_output.T + self.bias_output  # o_t = LayerNorm(h_t ⊙ g_t) W_o + b_o
         return output, (h,)
 
-    def inference_step(self) -> "HGRNInference":
-        return HGRNInference(self)
+    def input_map(self) -> tuple[Tensor, Tensor]:
+        return self.weight_input, self.bias_input
 
-    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
+    def coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(f, (1 − f) ⊙ i, g) from the input map [x W_f + b_f, x W_i + b_i, x W_g + b_g]."""
+        pre_f, pre_i, pre_g = pre.chunk(3, dim=-1)
         bound = self.lower_bound()
-        if lookup is not None:  # the gates depend on the symbol alone: computed for the V symbols, then gathered
-            gates = lookup.spread(self._gates(lookup.rows(self.weight_input, self.bias_input), bound))
-        else:
-            gates = self._gates(self.input_product(inputs, self.weight_input, self.bias_input), bound)
-        f, b, g = gates.chunk(3, dim=-1)
-        (h,) = state
-        hs = linear_scan(f, b, h, method=self.config.scan)
-        return self._output(hs, g), (hs[-1],)
+        f = bound + (1 - bound) * torch.sigmoid(pre_f)
+        return f, (1 - f) * F.silu(pre_i), torch.sigmoid(pre_g)
 
-
-class HGRNInference(InferenceStep):
-    """The step for sampling: the gates [f, (1 − f) ⊙ i, g] taken ahead (they read the input alone);
-    then the recurrence and the output's one product."""
-
-    reads_input = False
-
-    def __init__(self, cell: HGRN):
-        super().__init__(cell)
-        self.bound = cell.lower_bound()
-        self.weight_input, self.bias_input = cell.weight_input.T, cell.bias_input
-        self.weight_output, self.bias_output = cell.weight_output.T.contiguous(), cell.bias_output
-        self.norm_weight, self.norm_bias = cell.norm_weight, cell.norm_bias
-        self.hidden_size = cell.hidden_size
-
-    def project(self, x: Tensor) -> Tensor:
-        return self.cell._gates(torch.addmm(self.bias_input, x, self.weight_input), self.bound)
-
-    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
-        (h,) = state
-        f, b, g = projected.chunk(3, dim=-1)
-        h = torch.addcmul(b, f, h)  # f ⊙ h + (1 − f) ⊙ i
+    def output(self, h: Tensor, x: Tensor | None, g: Tensor) -> Tensor:
         normed = F.layer_norm(h * g, (self.hidden_size,), self.norm_weight, self.norm_bias, LAYER_NORM_EPS)
-        return torch.addmm(self.bias_output, normed, self.weight_output), (h,)
+        return F.linear(normed, self.weight_output, self.bias_output)  # o_t = LayerNorm(h_t ⊙ g_t) W_o + b_o

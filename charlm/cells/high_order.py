@@ -23,25 +23,18 @@ from torch import Tensor, nn
 from charlm.cells.base import State, glorot_uniform_
 from charlm.cells.gru import GRU, GRUInference
 from charlm.cells.lstm import LSTM, LSTMInference
-
-
-def _positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+from charlm.settings import setting
 
 
 @dataclasses.dataclass
 class HighOrderConfig:
-    ho_form: str = "factored"  # "factored": W^f((U^f x) ⊙ (V^f h)); "symmetric": W^f[⟨V^(k) x, V^(k) h⟩]_k (d = n)
-    ho_kernels: int = 16  # m: factors (factored) or kernels V^(k) (symmetric) per gate
-    ho_rank: int = 4  # r: rows of each V^(k) (symmetric form only)
-
-    def __post_init__(self):
-        if self.ho_form not in ("factored", "symmetric"):
-            raise ValueError(f"ho_form must be 'factored' or 'symmetric', not {self.ho_form!r}")
-        if not _positive_int(self.ho_kernels):
-            raise ValueError(f"ho_kernels must be a positive integer, not {self.ho_kernels!r}")
-        if not _positive_int(self.ho_rank):
-            raise ValueError(f"ho_rank must be a positive integer, not {self.ho_rank!r}")
+    ho_form: str = setting(
+        "factored",
+        "factored: W^f((U^f x) ⊙ (V^f h)); symmetric: W^f[⟨V^(k) x, V^(k) h⟩]_k (d = n).",
+        choices=("factored", "symmetric"),
+    )
+    ho_kernels: int = setting(16, "m: factors (factored) or kernels V^(k) (symmetric) per gate.", min=1)
+    ho_rank: int = setting(4, "r: rows of each V^(k) (symmetric form only).", min=1)
 
 
 @dataclasses.dataclass

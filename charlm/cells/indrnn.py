@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 from torch import Tensor, nn
 
 from charlm.cells.base import InferenceStep, RecurrentCell, State
+from charlm.settings import setting
 
 
 @dataclasses.dataclass
 class IndRNNConfig:
-    gamma: float = 2.0  # γ, the largest growth of a gradient over `horizon` steps: |u| ≤ γ^{1/T}
-    horizon: int = 50  # T, the steps the bound is set for (charlm's default bptt; the authors' cPTB window)
-
-    def __post_init__(self):
-        if not (math.isfinite(self.gamma) and self.gamma > 0):
-            raise ValueError(f"gamma must be a positive number, not {self.gamma!r}")
-        if self.horizon < 1:
-            raise ValueError(f"horizon must be at least 1, not {self.horizon!r}")
+    gamma: float = setting(
+        2.0, "γ, the largest growth of a gradient over `horizon` steps: |u| ≤ γ^(1/T).", min=0, min_open=True
+    )
+    horizon: int = setting(
+        50, "T, the steps the bound is set for (charlm's default bptt; the authors' cPTB window).", min=1
+    )
 
     @property
     def bound(self) -> float:

@@ -10,15 +10,16 @@ import torch
 from torch import Tensor, nn
 
 from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_, uniform_all_
+from charlm.settings import setting
 
 
 @dataclasses.dataclass
 class LatticeConfig:
-    init: str = "glorot"  # "glorot": Glorot uniform weights, zero biases (the paper); "uniform": all U(±1/√n)
-
-    def __post_init__(self):
-        if self.init not in ("glorot", "uniform"):
-            raise ValueError(f"init must be 'glorot' or 'uniform', not {self.init!r}")
+    init: str = setting(
+        "glorot",
+        "glorot: Glorot uniform weights, zero biases (the paper); uniform: all U(±1/√n).",
+        choices=("glorot", "uniform"),
+    )
 
 
 class _Lattice(RecurrentCell):

@@ -8,33 +8,35 @@ import torch
 from torch import Tensor, nn
 
 from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_, library_rnn
+from charlm.settings import setting
 
 
 PEEPHOLE_FORMS = ("none", "diagonal", "full")
 
 
-def peephole_form(value) -> str:
-    """``none``, ``diagonal`` or ``full``; true/false (charlm before 0.3, and a bool on the command
-    line) mean diagonal/none."""
+def peephole_form(value):
+    """``none``, ``diagonal`` or ``full`` in any case; true/false (charlm before 0.3, and a bool on the
+    command line) mean diagonal/none. Any other value is left as it is, for the declared choices to refuse."""
     word = str(value).strip().lower()
     if value is True or word in ("true", "yes", "on", "1"):
         return "diagonal"
     if value is False or value is None or word in ("false", "no", "off", "0"):
         return "none"
-    if word in PEEPHOLE_FORMS:
-        return word
-    raise ValueError(f"peephole must be none, diagonal or full, not {value!r}")
+    return word if word in PEEPHOLE_FORMS else value
 
 
 @dataclasses.dataclass
 class LSTMConfig:
-    # i and f also see the previous memory c_{t-1}, o the new one c_t, through a weight per unit
-    # (diagonal: p ⊙ c, 3n, Gers et al. 2002) or a full matrix (P c, 3n², as Graves 2013 is counted
-    # in the Delta-RNN paper's Table 2)
-    peephole: str = "none"
+    peephole: str = setting(
+        "none",
+        "i and f also see the previous memory c_(t−1), o the new one c_t, through a weight per unit (diagonal: "
+        "p ⊙ c, 3n, Gers et al. 2002) or a full matrix (full: P c, 3n², as Graves 2013 is counted in the Delta-RNN "
+        "paper's Table 2).",
+        choices=PEEPHOLE_FORMS,
+    )
 
     def __post_init__(self):
-        self.peephole = peephole_form(self.peephole)
+        self.peephole = peephole_form(self.peephole)  # the spellings of charlm before 0.3
 
 
 class LSTM(RecurrentCell):

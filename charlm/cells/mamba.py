@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from charlm.cells.base import InferenceStep, RecurrentCell, RMSNorm, State
 from charlm.cells.scan import SCAN_METHODS
 from charlm.cells.selective_scan import CHUNK, selective_scan_chunked, selective_scan_linear
+from charlm.settings import setting
 
 MAMBA_SCANS = ("selective", *SCAN_METHODS)
 NORM_EPS = 1e-5  # the published norm_epsilon, for the block's RMSNorm and the model's last one
@@ -20,30 +21,24 @@ DT_FLOOR = 1e-4  # the published dt_init_floor: no Δ drawn at initialisation is
 
 @dataclasses.dataclass
 class MambaConfig:
-    state_size: int = 16  # N, the states of each channel
-    expand: int = 2  # E: the SSM runs on E·n channels
-    conv_width: int = 4  # k, the causal depthwise convolution's width
-    dt_rank: int | None = None  # R, the rank of Δ's projection; None: ⌈n/16⌉, the published "auto"
-    dt_min: float = 0.001  # Δ's initial values are log-uniform in [dt_min, dt_max]
-    dt_max: float = 0.1
-    residual: bool = True  # the block's RMSNorm and residual; false: the mixer alone (for --wiring block)
-    # how forward runs the SSM over a window: "selective" (charlm.cells.selective_scan's chunked form), or
-    # the coefficients formed for the window and one of charlm.cells.scan's forms (auto, loop, log, ...)
-    scan: str = "selective"
-    chunk: int = CHUNK  # steps a chunk of the selective scan (its states are formed a chunk at a time)
+    state_size: int = setting(16, "N, the states of each channel.", min=1)
+    expand: int = setting(2, "E: the SSM runs on E·n channels.", min=1)
+    conv_width: int = setting(4, "k, the causal depthwise convolution's width.", min=1)
+    dt_rank: int | None = setting(None, "R, the rank of Δ's projection; none: ⌈n/16⌉, the published auto.", min=1)
+    dt_min: float = setting(0.001, "Δ's initial values are log-uniform in [dt_min, dt_max].", min=0, min_open=True)
+    dt_max: float = setting(0.1, "See dt_min.", min=0, min_open=True)
+    residual: bool = setting(True, "The block's RMSNorm and residual; false: the mixer alone (for --wiring block).")
+    scan: str = setting(
+        "selective",
+        "How forward runs the SSM over a window: selective (its own chunked scan), or the coefficients formed for "
+        "the window and one of the linear scan's forms.",
+        choices=MAMBA_SCANS,
+    )
+    chunk: int = setting(CHUNK, "Steps a chunk of the selective scan (its states are formed a chunk at a time).", min=1)
 
     def __post_init__(self):
-        for name in ("state_size", "expand", "conv_width", "chunk"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
-        if self.dt_rank is not None and self.dt_rank < 1:
-            raise ValueError(f"dt_rank must be at least 1 (or none: ⌈n/16⌉), not {self.dt_rank}")
-        if not 0 < self.dt_min <= self.dt_max:
-            raise ValueError(f"need 0 < dt_min ≤ dt_max, not dt_min={self.dt_min}, dt_max={self.dt_max}")
-        if not isinstance(self.residual, bool):
-            raise ValueError(f"residual must be true or false, not {self.residual!r}")
-        if self.scan not in MAMBA_SCANS:
-            raise ValueError(f"scan must be one of {', '.join(MAMBA_SCANS)}, not {self.scan!r}")
+        if self.dt_min > self.dt_max:
+            raise ValueError(f"need dt_min ≤ dt_max, not dt_min={self.dt_min}, dt_max={self.dt_max}")
 
 
 class Mamba(RecurrentCell):

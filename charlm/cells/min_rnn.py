@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from charlm.cells.base import RecurrentCell, State
-from charlm.cells.scan import CoefficientInference, ScanConfig, linear_scan, log_scan
+from charlm.cells.base import State
+from charlm.cells.scan import ScanConfig
+from charlm.cells.scan_cell import ScanCell
 
 
 def g(x: Tensor) -> Tensor:
@@ -25,14 +26,11 @@ def log_g(x: Tensor) -> Tensor:
     return torch.where(x >= 0, torch.log(F.relu(x) + 0.5), -F.softplus(-x))
 
 
-class _MinimalRNN(RecurrentCell):
+class _MinimalRNN(ScanCell):
     """What minGRU and minLSTM share: ``gates`` row blocks of one input-only affine map, turned
     (elementwise) into the scan's coefficients ``a`` and ``b`` (or their logarithms), then one scan."""
 
     gates: ClassVar[int] = 2
-    Config = ScanConfig
-    folds_embedding = True
-    evaluates_through_step = False  # the scan is also evaluation's fastest path
 
     def __init__(self, input_size: int, hidden_size: int, config: ScanConfig | None = None):
         super().__init__(input_size, hidden_size, config)
@@ -46,28 +44,6 @@ class _MinimalRNN(RecurrentCell):
         with torch.no_grad():
             self.weight.uniform_(-bound, bound)
             self.bias.uniform_(-bound, bound)
-
-    def coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor]:
-        """``(a, b)`` of ``h_t = a_t ⊙ h_{t−1} + b_t`` from the input's pre-activations ``pre``."""
-        raise NotImplementedError
-
-    def log_coefficients(self, pre: Tensor) -> tuple[Tensor, Tensor]:
-        """``(log a, log b)``, computed in log space (both are positive)."""
-        raise NotImplementedError
-
-    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
-        (h0,) = state
-        in_log_space = self.config.scan == "log"
-        transform = self.log_coefficients if in_log_space else self.coefficients
-        if lookup is not None:  # the coefficients for the V symbols, then a row per position
-            first, second = lookup.spread(torch.cat(transform(lookup.rows(self.weight, self.bias)), -1)).chunk(2, -1)
-        else:
-            first, second = transform(self.input_product(inputs, self.weight, self.bias))
-        if in_log_space:
-            h = log_scan(first, second, h0)  # h0 enters outside the logarithms: zero or negative is fine
-        else:
-            h = linear_scan(first, second, h0, self.config.scan)
-        return h, (h[-1],)
 
 
 class MinGRU(_MinimalRNN):
@@ -84,7 +60,6 @@ class MinGRU(_MinimalRNN):
     """
 
     name = "mingru"
-    parallel_form = "scan"
     # autograd keeps ≈ 7.8 float32 per (step, unit) (saved-tensor hooks, 2 layers of 256, batch 128 ×
     # bptt 50, the model's ends included; lstm counts 12.7 so, against its RSS-measured 15): rounded up by half
     activation_factor = 12
@@ -101,9 +76,6 @@ class MinGRU(_MinimalRNN):
         h_tilde = g(x @ W_h.T + b_h)  # h̃_t = g(Linear(x_t))
         h = (1 - z) * h + z * h_tilde  # h_t = (1 − z_t) ⊙ h_{t−1} + z_t ⊙ h̃_t
         return h, (h,)
-
-    def inference_step(self) -> CoefficientInference:  # its own: a class with its own step needs one
-        return CoefficientInference(self, self.weight, self.bias)
 
     def coefficients(self, pre):
         k, candidate = pre.chunk(2, dim=-1)
@@ -128,7 +100,6 @@ class MinLSTM(_MinimalRNN):
     """
 
     name = "minlstm"
-    parallel_form = "scan"
     activation_factor = 14  # measured as minGRU's: ≈ 8.9, rounded up by half
     description = "minLSTM: input-only forget and input gates (normalised) and candidate; a linear scan"
     paper = "Feng et al. 2024, Were RNNs all we needed?"
@@ -145,9 +116,6 @@ class MinLSTM(_MinimalRNN):
         h_tilde = g(x @ W_h.T + b_h)  # h̃_t = g(Linear(x_t))
         h = f_norm * h + i_norm * h_tilde  # h_t = f′_t ⊙ h_{t−1} + i′_t ⊙ h̃_t
         return h, (h,)
-
-    def inference_step(self) -> CoefficientInference:  # its own: a class with its own step needs one
-        return CoefficientInference(self, self.weight, self.bias)
 
     def coefficients(self, pre):
         k_f, k_i, candidate = pre.chunk(3, dim=-1)

@@ -13,8 +13,8 @@ from torch import Tensor, nn
 from charlm.cells.base import InferenceStep, RecurrentCell, State
 from charlm.cells.matrix_memory import memory_chunked, memory_step
 from charlm.cells.xlstm_parts import (
+    FORGET_GATES,
     causal_conv,
-    check_forget_gate,
     conv_init_,
     head_norm,
     headwise,
@@ -22,28 +22,18 @@ from charlm.cells.xlstm_parts import (
     log_forget,
     small_init_,
 )
+from charlm.settings import setting
 
 EXPANSION = 2  # the block's up-projection factor, as published
 
 
 @dataclasses.dataclass
 class MLSTMConfig:
-    heads: int = 4
-    qkv_blocksize: int = 4  # q, k, v from block-diagonal matrices with blocks of this size (0: dense)
-    conv_width: int = 4  # the causal convolution on the q/k path (0: none)
-    forget_gate: str = "sigmoid"  # or "exp"
-    chunk_size: int = 64  # positions per chunk of the chunkwise-parallel form
-
-    def __post_init__(self):
-        if self.heads < 1:
-            raise ValueError(f"heads must be at least 1, not {self.heads}")
-        if self.qkv_blocksize < 0:
-            raise ValueError(f"qkv_blocksize must be 0 (dense) or more, not {self.qkv_blocksize}")
-        if self.conv_width < 0:
-            raise ValueError(f"conv_width must be 0 (none) or more, not {self.conv_width}")
-        if self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be at least 1, not {self.chunk_size}")
-        check_forget_gate(self.forget_gate)
+    heads: int = setting(4, "Heads of the matrix memory.", min=1)
+    qkv_blocksize: int = setting(4, "q, k, v from block-diagonal matrices with blocks of this size (0: dense).", min=0)
+    conv_width: int = setting(4, "The causal convolution on the q/k path (0: none).", min=0)
+    forget_gate: str = setting("sigmoid", "The forget gate's activation.", choices=FORGET_GATES)
+    chunk_size: int = setting(64, "Positions per chunk of the chunkwise-parallel form.", min=1)
 
 
 class MLSTM(RecurrentCell):

@@ -9,28 +9,26 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from charlm.cells.base import InferenceStep, RecurrentCell, State
-from charlm.cells.scan import SCAN_METHODS, linear_scan
+from charlm.cells.base import State
+from charlm.cells.scan import SCAN_METHODS
+from charlm.cells.scan_cell import ScanCell
+from charlm.settings import setting
 
 POOLINGS = ("fo", "f")
 
 
 @dataclasses.dataclass
 class QRNNConfig:
-    width: int = 2  # k, the causal convolution's filter width over time (1 or 2; 2 in the paper's LM runs)
-    pooling: str = "fo"  # "fo": c_t pooled, h_t = o_t ⊙ c_t; "f": h_t pooled, no output gate
-    scan: str = "auto"  # how the pooling's linear recurrence is computed (charlm.cells.scan)
-
-    def __post_init__(self):
-        if self.width not in (1, 2):
-            raise ValueError(f"width must be 1 or 2, not {self.width!r}")
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {self.pooling!r}")
-        if self.scan not in SCAN_METHODS:
-            raise ValueError(f"scan must be one of {', '.join(SCAN_METHODS)}, not {self.scan!r}")
+    width: int = setting(
+        2, "k, the causal convolution's filter width over time (2 in the paper's LM runs).", choices=(1, 2)
+    )
+    pooling: str = setting("fo", "fo: c_t pooled, h_t = o_t ⊙ c_t; f: h_t pooled, no output gate.", choices=POOLINGS)
+    scan: str = setting(
+        "auto", "How the pooling's linear recurrence is computed (a form of the linear scan).", choices=SCAN_METHODS
+    )
 
 
-class QRNN(RecurrentCell):
+class QRNN(ScanCell):
     r"""Quasi-recurrent network: gates from a causal convolution over the inputs, then a pooling
     that is a linear recurrence with no weights on the state (the paper's notation, inputs X):
 
@@ -52,12 +50,10 @@ class QRNN(RecurrentCell):
     """
 
     name = "qrnn"
-    parallel_form = "scan"
     # Measured as the built-in cells' factors (peak resident memory of one forward + backward at batch
     # 128 × bptt 50, 2 layers of 256, rounded up by a quarter): 27–30 for fo, k = 2, 21 for f-pooling,
     # 24 for k = 1, with the loop form of the scan (charlm.cells.scan's placeholder).
     activation_factor = 30
-    folds_embedding = True
     description = "Quasi-recurrent network: gates from a width-k causal convolution, fo-pooling as a linear scan"
     paper = "Bradbury et al. 2017, Quasi-recurrent neural networks"
     formula = "3(kdn + n) (k = width, 2; pooling=f: 2(kdn + n))"
@@ -67,6 +63,8 @@ class QRNN(RecurrentCell):
         super().__init__(input_size, hidden_size, config)
         self.width = self.config.width
         self.gates = 3 if self.config.pooling == "fo" else 2
+        self.per_symbol = self.width == 1  # with k = 2 a step's gates read x_{t−1} too
+        self.reads_input = self.width == 2  # the state carries x_t on, the next step's x_{t−1}
         rows = self.gates * hidden_size
         self.weight = nn.Parameter(torch.empty(self.width * rows, input_size))
         self.bias = nn.Parameter(torch.empty(rows))
@@ -96,50 +94,34 @@ class QRNN(RecurrentCell):
         h = torch.sigmoid(pre[:, 2 * n :]) * c if self.gates == 3 else c  # h_t = o_t ⊙ c_t (fo), or c_t (f)
         return h, ((c, x) if self.width == 2 else (c,))
 
-    def inference_step(self) -> "QRNNInference":
-        return QRNNInference(self)
+    def input_map(self) -> tuple[Tensor, Tensor]:
+        return self.weight[: self.gates * self.hidden_size], self.bias  # the filter's tap on x_t
 
-    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
-        n, rows = self.hidden_size, self.gates * self.hidden_size
-        c = state[0]
+    def window_input_map(self, inputs: Tensor, state: State, lookup=None) -> Tensor:
         if self.width == 1:
-            pre = self.input_product(inputs, self.weight, self.bias, lookup)
-        else:
-            # Both taps in one product: x_t's rows (with the bias) and x_{t−1}'s rows, then the
-            # latter moved one step on, the carried input's product in front.
-            both = self.input_product(inputs, self.weight, F.pad(self.bias, (0, rows)), lookup)
-            now, before = both.split(rows, dim=-1)
-            first = (state[1] @ self.weight[rows:].T).unsqueeze(0)
-            pre = now + torch.cat([first, before[:-1]])
-        z = torch.tanh(pre[..., :n])
-        f = torch.sigmoid(pre[..., n : 2 * n])
-        cells = linear_scan(f, torch.addcmul(z, f, z, value=-1), c, method=self.config.scan)  # b = (1 − f) ⊙ z
-        outputs = torch.sigmoid(pre[..., 2 * n :]) * cells if self.gates == 3 else cells
-        last = cells[-1]
-        return outputs, ((last, inputs[-1]) if self.width == 2 else (last,))
+            return super().window_input_map(inputs, state, lookup)
+        # Both taps in one product: x_t's rows (with the bias) and x_{t−1}'s rows, then the
+        # latter moved one step on, the carried input's product in front.
+        rows = self.gates * self.hidden_size
+        both = self.input_product(inputs, self.weight, F.pad(self.bias, (0, rows)), lookup)
+        now, before = both.split(rows, dim=-1)
+        first = (state[1] @ self.weight[rows:].T).unsqueeze(0)
+        return now + torch.cat([first, before[:-1]])
 
+    def step_input_map(self, projected: Tensor, state: State) -> Tensor:
+        if self.width == 1:
+            return projected
+        return torch.addmm(projected, state[1], self.weight[self.gates * self.hidden_size :].T)  # + W¹ x_{t−1}
 
-class QRNNInference(InferenceStep):
-    """The QRNN step for sampling: x_t's tap (with the bias) taken ahead, then x_{t−1}'s tap
-    (k = 2) and the pooling."""
-
-    def __init__(self, cell: QRNN):
-        super().__init__(cell)
-        rows = cell.gates * cell.hidden_size
-        self.hidden_size, self.gates, self.width = cell.hidden_size, cell.gates, cell.width
-        self.reads_input = cell.width == 2  # the input is the next step's x_{t−1}
-        self.now, self.bias = cell.weight[:rows].T, cell.bias
-        self.before = cell.weight[rows:].T.contiguous() if cell.width == 2 else None
-
-    def project(self, x: Tensor) -> Tensor:
-        return torch.addmm(self.bias, x, self.now)
-
-    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
+    def coefficients(self, pre: Tensor) -> tuple[Tensor, ...]:
+        """(f, (1 − f) ⊙ z), and o for fo-pooling, from the gates' pre-activations [z, f(, o)]."""
         n = self.hidden_size
-        c = state[0]
-        pre = torch.addmm(projected, state[1], self.before) if self.width == 2 else projected
-        z = pre[:, :n].tanh()
-        f = pre[:, n : 2 * n].sigmoid()
-        c = torch.addcmul(z, f, c - z)  # f ⊙ c + (1 − f) ⊙ z
-        h = pre[:, 2 * n :].sigmoid().mul_(c) if self.gates == 3 else c
-        return h, ((c, x) if self.width == 2 else (c,))
+        z, f = torch.tanh(pre[..., :n]), torch.sigmoid(pre[..., n : 2 * n])
+        pooled = (f, torch.addcmul(z, f, z, value=-1))  # a = f, b = (1 − f) ⊙ z
+        return (*pooled, torch.sigmoid(pre[..., 2 * n :])) if self.gates == 3 else pooled
+
+    def output(self, c: Tensor, x: Tensor | None, *o: Tensor) -> Tensor:
+        return o[0] * c if o else c  # h_t = o_t ⊙ c_t (fo), or c_t (f)
+
+    def carried(self, c: Tensor, x: Tensor) -> State:
+        return (c, x) if self.width == 2 else (c,)

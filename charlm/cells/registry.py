@@ -7,7 +7,7 @@ import importlib
 import math
 import typing
 
-from charlm.cells.base import RecurrentCell
+from charlm.cells.base import RecurrentCell, check_options
 from charlm.errors import CharlmError, closest
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -113,7 +113,9 @@ def _import_cell(reference: str) -> type[RecurrentCell]:
 
 
 def parse_cell_options(cell: type[RecurrentCell], options: dict) -> object:
-    """Build ``cell.Config`` from a dict whose values may be strings from the command line."""
+    """Build ``cell.Config`` from a dict whose values may be strings from the command line: each value
+    converted to its field's type, then checked against the choices and bounds its field declares
+    (``check_options``); a value outside them is said before a rule across fields (``__post_init__``)."""
     hints = typing.get_type_hints(cell.Config)
     fields = {field.name for field in dataclasses.fields(cell.Config)}
     values = {}
@@ -124,9 +126,12 @@ def parse_cell_options(cell: type[RecurrentCell], options: dict) -> object:
             raise CharlmError(f"cell {cell.name!r} has no option {key!r} (its options: {known})")
         values[key] = _convert(raw, hints[key], key)
     try:
-        return cell.Config(**values)
-    except (TypeError, ValueError) as error:
+        config = cell.Config(**values)
+    except (TypeError, ValueError) as error:  # a rule across options; a value outside its own bounds says so first
+        check_options(cell, values)
         raise CharlmError(f"bad option for cell {cell.name!r}: {error}") from None
+    check_options(cell, config)  # after __post_init__, which reads the old spellings of a value (peephole=true)
+    return config
 
 
 def _convert(raw, kind, key: str):

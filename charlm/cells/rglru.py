@@ -13,13 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from charlm.cells.base import RecurrentCell, State
-from charlm.cells.scan import CoefficientInference, ScanConfig, linear_scan
+from charlm.cells.base import State
+from charlm.cells.scan import ScanConfig
+from charlm.cells.scan_cell import ScanCell
 
 C = 8.0  # the paper's constant c: a_t = a^{c r_t}
 
 
-class GriffinRGLRU(RecurrentCell):
+class GriffinRGLRU(ScanCell):
     r"""The RG-LRU of Griffin and Hawk, with the linear layer in front of it that Griffin's
     recurrent block has (x_t = W_in u_t + b_in, from this layer's input u_t of any width d):
 
@@ -42,15 +43,11 @@ class GriffinRGLRU(RecurrentCell):
     """
 
     name = "griffin-rglru"
-    parallel_form = "scan"
     # autograd keeps ≈ 9.7 float32 per (step, unit), measured as minGRU's (saved-tensor hooks); rounded up by half
     activation_factor = 15
     description = "Griffin's real-gated linear recurrent unit (not rg-lru: the lattice unit); a linear scan"
     paper = "De et al. 2024, Griffin: mixing gated linear recurrences with local attention"
     formula = "dn + 2n² + 4n"
-    Config = ScanConfig
-    folds_embedding = True
-    evaluates_through_step = False  # the scan is also evaluation's fastest path
 
     def __init__(self, input_size: int, hidden_size: int, config: ScanConfig | None = None):
         super().__init__(input_size, hidden_size, config)
@@ -82,22 +79,12 @@ class GriffinRGLRU(RecurrentCell):
         h = a * h + torch.sqrt(1 - a * a) * (i * x)  # h_t = a_t ⊙ h_{t−1} + √(1 − a_t²) ⊙ (i_t ⊙ x_t)
         return h, (h,)
 
+    def input_map(self) -> tuple[Tensor, Tensor]:
+        return self.weight_in, self.bias_in  # the block's linear layer: the RG-LRU's x_t
+
     def coefficients(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(a, b)`` of ``h_t = a_t ⊙ h_{t−1} + b_t`` from the RG-LRU's input x (after W_in)."""
         r, i = torch.sigmoid(x @ self.gate_weight.T + self.gate_bias).chunk(2, dim=-1)
         log_a = -C * r * F.softplus(-self.decay)  # log a_t = c r_t log σ(Λ), in log space as the paper
         multiplier = torch.sqrt(-torch.expm1(2 * log_a))  # √(1 − a_t²), without cancelling near a_t = 1
         return torch.exp(log_a), multiplier * i * x
-
-    def forward(self, inputs: Tensor, state: State, lookup=None) -> tuple[Tensor, State]:
-        (h0,) = state
-        if lookup is not None:  # the coefficients for the V symbols, then a row per position
-            rows = torch.cat(self.coefficients(lookup.rows(self.weight_in, self.bias_in)), -1)
-            a, b = lookup.spread(rows).chunk(2, -1)
-        else:
-            a, b = self.coefficients(self.input_product(inputs, self.weight_in, self.bias_in))
-        h = linear_scan(a, b, h0, self.config.scan)
-        return h, (h[-1],)
-
-    def inference_step(self) -> CoefficientInference:
-        return CoefficientInference(self, self.weight_in, self.bias_in)

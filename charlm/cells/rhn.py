@@ -8,16 +8,13 @@ import torch
 from torch import Tensor, nn
 
 from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
+from charlm.settings import setting
 
 
 @dataclasses.dataclass
 class RHNConfig:
-    depth: int = 5  # L, highway micro-layers per time step
-    gate_bias: float = -2.0  # initial b_T (−4 was used for enwik8/text8): start by carrying
-
-    def __post_init__(self):
-        if self.depth < 1:
-            raise ValueError(f"depth must be at least 1, not {self.depth}")
+    depth: int = setting(5, "L, highway micro-layers per time step.", min=1)
+    gate_bias: float = setting(-2.0, "Initial b_T (−4 was used for enwik8/text8): start by carrying.")
 
 
 class RecurrentHighwayNetwork(RecurrentCell):

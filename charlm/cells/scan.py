@@ -1,8 +1,9 @@
 """The first-order linear recurrence ``h_t = a_t ⊙ h_{t−1} + b_t`` over a window, and ways to compute it.
 
 Cells whose state enters its own update linearly, with coefficients that depend on the input alone
-(minGRU, minLSTM, Griffin's RG-LRU), compute ``a`` and ``b`` for the whole window in a few tensor
-operations and hand them to :func:`linear_scan`. Every form below returns the same ``[T, B, n]`` of
+(those on :class:`charlm.cells.scan_cell.ScanCell`: minGRU, minLSTM, Griffin's RG-LRU, the QRNN, HGRN, the
+Linear RU), compute ``a`` and ``b`` for the whole window in a few tensor operations and hand them to
+:func:`linear_scan`, the one entry point. Every form below returns the same ``[T, B, n]`` of
 every ``h_t`` from ``a``, ``b`` (``[T, B, n]``) and the carried state ``h0`` (``[B, n]``), and is
 differentiable by autograd in ``a``, ``b`` and ``h0``; the tests hold each to :func:`scan_loop`.
 
@@ -10,8 +11,9 @@ differentiable by autograd in ``a``, ``b`` and ``h0``; the tests hold each to :f
 - ``log``: Heinsen's log-space form (:func:`log_scan`): with ``a*_t = Σ_{k≤t} log a_k``,
   ``h_t = e^{a*_t} h0 + exp(a*_t + logcumsumexp_k(log b_k − a*_k))``: two cumulative operations
   over time. Needs ``a > 0``; ``b`` is written as the difference of two positive parts when it has
-  either sign. Cells that compute in log space (minGRU, minLSTM) call :func:`log_scan` with their
-  log-coefficients directly. ``h0`` enters linearly, so it may be zero or negative.
+  either sign. Cells that compute in log space (minGRU, minLSTM) give :func:`linear_scan` their
+  log-coefficients (``logs=True``), which go to :func:`log_scan` directly. ``h0`` enters linearly,
+  so it may be zero or negative.
 - ``doubling``: Hillis–Steele. The pairs (A, B) of the affine maps ``h ↦ A h + B`` compose as
   ``(A₂, B₂)∘(A₁, B₁) = (A₂A₁, A₂B₁ + B₂)``; ⌈log₂ T⌉ rounds of whole-window multiply-adds, each
   composing every position with the one ``s = 1, 2, 4, …`` before it.
@@ -49,8 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from charlm.cells.base import InferenceStep, State
 from charlm.errors import CharlmError
+from charlm.settings import setting
 
 SCAN_METHODS = ("auto", "loop", "log", "doubling", "chunked")
 
@@ -59,13 +61,12 @@ LOOP_UP_TO = 16  # on a GPU, windows this short run the loop (on the CPU every w
 
 @dataclasses.dataclass
 class ScanConfig:
-    # how forward runs the recurrence over a window: "auto" (measured fastest), or forced: "loop",
-    # "log" (log space, Heinsen), "doubling" (Hillis–Steele), "chunked" (see charlm.cells.scan)
-    scan: str = "auto"
-
-    def __post_init__(self):
-        if self.scan not in SCAN_METHODS:
-            raise ValueError(f"scan must be one of {', '.join(SCAN_METHODS)}, not {self.scan!r}")
+    scan: str = setting(
+        "auto",
+        "How forward runs the recurrence over a window: auto (measured fastest), or forced: loop, log (log space, "
+        "Heinsen), doubling (Hillis–Steele), chunked (in chunks of the window).",
+        choices=SCAN_METHODS,
+    )
 
 
 def check_method(method: str) -> str:
@@ -120,7 +121,7 @@ def scan_log(a: Tensor, b: Tensor, h0: Tensor) -> Tensor:
     """:func:`log_scan` from ``a`` (> 0) and ``b`` of any sign: a ``b`` that is not positive
     everywhere is split into ``p − q`` with ``p = relu(b) + m``, ``q = relu(−b) + m``,
     ``m = |b| + tiny`` (both positive), and the two scans subtracted (the recurrence is linear in b)."""
-    if not bool((a > 0).all()):
+    if a.is_complex() or not bool((a > 0).all()):
         raise CharlmError("the log-space scan needs a > 0 everywhere (use another scan method)")
     log_a = torch.log(a)
     if bool((b > 0).all()):
@@ -181,33 +182,17 @@ def scan_chunked(a: Tensor, b: Tensor, h0: Tensor, chunk: int | None = None) -> 
 _FORMS = {"loop": scan_loop, "log": scan_log, "doubling": scan_doubling, "chunked": scan_chunked}
 
 
-def linear_scan(a: Tensor, b: Tensor, h0: Tensor, method: str = "auto") -> Tensor:
+def linear_scan(a: Tensor, b: Tensor, h0: Tensor, method: str = "auto", logs: bool = False) -> Tensor:
     """``h_t = a_t ⊙ h_{t−1} + b_t`` for t = 1..T from ``h0``: ``[T, B, n]`` of every ``h_t``.
 
     ``method`` is one of ``SCAN_METHODS``; ``auto`` picks by window length and device
-    (:func:`choose_method`). ``log`` needs ``a > 0``.
+    (:func:`choose_method`). ``log`` needs real ``a > 0``. ``a`` may be broadcast over the batch
+    (``[T, 1, n]``), and every tensor complex except in the log form. ``logs``: ``a`` and ``b`` are
+    given as their logarithms, as a cell computes them where a and b would underflow (minGRU, minLSTM).
     """
     check_method(method)
+    if logs:
+        return log_scan(a, b, h0) if method == "log" else linear_scan(a.exp(), b.exp(), h0, method)
     if method == "auto":
         method = choose_method(a.shape[0], a.device)
     return _FORMS[method](a, b, h0)
-
-
-class CoefficientInference(InferenceStep):
-    """The step for sampling a cell whose coefficients (a_t, b_t) depend on the input alone (its
-    ``coefficients(x W^T + bias)``): ``project`` gives them for each symbol, ``advance`` is one addcmul."""
-
-    reads_input = False
-
-    def __init__(self, cell, weight: Tensor, bias: Tensor):
-        super().__init__(cell)
-        self.weight, self.bias = weight.T, bias
-
-    def project(self, x: Tensor) -> Tensor:
-        return torch.cat(self.cell.coefficients(torch.addmm(self.bias, x, self.weight)), dim=-1)
-
-    def advance(self, projected: Tensor, x: Tensor | None, state: State) -> tuple[Tensor, State]:
-        (h,) = state
-        a, b = projected.chunk(2, dim=-1)
-        h = torch.addcmul(b, a, h)  # h_t = a_t ⊙ h_{t−1} + b_t
-        return h, (h,)

@@ -8,20 +8,15 @@ import torch
 from torch import Tensor, nn
 
 from charlm.cells.base import InferenceStep, RecurrentCell, State, glorot_uniform_
+from charlm.settings import setting
 
 
 @dataclasses.dataclass
 class SCRNConfig:
-    context_size: int | None = None  # c, the slow context state; None: max(1, n // 10)
-    alpha: float = 0.95  # how much of the context is kept each step
-    learnable_alpha: bool = False  # learn one α per context unit, starting at `alpha`
-    bias: bool = False  # add a bias b to the hidden pre-activation (+n parameters)
-
-    def __post_init__(self):
-        if self.context_size is not None and self.context_size < 1:
-            raise ValueError(f"context_size must be at least 1, not {self.context_size}")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha must be in [0, 1], not {self.alpha}")
+    context_size: int | None = setting(None, "c, the slow context state; none: max(1, n // 10).", min=1)
+    alpha: float = setting(0.95, "How much of the context is kept each step.", min=0, max=1)
+    learnable_alpha: bool = setting(False, "Learn one α per context unit, starting at `alpha`.")
+    bias: bool = setting(False, "Add a bias b to the hidden pre-activation (+n parameters).")
 
     def context_for(self, hidden_size: int) -> int:
         return self.context_size if self.context_size is not None else max(1, hidden_size // 10)

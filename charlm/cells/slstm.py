@@ -10,21 +10,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from charlm.cells.base import InferenceStep, RecurrentCell, State
-from charlm.cells.xlstm_parts import causal_conv, check_forget_gate, conv_init_, head_norm, headwise, small_init_
+from charlm.cells.xlstm_parts import FORGET_GATES, causal_conv, conv_init_, head_norm, headwise, small_init_
+from charlm.settings import setting
 
 
 @dataclasses.dataclass
 class SLSTMConfig:
-    heads: int = 4
-    conv_width: int = 4  # the causal convolution on the i/f path (0: none)
-    forget_gate: str = "sigmoid"  # or "exp"
-
-    def __post_init__(self):
-        if self.heads < 1:
-            raise ValueError(f"heads must be at least 1, not {self.heads}")
-        if self.conv_width < 0:
-            raise ValueError(f"conv_width must be 0 (none) or more, not {self.conv_width}")
-        check_forget_gate(self.forget_gate)
+    heads: int = setting(4, "Heads of the head-wise recurrence.", min=1)
+    conv_width: int = setting(4, "The causal convolution on the i/f path (0: none).", min=0)
+    forget_gate: str = setting("sigmoid", "The forget gate's activation.", choices=FORGET_GATES)
 
 
 class SLSTM(RecurrentCell):

@@ -10,16 +10,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from charlm.cells.base import InferenceStep, RecurrentCell, State
+from charlm.settings import setting
 
 
 @dataclasses.dataclass
 class SRUConfig:
-    highway_bias: float = 0.0  # b_r's initial value; with rescale, α = √(1 + 2·e^{b_r}) (√3 at 0)
-    rescale: bool = True  # scale the skip by α (the paper's scaling correction); False: α = 1
-
-    def __post_init__(self):
-        if not math.isfinite(self.highway_bias):
-            raise ValueError(f"highway_bias must be a finite number, not {self.highway_bias!r}")
+    highway_bias: float = setting(0.0, "b_r's initial value; with rescale, α = √(1 + 2·e^(b_r)) (√3 at 0).")
+    rescale: bool = setting(True, "Scale the skip by α (the paper's scaling correction); false: α = 1.")
 
 
 class _ForgetRecurrence(torch.autograd.Function):

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from charlm.cells.base import InferenceStep, RecurrentCell, State
 from charlm.errors import CharlmError
+from charlm.settings import setting
 
 ROPE_BASE = 10000.0
 INIT_STD = 0.02  # GPT-2's N(0, 0.02) for every linear weight
@@ -81,22 +82,16 @@ class TransformerBlock(RecurrentCell):
 
     @dataclasses.dataclass
     class Config:
-        heads: int = 4
-        memory: int = 50
-        mlp_ratio: int = 4
-        bias: bool = True
+        heads: int = setting(4, "Attention heads (the hidden size must be a multiple of 2·heads).", min=1)
+        memory: int = setting(50, "M, the positions before the window each position attends to (0: none).", min=0)
+        mlp_ratio: int = setting(4, "r, the MLP's width as a multiple of n.", min=1)
+        bias: bool = setting(True, "Biases in the linear maps and the LayerNorms (false: none, as nanoGPT).")
 
     def __init__(self, input_size: int, hidden_size: int, config=None):
         super().__init__(input_size, hidden_size, config)
         n, heads, memory = hidden_size, self.config.heads, self.config.memory
         if input_size != n:
             raise ValueError(f"a transformer block's input must be as wide as its output: {input_size} ≠ {n}")
-        if heads < 1:
-            raise ValueError(f"heads must be at least 1, not {heads}")
-        if memory < 0:
-            raise ValueError(f"memory must be 0 or more positions, not {memory}")
-        if self.config.mlp_ratio < 1:
-            raise ValueError(f"mlp_ratio must be at least 1, not {self.config.mlp_ratio}")
         if n % heads:
             raise ValueError(f"the hidden size {n} is not divisible by heads={heads}")
         if (n // heads) % 2:

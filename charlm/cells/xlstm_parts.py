@@ -16,12 +16,6 @@ FORGET_GATES = ("sigmoid", "exp")
 NORM_EPS = 1e-5  # the published head-wise LayerNorm's
 
 
-def check_forget_gate(value: str) -> str:
-    if value not in FORGET_GATES:
-        raise ValueError(f"forget_gate must be sigmoid or exp, not {value!r}")
-    return value
-
-
 def log_forget(pre: Tensor, gate: str) -> Tensor:
     """log f_t from f̃_t: log σ(f̃_t) for a sigmoid forget gate, f̃_t itself for an exponential one."""
     return F.logsigmoid(pre) if gate == "sigmoid" else pre

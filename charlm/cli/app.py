@@ -5,19 +5,12 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-import typing
-from pathlib import PurePath
 
 import typer
 import typer.main
 from rich.table import Table
 from rich.text import Text
 from typer import core
-
-try:  # the click that typer runs on: its own copy in newer typer versions
-    from typer._click.exceptions import BadParameter
-except ImportError:
-    from click.exceptions import BadParameter
 
 from charlm import __version__
 from charlm.cli import (
@@ -51,30 +44,16 @@ app = typer.Typer(
 )
 
 
-def _label_flags_without_a_type() -> None:
-    """Typer 0.29 labels on/off flags ``<bool>`` in --help as if they took a value; show no type."""
-    option = getattr(core, "TyperOption", None)
-    if option is None or not hasattr(option, "display_type_rich"):
-        return
-    shown = option.display_type_rich
-
-    def display_type_rich(self, ctx):
-        return None if self.is_flag else shown(self, ctx)
-
-    option.display_type_rich = display_type_rich
-
-
-_label_flags_without_a_type()
-
-
 def _keep_option_names_whole() -> None:
-    """Typer's --help tables let every column wrap: at 80 columns, once the help text is as narrow as
-    the longest flag, rich narrows both and cuts the flag (``--no-test-every-epo…``). Here only the
-    last two columns of a row (an option's type and help text; a command's help) may wrap, folding a
-    word too long for them rather than cutting it: the option names and flags before them stay whole.
-    Each name of an option is on a line of its own (``--hidden`` above ``--hidden-size``, ``--wavefront``
-    above ``--no-wavefront``), so that the names take one narrow column and leave the room to the help.
-    Installed when a help is first shown (typer.rich_utils takes a while to import)."""
+    """The one change to typer's --help (neither typer nor rich has a setting for it; the tests of
+    tests/cli/test_cli_help.py fail when a typer release breaks it). Typer's tables let every column wrap:
+    at 80 columns, once the help text is as narrow as the longest flag, rich narrows both and cuts the
+    flag (``--no-test-every-epo…``). Here only the last two columns of a row (an option's type and help
+    text; a command's help) may wrap, folding a word too long for them rather than cutting it: the option
+    names and flags before them stay whole. Each name of an option is on a line of its own (``--hidden``
+    above ``--hidden-size``, ``--wavefront`` above ``--no-wavefront``), and a flag shows no type (typer
+    0.29 labels it ``<bool>`` as if it took a value), so that the names take one narrow column and leave
+    the room to the help. Installed when a help is first shown (typer.rich_utils takes a while to import)."""
 
     def install():
         from typer import rich_utils
@@ -83,6 +62,7 @@ def _keep_option_names_whole() -> None:
             def add_row(self, *renderables, **options):
                 if len(renderables) >= 6:  # an option's row: [required,] names, short names, off-flags, ..., type, help
                     *required, names, short, off, off_short, kind, help = renderables
+                    kind = Text("") if isinstance(kind, Text) and kind.plain == "<bool>" else kind  # a flag's
                     renderables = (*required, _one_name_a_line(names, off), short, off_short, kind, help)
                 super().add_row(*renderables, **options)
                 for column in self.columns[:-2]:
@@ -184,7 +164,6 @@ def run(argv: list[str] | None = None) -> int:
     command = None
     try:
         command = typer.main.get_command(app)
-        _refuse_empty_paths(command)
         result = command(args=argv, prog_name="charlm", standalone_mode=False)
     except CharlmError as error:
         if isinstance(error, OutOfMemory):  # told by charlm.load in Python's names: in the command's
@@ -211,43 +190,6 @@ def run(argv: list[str] | None = None) -> int:
         print(f"charlm: error: {problem}", file=sys.stderr)
         return problem.exit_code
     return result if isinstance(result, int) else 0
-
-
-def _refuse_empty_paths(command) -> None:
-    """Make every path option and argument of ``command`` (and of its commands) refuse an empty value:
-    pathlib reads "" as ".", so `report --out ""` would write into the current directory and
-    `runs --prune "$UNSET"` prune it. Judged on the text given, before it becomes a Path."""
-    for subcommand in getattr(command, "commands", {}).values():
-        _refuse_empty_paths(subcommand)
-    for param in command.params:
-        if _takes_paths(param) and hasattr(param, "process_value"):
-            param.process_value = _without_empty_paths(param, param.process_value)
-
-
-def _takes_paths(param) -> bool:
-    """Whether a typer parameter takes a path, or a list of them (typer keeps the annotation; an older
-    typer, only click's Path type)."""
-    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
-    if annotation is None:
-        return type(getattr(param, "type", None)).__name__ == "Path"
-    return any(
-        isinstance(kind, type) and issubclass(kind, PurePath) for kind in (annotation, *typing.get_args(annotation))
-    )
-
-
-def _without_empty_paths(param, process_value):
-    def process(ctx, value):
-        values = value if isinstance(value, (list, tuple)) else [value]
-        if any(isinstance(item, str) and item == "" for item in values):
-            raise click_bad_parameter("an empty path names no file or directory", ctx, param)
-        return process_value(ctx, value)
-
-    return process
-
-
-def click_bad_parameter(message: str, ctx, param) -> Exception:
-    """The BadParameter of the click that typer runs on (its own copy in newer typer versions)."""
-    return BadParameter(message, ctx=ctx, param=param)
 
 
 # What to make smaller when memory runs out, by command: options it has (others get the default advice).

@@ -24,7 +24,7 @@ def bench(given: dict = None):
     from charlm.settings import validate
     from charlm.runtime.distributed import launched_by_torchrun
     from charlm.runtime.devices import resolve_device
-    from charlm.model import parse_budget
+    from charlm.sizing import parse_budget
     from charlm.errors import ConfigError
     from charlm.logs import get_logger
     from charlm.runtime.precision import check_precision, set_tf32, tf32_in_use

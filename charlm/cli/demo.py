@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -16,14 +15,19 @@ from charlm.settings import validate
 
 @settings_options(DemoConfig)
 def demo(
-    data_dir: Optional[Path] = typer.Option(
+    data_dir: Optional[str] = typer.Option(
         None,
         "--data-dir",
         callback=directory_option,
         help="Root of prepared corpora (default: $CHARLM_DATA or ./data).",
+        metavar="<path>",
     ),
-    run_dir: Optional[Path] = typer.Option(
-        None, "--run-dir", callback=directory_option, help="Where to write the run (default: runs/pydoc-lru-demo-TIME)."
+    run_dir: Optional[str] = typer.Option(
+        None,
+        "--run-dir",
+        callback=directory_option,
+        help="Where to write the run (default: runs/pydoc-lru-demo-TIME).",
+        metavar="<path>",
     ),
     given: dict = None,
 ):

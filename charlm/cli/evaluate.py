@@ -3,29 +3,25 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Optional
 
 import typer
-
-from charlm.errors import CharlmError
 
 from charlm.cli.loading import CELL, CHECKPOINT, DATA_DIR, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model
 from charlm.cli.options import dynamic_option, settings_options
 from charlm.cli.output import print_table, stdout
 from charlm.config_inference import DEFAULT_SEARCH_PREFIX, DynamicOptions, EvalConfig
 from charlm.logs import ProgressBars, progress_bar
-from charlm.settings import INT64_MAX, flag_of, validate
+from charlm.settings import flag_of, validate
 
 
 @settings_options(DynamicOptions, into="dyn")
 @settings_options(EvalConfig, into="static", exclude=("batch_size",))
 def evaluate(
-    checkpoint: Path = CHECKPOINT,
+    checkpoint: str = CHECKPOINT,
     batch_size: Optional[int] = typer.Option(
         None,
         "--batch-size",
-        max=INT64_MAX,
         help=(
             "Parallel streams; every symbol is scored once whatever the value. Must be at least 1. (default: "
             f"{EvalConfig.batch_size} static, {DynamicOptions.batch_size} dynamic (exact, in text order))."
@@ -50,14 +46,13 @@ def evaluate(
     search_prefix: Optional[int] = typer.Option(
         None,
         "--search-prefix",
-        max=INT64_MAX,
         help=f"Characters of the validation split the search scores (default: {DEFAULT_SEARCH_PREFIX}).",
     ),
-    save_adapted: Optional[Path] = typer.Option(
-        None, "--save-adapted", help="Write the adapted weights to this checkpoint file."
+    save_adapted: Optional[str] = typer.Option(
+        None, "--save-adapted", help="Write the adapted weights to this checkpoint file.", metavar="<path>"
     ),
     force: bool = typer.Option(False, "--force", help="Let --save-adapted replace a file that exists."),
-    data_dir: Optional[Path] = DATA_DIR,
+    data_dir: Optional[str] = DATA_DIR,
     device: str = DEVICE,
     cell: Optional[str] = CELL,
     trust_code: bool = TRUST_CODE,
@@ -69,9 +64,7 @@ def evaluate(
     with --dynamic, the static and the dynamically evaluated figures side by side."""
     from charlm.inference.dynamic_options import check_protocol, resolve_options
 
-    validate(EvalConfig(**static))
-    if batch_size is not None and batch_size < 1:  # the same words as every other bound
-        raise CharlmError(f"--batch-size must be at least 1, not {batch_size}")
+    validate(EvalConfig(**static, **({} if batch_size is None else {"batch_size": batch_size})))  # its declared bounds
     split = static.get("split", EvalConfig.split)
     given = {
         "--batch-size": batch_size,

@@ -15,7 +15,7 @@ from charlm.cli.loading import CELL, CHECKPOINT, TRUST_CODE, load_model
 from charlm.cli.output import stdout
 from charlm.errors import CharlmError
 from charlm.inference.export_formats import FORMATS, STEP_FORMATS, check_available, description_path
-from charlm.files import atomic_write
+from charlm.files import atomic_write, path_value
 
 FORMAT_HELP = escape(
     f"One of: {', '.join(FORMATS)}. charlm: a slim checkpoint for charlm.load, eval, sample, score. "
@@ -28,8 +28,8 @@ FORMAT_HELP = escape(
 
 
 def export(
-    checkpoint: Path = CHECKPOINT,
-    output: Path = typer.Argument(..., help="File to write (for example model.pt or model.safetensors)."),
+    checkpoint: str = CHECKPOINT,
+    output: str = typer.Argument(..., help="File to write (for example model.pt or model.safetensors)."),
     cell: Optional[str] = CELL,
     trust_code: bool = TRUST_CODE,
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
@@ -37,6 +37,7 @@ def export(
 ):
     """Write the model without optimizer, RNG or carried state: for `charlm.load`, eval, sample, score
     (--format charlm or safetensors); or (--format torchscript|onnx) its inference step, to run outside charlm."""
+    output = path_value(output, "OUTPUT")
     if format is None:
         format = "safetensors" if output.suffix.lower() == ".safetensors" else "charlm"
     check_available(format)  # an unknown format, or a format without its packages: before any work

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -21,7 +20,11 @@ CELL = typer.Option(
 )
 TRUST_CODE = typer.Option(False, "--trust-code", help="Import whatever module:Class cell the checkpoint names.")
 DATA_DIR = typer.Option(
-    None, "--data-dir", callback=directory_option, help="Root of prepared corpora (default: the one used in training)."
+    None,
+    "--data-dir",
+    callback=directory_option,
+    help="Root of prepared corpora (default: the one used in training).",
+    metavar="<path>",
 )
 NO_CUDA_GRAPH = typer.Option(
     False,
@@ -32,7 +35,7 @@ NO_CUDA_GRAPH = typer.Option(
 )
 
 
-def load_model(reference: Path, device: str, cell: Optional[str], trust_code: bool, no_cuda_graph: bool = False):
+def load_model(reference: str, device: str, cell: Optional[str], trust_code: bool, no_cuda_graph: bool = False):
     """The checkpoint through ``charlm.load``, with float32 products in float32 (no TensorFloat-32:
     the arithmetic training uses by default)."""
     from charlm.api import load

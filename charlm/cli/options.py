@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from charlm.cli.completion import completion_for
 from charlm.settings import bound_text, flag_of
-from charlm.files import check_directory
+from charlm.files import check_directory, path_value
 
 
 def help_text(owner, name: str) -> str:
@@ -194,7 +194,8 @@ def dynamic_option(value: str | None):
 
 
 def directory_option(param: typer.CallbackParam, value):
-    """The callback of a directory option (``--data-dir``): a file where the directory belongs is bad
-    input, said with the option's name as it is read (``charlm.files.check_directory``)."""
-    check_directory(value, param.opts[0])
+    """The callback of a directory option (``--data-dir``): an empty path or a file where the directory
+    belongs is bad input, said with the option's name as it is read (``charlm.files``)."""
+    if value is not None:
+        check_directory(path_value(value, param.opts[0]), param.opts[0])
     return value

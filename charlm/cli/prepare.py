@@ -5,7 +5,6 @@ Results go to stdout; progress bars and diagnostics to stderr.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
@@ -14,7 +13,7 @@ from charlm.cli.completion import complete_recipes
 from charlm.cli.options import directory_option, help_text
 from charlm.cli.output import print_table
 from charlm.config_tools import PrepareConfig
-from charlm.settings import INT64_MAX
+from charlm.settings import validate
 from charlm.corpora.root import data_root
 from charlm.corpora.splits import SPLITS, parse_fractions
 
@@ -30,21 +29,23 @@ def prepare(
         "your own files (see `charlm corpora`).",
         autocompletion=complete_recipes,
     ),
-    paths: Optional[list[Path]] = typer.Argument(None, help="For `text`: UTF-8 files or directories, read in order."),
-    source: Optional[Path] = typer.Option(
+    paths: Optional[list[str]] = typer.Argument(None, help="For `text`: UTF-8 files or directories, read in order."),
+    source: Optional[str] = typer.Option(
         None,
         "--source",
         help="Prepare from a local copy instead of downloading: "
         "the archive itself, or a directory or file holding its members.",
+        metavar="<path>",
     ),
     url: Optional[str] = typer.Option(
         None, "--url", help="Download from this address (a mirror) instead of the canonical one."
     ),
-    data_dir: Optional[Path] = typer.Option(
+    data_dir: Optional[str] = typer.Option(
         None,
         "--data-dir",
         callback=directory_option,
         help="Data root for prepared corpora and the download cache (default: $CHARLM_DATA, else ./data).",
+        metavar="<path>",
     ),
     subword: Optional[str] = typer.Option(
         None,
@@ -53,7 +54,7 @@ def prepare(
         "split: bpe or unigram. A character corpus becomes <corpus>-<kind><N>.",
     ),
     vocab_size: int = typer.Option(
-        PrepareConfig.vocab_size, "--vocab-size", min=2, max=INT64_MAX, help=help_text(PrepareConfig, "vocab_size")
+        PrepareConfig.vocab_size, "--vocab-size", help=help_text(PrepareConfig, "vocab_size"), show_default=False
     ),
     name: Optional[str] = typer.Option(None, "--name", help="Name of the prepared corpus (required for `text`)."),
     force: bool = typer.Option(
@@ -83,6 +84,7 @@ def prepare(
     """Download (or read from --source), verify, split and encode a corpus into the data root."""
     from charlm.corpora import prepare_corpus
 
+    validate(PrepareConfig(vocab_size=vocab_size))  # its declared bounds
     prepared = prepare_corpus(
         corpus,
         data_dir=data_dir,
@@ -112,8 +114,12 @@ def summary(corpus: PreparedCorpus) -> str:
 
 
 def corpora(
-    data_dir: Optional[Path] = typer.Option(
-        None, "--data-dir", callback=directory_option, help="Data root to look in (default: $CHARLM_DATA, else ./data)."
+    data_dir: Optional[str] = typer.Option(
+        None,
+        "--data-dir",
+        callback=directory_option,
+        help="Data root to look in (default: $CHARLM_DATA, else ./data).",
+        metavar="<path>",
     ),
 ):
     """List the known corpora, and which are prepared with their split sizes and vocabulary.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -11,11 +10,14 @@ from charlm.cli.output import print_table, stdout
 
 
 def report(
-    directories: List[Path] = typer.Argument(
+    directories: List[str] = typer.Argument(
         ..., metavar="DIR", help="Run directories, or directories to search for runs (recursively)."
     ),
-    out: Optional[Path] = typer.Option(
-        None, "--out", help="Directory to write the report to (default: DIR/report; required with several directories)."
+    out: Optional[str] = typer.Option(
+        None,
+        "--out",
+        help="Directory to write the report to (default: DIR/report; required with several directories).",
+        metavar="<path>",
     ),
     reference: Optional[str] = typer.Option(
         None,

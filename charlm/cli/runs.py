@@ -6,14 +6,15 @@ from __future__ import annotations
 import enum
 import json
 import math
-from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from charlm.cli.options import option_for
 from charlm.cli.output import print_plain, print_table, stdout
 from charlm.errors import CharlmError
-from charlm.settings import INT64_MAX
+from charlm.config_tools import PruneConfig
+from charlm.settings import validate
 from charlm.logs import get_logger
 
 # The columns left out first when the terminal is narrow (but not the one sorted by); run, corpus
@@ -37,7 +38,7 @@ SortColumn = enum.Enum("SortColumn", [(name, name) for name in COLUMNS], type=st
 
 
 def runs(
-    directories: Optional[List[Path]] = typer.Argument(
+    directories: Optional[List[str]] = typer.Argument(
         None,
         metavar="DIR",
         help="Directories to search for run directories (recursively), or run directories. (default: runs)",
@@ -58,12 +59,7 @@ def runs(
         "beyond --keep, leftovers of cut-short writes); last.pt and best.pt stay, a run being trained is skipped.",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="With --prune: print what would be freed, remove nothing."),
-    keep: Optional[int] = typer.Option(
-        None,
-        "--keep",
-        max=INT64_MAX,
-        help="With --prune: epoch checkpoints to keep in each run. (default: the run's --keep-checkpoints)",
-    ),
+    keep: Optional[int] = option_for(PruneConfig, "keep"),
 ):
     """List runs: corpus, cell, size, epochs, best validation and test bpc, dynamic figures, time, disk, status."""
     from charlm.runs.directory import find_runs  # not at every start-up (slow to import)
@@ -74,9 +70,8 @@ def runs(
         raise CharlmError(
             f"{'--json' if as_json else '--plain'} lists runs; --prune prints what it frees: give one, not both"
         )
-    if keep is not None and keep < 0:
-        raise CharlmError(f"--keep must be zero or positive, not {keep}")
-    directories = directories or [Path("runs")]
+    validate(PruneConfig(keep=keep))  # its declared bounds
+    directories = directories or ["runs"]
     found, seen = [], set()
     for directory in directories:
         for run in find_runs(directory):

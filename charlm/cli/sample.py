@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Optional
 import random
 
@@ -12,18 +11,21 @@ import typer
 from charlm.cli.loading import CELL, CHECKPOINT, DEVICE, NO_CUDA_GRAPH, TRUST_CODE, load_model, warn_if_corpus_changed
 from charlm.cli.options import settings_options
 from charlm.config_inference import SampleConfig
-from charlm.settings import INT64_MAX, validate
-from charlm.errors import CharlmError, ConfigError
+from charlm.settings import validate
+from charlm.errors import CharlmError
 from charlm.files import read_text
 from charlm.logs import get_logger
 
 
 @settings_options(SampleConfig)
 def sample(
-    checkpoint: Path = CHECKPOINT,
+    checkpoint: str = CHECKPOINT,
     prime: Optional[str] = typer.Option(None, "--prime", help="Text to start from (default: a line break)."),
-    prime_file: Optional[Path] = typer.Option(
-        None, "--prime-file", help="Read the prime text from this UTF-8 file (-: from standard input)."
+    prime_file: Optional[str] = typer.Option(
+        None,
+        "--prime-file",
+        help="Read the prime text from this UTF-8 file (-: from standard input).",
+        metavar="<path>",
     ),
     logprob: bool = typer.Option(
         False,
@@ -48,13 +50,6 @@ def sample(
     config = SampleConfig(**given)
     validate(config)
     check_beam_settings(config)
-    if config.seed is not None and config.seed + config.num_samples - 1 > INT64_MAX:  # sample i uses seed + i
-        raise ConfigError(
-            SampleConfig,
-            "seed",
-            f"must be at most {INT64_MAX - config.num_samples + 1} for "
-            f"{config.num_samples} samples (sample i uses seed + i), not {config.seed}",
-        )
     model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
     warn_if_corpus_changed(model, "sampling")
     base_seed = config.seed
@@ -94,9 +89,9 @@ def _report_log_prob(generation, which: str) -> None:
     sys.stderr.flush()
 
 
-def _read_prime(prime_file: Path) -> str:
+def _read_prime(prime_file: str) -> str:
     """The prime file's text; ``-`` reads standard input."""
-    if str(prime_file) != "-":
+    if prime_file != "-":
         return read_text(prime_file, "prime file")
     data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
     try:

@@ -16,16 +16,19 @@ from charlm.config_inference import DynamicOptions, ScoreConfig
 from charlm.logs import ProgressBars
 from charlm.settings import flag_of, validate
 from charlm.errors import CharlmError
-from charlm.files import WriteError, atomic_write_text, read_bytes
+from charlm.files import WriteError, atomic_write_text, path_value, read_bytes
 
 
 @settings_options(DynamicOptions, into="dyn")
 @settings_options(ScoreConfig)
 def score(
-    checkpoint: Path = CHECKPOINT,
+    checkpoint: str = CHECKPOINT,
     text_file: str = typer.Argument(..., metavar="FILE|-", help="UTF-8 text to score, or - for standard input."),
-    per_char: Optional[Path] = typer.Option(
-        None, "--per-char", help="Write each predicted symbol's log-probability to this TSV file (- for stdout)."
+    per_char: Optional[str] = typer.Option(
+        None,
+        "--per-char",
+        help="Write each predicted symbol's log-probability to this TSV file (- for stdout).",
+        metavar="<path>",
     ),
     dynamic: Optional[str] = typer.Option(
         None,
@@ -34,7 +37,7 @@ def score(
         help="Also score dynamically (sgd or rms, as in `charlm eval`); rms reads gradient statistics from the "
         "model's training split.",
     ),
-    data_dir: Optional[Path] = DATA_DIR,
+    data_dir: Optional[str] = DATA_DIR,
     device: str = DEVICE,
     cell: Optional[str] = CELL,
     trust_code: bool = TRUST_CODE,
@@ -51,6 +54,8 @@ def score(
     dynamic_options = None if dynamic is None else DynamicOptions(method=dynamic, **dyn)
     if dynamic_options is not None:
         dynamic_options.validate()  # before the model is loaded, as eval does
+    if per_char not in (None, "-"):  # before the scoring, not after it
+        per_char = path_value(per_char, "--per-char")
     text = _read(text_file)
     model = load_model(checkpoint, device, cell, trust_code, no_cuda_graph)
     bars = ProgressBars("bits/token" if model.unit in ("subword", "word") else "bpc")
@@ -100,7 +105,7 @@ def _read(text_file: str) -> str:
         data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
         where = "standard input"
     else:
-        path = Path(text_file)
+        path = path_value(text_file, "text file")
         data = read_bytes(path, "text file")
         where = f"text file {path}"
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import List, Optional
 import socket
 
@@ -23,7 +22,7 @@ INSTALL = "charlm serve needs FastAPI and uvicorn: python3 -m pip install -e '.[
 
 @settings_options(ServeConfig)
 def serve(
-    checkpoints: List[Path] = typer.Argument(
+    checkpoints: List[str] = typer.Argument(
         ...,
         metavar="RUN_OR_CHECKPOINT",
         help="Run directories (their "

@@ -24,11 +24,12 @@ def sweep(
         help="A profile of the plan, such as small (default: the plan as written: a shipped plan's paper settings, in "
         "sweeps/PLAN-paper; a plan of your own in sweeps/PLAN).",
     ),
-    directory: Optional[Path] = typer.Option(
+    directory: Optional[str] = typer.Option(
         None,
         "--dir",
         callback=directory_option,
         help="The sweep directory (default: sweeps/PLAN-PROFILE; sweeps/PLAN for a plan of your own run as written).",
+        metavar="<path>",
     ),
     dry_run: bool = typer.Option(
         False,
@@ -48,11 +49,12 @@ def sweep(
         "of 4 tasks: $SLURM_ARRAY_TASK_ID/4).",
     ),
     list_plans: bool = typer.Option(False, "--list", help="List the plans shipped with charlm and exit."),
-    data_dir: Optional[Path] = typer.Option(
+    data_dir: Optional[str] = typer.Option(
         None,
         "--data-dir",
         callback=directory_option,
         help="Root of prepared corpora (default: $CHARLM_DATA, else ./data).",
+        metavar="<path>",
     ),
     trust_code: bool = typer.Option(False, "--trust-code", help="Allow the plan's module:Class cells to be imported."),
 ):

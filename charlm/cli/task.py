@@ -44,10 +44,12 @@ def task(
     seed: int = typer.Option(1, "--seed", help=_help("seed"), show_default=False),
     device: str = typer.Option("auto", "--device", help=_help("device"), show_default=False),
     wavefront: bool = typer.Option(True, "--wavefront/--no-wavefront", help=_help("wavefront"), show_default=False),
-    run_dir: Optional[Path] = typer.Option(
-        None, "--run-dir", help=escape("Where the run goes (default: runs/TASK-CELL-LAYERSx-TIME).")
+    run_dir: Optional[str] = typer.Option(
+        None, "--run-dir", help=escape("Where the run goes (default: runs/TASK-CELL-LAYERSx-TIME)."), metavar="<path>"
     ),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this directory."),
+    resume: Optional[str] = typer.Option(
+        None, "--resume", help="Continue the run in this directory.", metavar="<path>"
+    ),
 ):
     """Train on memorization, addition or parity until 100% held-out accuracy or --max-samples; prints the
     samples at which 50/80/99/100% were first exceeded."""
@@ -83,8 +85,9 @@ def task(
             device=device,
             wavefront=wavefront,
         )
-        target = run_dir or Path("runs") / f"{name}-{cell}-{layers}x-{time.strftime('%Y%m%d-%H%M%S')}"
-        end = train_task(config, run_dir=target)
+        if run_dir is None:
+            run_dir = Path("runs") / f"{name}-{cell}-{layers}x-{time.strftime('%Y%m%d-%H%M%S')}"
+        end = train_task(config, run_dir=run_dir)
     reached = (
         ", ".join(
             f">{float(key):.0%} at {value:,}" if float(key) < 1 else f"100% at {value:,}"

@@ -19,13 +19,14 @@ def train(
     cell_opt: Optional[List[str]] = typer.Option(
         None, "--cell-opt", help="Cell option key=value (repeatable), e.g. --cell-opt peephole=diagonal."
     ),
-    resume: Optional[Path] = typer.Option(
-        None, "--resume", help="Continue the run in this directory from its last checkpoint."
+    resume: Optional[str] = typer.Option(
+        None, "--resume", help="Continue the run in this directory from its last checkpoint.", metavar="<path>"
     ),
-    config: Optional[Path] = typer.Option(
+    config: Optional[str] = typer.Option(
         None,
         "--config",
         help='JSON file of settings (keys as the options, e.g. "cell_options"); options given here win.',
+        metavar="<path>",
     ),
     trust_code: bool = typer.Option(
         False,
@@ -38,7 +39,7 @@ def train(
     from charlm.cells import parse_key_values
     from charlm.training.resume import fixed_settings, run_to_go_on_with
     from charlm.training.setup import settings_from_init
-    from charlm.training.text_input import new_run_inputs
+    from charlm.training.run_inputs import new_run_inputs
     from charlm.training.trainer import Trainer
 
     if resume is not None:
@@ -52,7 +53,7 @@ def train(
             )
         trainer = Trainer.resume(resume, cells=[named_cell] if named_cell else [], trust_code=trust_code, **given)
     else:
-        settings = read_config_file(config) if config else {}
+        settings = read_config_file(config) if config is not None else {}
         cell_from_file = settings.get("cell")
         if isinstance(cell_from_file, str) and ":" in cell_from_file and "cell" not in given and not trust_code:
             raise CharlmError(

@@ -35,6 +35,7 @@ from charlm.corpora.tokenizer import UNK, ByteTokenizer, CharTokenizer, Tokenize
 from charlm.corpora.word_tokenizers import WordTokenizer
 from charlm.logs import info as log_info
 from charlm.errors import CharlmError, OutOfVocabulary
+from charlm.files import path_value
 
 UNKNOWN_POLICIES = ("error", "unk")
 CORPUS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -125,6 +126,8 @@ def prepare_corpus(
     """
     log = log or log_info
     say = log if progress else _silent  # progress messages; warnings and "nothing to do" always go to log
+    source = None if source is None else path_value(source, "--source")
+    paths = tuple(path_value(path, "a path to prepare") for path in paths or ())
     recipe = name if isinstance(name, Recipe) else get_recipe(name)
     options = PrepareOptions.resolve(
         recipe,
@@ -157,9 +160,9 @@ def prepare_corpus(
     gathered = recipe.inputs.gather(
         GatherRequest(
             data_root=root,
-            source=None if source is None else Path(source),
+            source=source,
             url=url,
-            paths=tuple(paths or ()),
+            paths=paths,
             verify=verify,
             policy=download_policy,
             progress=progress,

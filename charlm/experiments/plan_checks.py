@@ -25,7 +25,8 @@ from charlm.config_inference import DynamicOptions, EvalConfig
 from charlm.settings import validate, from_dict
 from charlm.cells import CELLS, parse_cell_options
 from charlm.corpora import RECIPES
-from charlm.model import ModelConfig, budget_of
+from charlm.model import ModelConfig
+from charlm.sizing import budget_of
 from charlm.tasks.models import build_task_model
 from charlm.tasks.config import TaskConfig
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from charlm.config_inference import DynamicOptions
 from charlm.errors import CharlmError
+from charlm.files import path_value
 from charlm.inference.dynamic import METHODS
 from charlm.settings import INT64_MAX
 
@@ -69,7 +70,7 @@ def check_method(method: str | None, dynamic_only: list[str], *, purpose: str = 
 def check_adapted_path(path, source, force: bool = False) -> None:
     """Fail before the long evaluation, not after it, if the adapted checkpoint cannot be written, or
     would replace a file without ``force`` (as `charlm export` asks for --force)."""
-    path = Path(path)
+    path = path_value(path, "--save-adapted")
     if path.is_dir():
         raise CharlmError(f"--save-adapted {path} is a directory: give a file name such as {path / 'adapted.pt'}")
     if not path.parent.is_dir():

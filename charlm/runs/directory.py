@@ -304,7 +304,7 @@ def _in_use(path: Path, holder: str) -> CharlmError:
 
 def find_runs(root: str | Path) -> list[Run]:
     """Every run directory (one holding config.json) at or below ``root``."""
-    root = Path(root)
+    root = path_value(root, "a directory of runs")
     if not root.is_dir():
         raise CharlmError(f"no such directory: {root}")
     return [

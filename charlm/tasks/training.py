@@ -33,7 +33,7 @@ from charlm.runtime.devices import resolve_device
 from charlm.runtime.memory import check_fits
 from charlm.tasks.config import TaskConfig  # its home has no torch (`charlm task --help`); its callers find it here too
 from charlm.tasks.models import build_task_model, check_wavefront, estimate_task_memory
-from charlm.training.control import Stop, StopRequest, TrainingDiverged, TrainingInterrupted
+from charlm.training.control import StopReason, StopRequest, TrainingDiverged, TrainingInterrupted
 from charlm.training.optimizers import optimizer_named
 
 THRESHOLDS = (0.5, 0.8, 0.99, 1.0)  # held-out per-symbol accuracy: exceeded (or, for 1.0, reached)
@@ -265,9 +265,9 @@ def train_task(
                 **figures,
             )
             if "1.0" in state.reached:
-                stopped_by = Stop.SOLVED
+                stopped_by = StopReason.SOLVED
             elif state.samples >= config.max_samples:
-                stopped_by = Stop.SAMPLES
+                stopped_by = StopReason.SAMPLES
             run.save_last(saver)
             now = time.perf_counter()
             if crossed or stopped_by or now - last_print >= progress_every:

@@ -46,7 +46,8 @@ from charlm.config_tools import BenchmarkConfig
 from charlm.runtime.cuda_graphs import GraphedCall, failed_check
 from charlm.runtime.training_graphs import GraphedWindow
 from charlm.runtime.fast_path_check import graphs_disabled
-from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state, parse_budget, size_for_budget
+from charlm.model import LanguageModel, ModelConfig, count_parameters, detach_state
+from charlm.sizing import parse_budget, size_for_budget
 from charlm.runtime.precision import autocast, float32_state, grad_scaler, layer_output_dtypes, wrong_layer_dtypes
 from charlm.inference.sampling import generate
 

@@ -14,7 +14,8 @@ import torch
 from charlm.cells import CELLS
 from charlm.config_tools import BenchmarkConfig
 from charlm.errors import CharlmError
-from charlm.model import LanguageModel, ModelConfig, count_parameters, parse_budget, size_for_budget
+from charlm.model import LanguageModel, ModelConfig, count_parameters
+from charlm.sizing import parse_budget, size_for_budget
 from charlm.runtime.memory import (
     BYTES_PER_PARAMETER,
     MemoryEstimate,

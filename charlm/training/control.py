@@ -1,14 +1,16 @@
 """When training stops: Ctrl-C and SIGTERM, the time budget, a loss that is no longer finite, and
 the errors a training ends with.
 
-A stop is decided at the end of an update and returned, as a :class:`Stop`: an epoch returns why
-it stopped, if it did, and the trainer turns that into what the user sees (a saved checkpoint, an
-``interrupted`` or ``diverged`` record, a one-line error, the summary's ``stopped_by``).
+A stop is decided at the end of an update and returned: an epoch returns why it stopped, if it
+did (a :class:`StopReason`), the loop over epochs how the session stopped (a :class:`Stop`), and the
+trainer turns that into what the user sees (a saved checkpoint, an ``interrupted`` or ``diverged``
+record, a one-line error, the summary's ``stopped_by``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import re
 import signal
@@ -38,7 +40,7 @@ class StorageError(CharlmError):
     exit_code = 1
 
 
-class Stop(str, enum.Enum):
+class StopReason(str, enum.Enum):
     """Why training stops. The first four end a ``charlm train`` session with a summary (its
     ``stopped_by``: the value), the next two a ``charlm task`` run (its ``task_end`` record's
     ``stopped_by``); the last two end either with an error (``TrainingInterrupted``, ``TrainingDiverged``)."""
@@ -52,10 +54,20 @@ class Stop(str, enum.Enum):
     INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: saved, resumable
     DIVERGED = "diverged"  # a loss (training or validation) that is inf or nan
 
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """How a ``charlm train`` session stopped: its ``reason`` and, where a budget (tokens, time) left
+    the run unfinished and resumable, that ``budget`` (early stopping after an epoch a budget cut
+    short names both)."""
+
+    reason: StopReason
+    budget: StopReason | None = None
+
     @property
-    def budget(self) -> bool:
-        """A budget (tokens, time) that may cut an epoch short, leaving the run resumable."""
-        return self in (Stop.TOKENS, Stop.TIME)
+    def failed(self) -> bool:
+        """Ended with an error (``TrainingInterrupted``, ``TrainingDiverged``), not a summary."""
+        return self.reason in (StopReason.INTERRUPTED, StopReason.DIVERGED)
 
 
 class StopRequest:

@@ -51,6 +51,21 @@ class Progress:
     def add_wall(self, part: str, seconds: float) -> None:
         self.wall_seconds[part] = self.wall_seconds.get(part, 0.0) + seconds
 
+    def add_update(self, window: int, result, train_seconds: float) -> None:
+        """An update (``result``: its step's ``StepResult``) that ended before ``window``: its loss,
+        tokens and gradient norms, and the epoch's training seconds so far."""
+        self.window = window
+        self.step += 1
+        self.train_nats += result.loss * result.tokens
+        self.train_tokens += result.tokens
+        self.tokens_seen += result.tokens
+        self.train_seconds = train_seconds
+        if all(math.isfinite(norm) for norm in result.grad_norms.values()):
+            for name, norm in result.grad_norms.items():
+                self.grad_norm_sums[name] = self.grad_norm_sums.get(name, 0.0) + norm
+        else:  # an overflow the fp16 scaler skipped: it has no place in the epoch's mean
+            self.overflowed_steps += 1
+
 
 def fixed_settings(changes) -> list[str]:
     """The names among ``changes`` that a resumed run does not let change (its model, its data, its
@@ -210,12 +225,12 @@ def read_progress(checkpoint: Checkpoint) -> Progress:
 
 
 def progress_problem(progress: Progress) -> str | None:
-    """What in ``progress`` no training could have reached, or None: a count below zero or beyond 64
-    bits, a number of seconds, nats or bpc that is NaN, infinite or negative (but the best valid bpc,
-    infinite before the first evaluation), times and gradient sums that are not such numbers."""
+    """What in ``progress`` no training could have reached, or None: a count below zero, a number of
+    seconds, nats or bpc that is NaN, infinite or negative (but the best valid bpc, infinite before the
+    first evaluation), times and gradient sums that are not such numbers."""
     for field in dataclasses.fields(Progress):
         value = getattr(progress, field.name)
-        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < 2**63:
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
             return f"{field.name} must be a count, not {value}"
         if isinstance(value, float) and not (
             0 <= value < math.inf or (field.name == "best_valid_bpc" and value == math.inf)
@@ -229,10 +244,8 @@ def progress_problem(progress: Progress) -> str | None:
 
 
 def _is_amount(value) -> bool:
-    """A finite number, zero or more, that a float holds (an integer of 10**400 is not one)."""
-    if isinstance(value, float):
-        return 0 <= value < math.inf
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+    """A finite number, zero or more."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
 
 
 def restore(
@@ -243,7 +256,17 @@ def restore(
     saved = checkpoint.training
     model.load_state_dict(checkpoint.weights)
     if saved.optimizer is not None:
-        optimizer.load_state_dict(saved.optimizer)
+        try:  # torch refuses the state of other parameters or groups; charlm, moments of other shapes
+            optimizer.load_state_dict(saved.optimizer)
+            for parameter, entries in optimizer.state.items():
+                for name, value in entries.items():
+                    if name != "step" and torch.is_tensor(value) and value.shape != parameter.shape:
+                        raise ValueError(
+                            f"{name} of shape {list(value.shape)} for a parameter of {list(parameter.shape)}"
+                        )
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as error:
+            reason = " ".join(str(error).split())[:200] or type(error).__name__
+            raise CharlmError(f"{checkpoint.path}: its optimizer state does not fit this run ({reason})") from None
     progress = read_progress(checkpoint)
     if saved.scheduler is not None:
         scheduler.load_state_dict(saved.scheduler)
@@ -301,30 +324,43 @@ def seed_this_process(seed: int, world: World) -> None:
         torch.manual_seed(torch_seed(seed + 7919 * world.rank))
 
 
-def training_checkpoint(trainer, scores: dict | None = None) -> Checkpoint:
-    """The run as it stands, as a checkpoint (weights shared with the live model)."""
-    rng = random_streams(trainer.world, trainer.device)
-    state = None
-    if trainer.state is not None:  # every stream's state, gathered from the processes that carry them
-        gather = trainer.world.gather_rows
+def training_checkpoint(
+    config: TrainConfig,
+    model_config,
+    model,
+    optimizer,
+    scheduler,
+    *,
+    progress: Progress,
+    state: list | None,
+    tokenizer,
+    provenance: dict,
+    world: World,
+    device: torch.device,
+    scores: dict | None = None,
+) -> Checkpoint:
+    """A training as it stands, as a checkpoint (weights shared with the live ``model``): ``state``
+    is this process's share of the carried state, gathered here from every process with the RNG streams."""
+    rng = random_streams(world, device)
+    if state is not None:  # every stream's state, gathered from the processes that carry them
         state = [  # cloned: a state that is a view of a window's outputs (a scan's last step) saves only itself
-            [gather(t.detach(), trainer.config.batch_size).cpu().clone() for t in layer] for layer in trainer.state
+            [world.gather_rows(t.detach(), config.batch_size).cpu().clone() for t in layer] for layer in state
         ]
     training = TrainingState(
-        optimizer=trainer.optimizer.state_dict(),
-        scheduler=trainer.scheduler.state_dict(),
+        optimizer=optimizer.state_dict(),
+        scheduler=scheduler.state_dict(),
         rng=rng,
-        progress=dataclasses.asdict(trainer.progress),
+        progress=dataclasses.asdict(progress),
         hidden=state,
     )
     return Checkpoint(
-        model_config=trainer.model_config,
-        train_config=trainer.config,
-        tokenizer=trainer.corpus.tokenizer.to_state(),
-        weights=trainer.model.state_dict(),
+        model_config=model_config,
+        train_config=config,
+        tokenizer=tokenizer.to_state(),
+        weights=model.state_dict(),
         training=training,
         scores=scores or {},
-        provenance=trainer.provenance,
+        provenance=provenance,
     )
 
 

@@ -24,7 +24,8 @@ from charlm.corpora.catalog import TrainedOn
 from charlm.corpora.streams import check_streams_fit
 from charlm.errors import CharlmError, ConfigError
 from charlm.inference.scoring import check_splits_fit
-from charlm.model import LanguageModel, ModelConfig, budget_of, count_parameters, size_for_budget
+from charlm.model import LanguageModel, ModelConfig, count_parameters
+from charlm.sizing import budget_of, size_for_budget
 from charlm.regularisers import REGULARISER_FIELDS
 from charlm.runtime.compiling import CompiledForward
 from charlm.runtime.training_graphs import graphed_window
@@ -220,23 +221,14 @@ def optimizer_and_schedule(model: LanguageModel, config: TrainConfig, windows_pe
 
 
 def check_training_state(training, model, config, path) -> None:
-    """The training state of a checkpoint a run resumes from, put back as resuming will, into the run's
-    own optimizer and schedule built over ``model`` (the meta-device model ``check_against_model``
-    returned: nothing is allocated), with one optimizer step taken there; the carried state against the
-    model's, and the random-number states on generators of their own. Whatever torch refuses is one
-    line naming the file."""
-    optimizer, schedule = optimizer_and_schedule(model, config)
-    part = "optimizer"
+    """The training state of a checkpoint a run resumes from, before anything is built: its schedule
+    put back into the run's own, built over ``model`` (the meta-device model ``check_against_model``
+    returned: nothing is allocated); the carried state against the model's, and the random-number states
+    on generators of their own. Whatever torch refuses is one line naming the file. (The optimizer's
+    state is put back by ``resume.restore``, which says the same of it.)"""
+    _, schedule = optimizer_and_schedule(model, config)
+    part = "learning-rate schedule"
     try:
-        if training.optimizer is not None:
-            saved = training.optimizer
-            optimizer.load_state_dict(
-                {**saved, "state": {index: _copied_counts(entry) for index, entry in saved["state"].items()}}
-            )
-            for parameter in model.parameters():
-                parameter.grad = torch.empty_like(parameter)
-            optimizer.step()  # on the meta device: shapes and entries only
-        part = "learning-rate schedule"
         if training.scheduler is not None:
             schedule.scheduler.load_state_dict(training.scheduler)
         part = "carried"
@@ -254,14 +246,6 @@ def check_training_state(training, model, config, path) -> None:
     except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
         reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         raise CharlmError(f"{path}: its {part} state does not fit this run ({reason})") from None
-
-
-def _copied_counts(entry: dict) -> dict:
-    """An optimizer's state of one parameter, its one-number tensors (``step``, which torch keeps on the
-    CPU and counts in place) copied: the dry step must not count in the checkpoint's own."""
-    return {
-        key: value.clone() if torch.is_tensor(value) and value.dim() == 0 else value for key, value in entry.items()
-    }
 
 
 def updates_per_epoch(windows: int, accumulate: int) -> int:

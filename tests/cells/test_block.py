@@ -9,8 +9,9 @@ import torch.nn.functional as F
 
 from charlm.cells import CELLS, parse_cell_options
 from charlm.cells.block import Block, block_parameters
-from charlm.model import LanguageModel, ModelConfig, count_parameters, size_for_budget
-from helpers import assert_one_line_error, cli
+from charlm.model import LanguageModel, ModelConfig, count_parameters
+from charlm.sizing import size_for_budget
+from helpers import assert_one_line_error, cli, tiny_train
 
 CELLS_IN_BLOCKS = ["lstm", "gru", "mingru", "qrnn", "hgrn", "linear-ru"]
 
@@ -136,12 +137,11 @@ def test_a_block_model_saves_and_loads_and_old_settings_read_as_stacked():
 
 def test_a_cell_whose_output_is_wider_than_its_input_is_refused_in_one_line(tiny_corpus, tmp_path):
     assert_one_line_error(
-        cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--cell", "grid-lstm", "--wiring", "block",
-            "--hidden", "8", "--run-dir", tmp_path / "run"),
+        cli(*tiny_train(tiny_corpus, tmp_path / "run", cell="grid-lstm", wiring="block", hidden_size=8)),
         "cell 'grid-lstm' cannot be wired in blocks: its input must be 16 wide, not the hidden size 8",
-    )  # fmt: skip
+    )
     assert_one_line_error(
-        cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--block-conv", "2"),
+        cli(*tiny_train(tiny_corpus, block_conv=2)),
         "--block-conv needs --wiring block",
     )
     assert not (tmp_path / "run").exists()
@@ -149,9 +149,8 @@ def test_a_cell_whose_output_is_wider_than_its_input_is_refused_in_one_line(tiny
 
 def test_a_block_model_trains_evaluates_samples_and_exports_from_the_command_line(tiny_corpus, tmp_path):
     run = tmp_path / "run"
-    cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", run, "--cell", "mingru",
-        "--wiring", "block", "--block-conv", "3", "--hidden", "16", "--epochs", "1", "--train-fraction", "0.1",
-        check_code=0)  # fmt: skip
+    settings = dict(cell="mingru", wiring="block", block_conv=3, hidden_size=16, epochs=1, train_fraction=0.1)
+    cli(*tiny_train(tiny_corpus, run, **settings), check_code=0)
     assert "bpc" in cli("eval", run, "--data-dir", tiny_corpus, check_code=0).stdout
     assert cli("sample", run, "--length", "20", check_code=0).stdout
     exported = cli("export", run, tmp_path / "step.ts", "--format", "torchscript", check_code=0).stdout

@@ -349,5 +349,5 @@ def test_peephole_forms_read_from_strings_and_old_booleans():
         "full",
         "diagonal",
     ]
-    with pytest.raises(CharlmError, match="peephole must be none, diagonal or full, not 'maybe'"):
+    with pytest.raises(CharlmError, match="peephole must be one of none, diagonal, full, not 'maybe'"):
         parse_cell_options(CELLS.get("lstm"), {"peephole": "maybe"})

@@ -13,7 +13,7 @@ from cell_cases import randomise
 from charlm.cells import CELLS, parse_cell_options
 from charlm.cells.delta_rule import UnitLowerInverse, delta_rule_chunked, delta_rule_loop
 from charlm.tools.selfcheck import paths_against_step
-from helpers import assert_one_line_error, cli
+from helpers import assert_one_line_error, cli, tiny_train
 
 D, N = 5, 8
 
@@ -204,18 +204,5 @@ def test_under_bf16_autocast_the_state_stays_float32():
 )
 def test_options_that_do_not_fit_are_refused_in_one_line(tiny_corpus, tmp_path, options, message):
     cell_options = [arg for option in options for arg in ("--cell-opt", option)]
-    result = cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--cell",
-        "gated-deltanet",
-        "--hidden",
-        "16",
-        *cell_options,
-        "--data-dir",
-        tiny_corpus,
-        "--run-dir",
-        tmp_path / "run",
-    )
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "run", *cell_options, cell="gated-deltanet", hidden_size=16))
     assert_one_line_error(result, message)

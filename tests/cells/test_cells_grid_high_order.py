@@ -12,7 +12,8 @@ from charlm.cells.gru import GRU
 from charlm.cells.high_order import HighOrderGRU, HighOrderLSTM, HighOrderLSTMConfig
 from charlm.cells.lstm import LSTM
 from charlm.errors import CharlmError
-from charlm.model import LanguageModel, ModelConfig, count_parameters, size_for_budget
+from charlm.model import LanguageModel, ModelConfig, count_parameters
+from charlm.sizing import size_for_budget
 
 
 def meta_count(config: ModelConfig) -> int:

@@ -227,7 +227,7 @@ def test_mlstm_and_slstm_in_their_published_blocks_carry_state():
 
 
 def test_options_and_sizes_are_validated_in_one_line():
-    with pytest.raises(CharlmError, match="forget_gate must be sigmoid or exp"):
+    with pytest.raises(CharlmError, match="forget_gate must be one of sigmoid, exp"):
         parse_cell_options(CELLS.get("mlstm"), {"forget_gate": "tanh"})
     with pytest.raises(CharlmError, match="chunk_size must be at least 1"):
         parse_cell_options(CELLS.get("mlstm"), {"chunk_size": "0"})

@@ -109,8 +109,10 @@ def test_a_bad_method_name_is_a_clear_error():
     a, b, h0 = coefficients(5)
     with pytest.raises(CharlmError, match="unknown scan method 'fast'.*loop"):
         linear_scan(a, b, h0, "fast")
-    with pytest.raises(ValueError, match="scan must be one of"):
-        ScanConfig(scan="fast")
+    from charlm.cells import CELLS
+
+    with pytest.raises(CharlmError, match="bad option for cell 'mingru': scan must be one of"):
+        CELLS.get("mingru")(2, 3, ScanConfig(scan="fast"))  # a config built in Python, checked as the cell is
 
 
 def test_auto_runs_the_loop_for_short_windows_and_a_form_for_every_length():
@@ -127,3 +129,24 @@ def test_float32_forms_stay_close_to_the_float64_loop():
         torch.testing.assert_close(
             linear_scan(a.float(), b.float(), h0.float(), method), reference, rtol=1e-4, atol=1e-4
         )
+
+
+@pytest.mark.parametrize("method", SCAN_METHODS)
+def test_coefficients_given_as_logarithms_give_the_same_window(method):
+    a, b, h0 = coefficients(50, positive_b=True)
+    torch.testing.assert_close(linear_scan(a.log(), b.log(), -h0, method, logs=True), naive(a, b, -h0))
+
+
+@pytest.mark.parametrize("method", [method for method in SCAN_METHODS if method != "log"])
+def test_complex_coefficients_with_a_broadcast_over_the_batch(method):
+    """The Linear RU's scan: a complex a_t, the same for every stream ([T, 1, n]), in value and gradient."""
+    (a_re, b_re, h_re), (a_im, b_im, h_im) = coefficients(37), coefficients(37, seed=1)
+    a = torch.complex(a_re[:, :1], 0.3 * a_im[:, :1]).requires_grad_()
+    b, h0 = torch.complex(b_re, b_im).requires_grad_(), torch.complex(h_re, h_im).requires_grad_()
+    fast, reference = linear_scan(a, b, h0, method), naive(a, b, h0)
+    torch.testing.assert_close(fast, reference)
+    weights = torch.randn_like(fast)
+    fast_grads = torch.autograd.grad((fast * weights).real.sum(), [a, b, h0])
+    ref_grads = torch.autograd.grad((reference * weights).real.sum(), [a, b, h0])
+    for got, expected in zip(fast_grads, ref_grads):
+        torch.testing.assert_close(got, expected)

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from cell_cases import randomise
 from charlm.cells import CELLS, parse_cell_options
 from charlm.errors import CharlmError
-from charlm.model import LanguageModel, ModelConfig, count_parameters, size_for_budget
-from helpers import assert_one_line_error, cli
+from charlm.model import LanguageModel, ModelConfig, count_parameters
+from charlm.sizing import size_for_budget
+from helpers import assert_one_line_error, cli, tiny_train
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 
@@ -190,46 +191,16 @@ def test_budget_sizes_to_a_multiple_of_twice_the_heads():
     ],
 )
 def test_heads_that_do_not_fit_the_width_are_refused_in_one_line(tiny_corpus, tmp_path, hidden, heads, message):
-    result = cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--cell",
-        "transformer",
-        "--hidden",
-        hidden,
-        "--cell-opt",
-        f"heads={heads}",
-        "--data-dir",
-        tiny_corpus,
-        "--run-dir",
-        tmp_path / "run",
-    )
+    options = ("--cell-opt", f"heads={heads}")
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "run", *options, cell="transformer", hidden_size=hidden))
     assert_one_line_error(result, "transformer", message)
 
 
 def test_trains_evaluates_samples_and_exports_from_the_command_line(tiny_corpus, tmp_path):
     run = tmp_path / "run"
-    common = ["--corpus", "tiny", "--cell", "transformer", "--hidden", "16", "--layers", "2"]
-    cli(
-        "train",
-        *common,
-        "--cell-opt",
-        "heads=2",
-        "--cell-opt",
-        "memory=8",
-        "--batch-size",
-        "4",
-        "--bptt",
-        "16",
-        "--max-tokens",
-        "1280",
-        "--data-dir",
-        tiny_corpus,
-        "--run-dir",
-        run,
-        check_code=0,
-    )
+    small = dict(cell="transformer", hidden_size=16, layers=2, batch_size=4, bptt=16)
+    options = ("--cell-opt", "heads=2", "--cell-opt", "memory=8")
+    cli(*tiny_train(tiny_corpus, run, *options, max_tokens=1280, **small), check_code=0)
     assert "bpc" in cli("eval", run, "--split", "valid", check_code=0).stdout
     assert cli("sample", run, "--prime", "The ", "--length", "12", "--seed", "1", check_code=0).stdout.startswith(
         "The "
@@ -238,22 +209,6 @@ def test_trains_evaluates_samples_and_exports_from_the_command_line(tiny_corpus,
     assert (tmp_path / "step.pt").exists()
 
     window = tmp_path / "window"  # memory=0: trains and evaluates window by window, refuses to sample
-    cli(
-        "train",
-        *common,
-        "--cell-opt",
-        "memory=0",
-        "--batch-size",
-        "4",
-        "--bptt",
-        "16",
-        "--max-tokens",
-        "640",
-        "--data-dir",
-        tiny_corpus,
-        "--run-dir",
-        window,
-        check_code=0,
-    )
+    cli(*tiny_train(tiny_corpus, window, "--cell-opt", "memory=0", max_tokens=640, **small), check_code=0)
     assert "bpc" in cli("eval", window, "--split", "valid", check_code=0).stdout
     assert_one_line_error(cli("sample", window, "--length", "5"), "memory=0")

@@ -7,7 +7,7 @@ import pytest
 
 from charlm.cells import CELLS, RecurrentCell
 from charlm.errors import CharlmError
-from helpers import assert_one_line_error, cli, prepare_tiny_corpus, readme_cell_source, run_cli
+from helpers import assert_one_line_error, cli, prepare_tiny_corpus, readme_cell_source, run_cli, tiny_train
 
 
 def test_readme_cell_trains_evaluates_and_samples(tmp_path, monkeypatch):
@@ -16,27 +16,8 @@ def test_readme_cell_trains_evaluates_and_samples(tmp_path, monkeypatch):
     prepare_tiny_corpus(data_dir, characters=12_000)
     env = {"PYTHONPATH": str(tmp_path)}
     run = tmp_path / "run"
-    result = run_cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--cell",
-        "mycells:LeakyTanh",
-        "--cell-opt",
-        "leak=0.3",
-        "--hidden",
-        "16",
-        "--batch-size",
-        "8",
-        "--epochs",
-        "1",
-        "--data-dir",
-        data_dir,
-        "--run-dir",
-        run,
-        env=env,
-        check_code=0,
-    )
+    settings = dict(cell="mycells:LeakyTanh", hidden_size=16, epochs=1)
+    result = run_cli(*tiny_train(data_dir, run, "--cell-opt", "leak=0.3", **settings), env=env, check_code=0)
     assert "best valid bpc" in result.stdout
     # loading imports the checkpoint's module:Class only when the cell is named (or --trust-code)
     assert_one_line_error(cli("eval", run), "asks to import module 'mycells'", "--cell mycells:LeakyTanh")

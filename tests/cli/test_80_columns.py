@@ -69,6 +69,7 @@ COMMANDS = {  # run in the directory of ``places``
     "sweep --dry-run with estimates": ("sweep", "plan.toml", "--dir", "fresh", "--data-dir", "data", "--dry-run"),
     "sweep --list": ("sweep", "--list"),
     "cells": ("cells",),
+    "cells CELL (its options)": ("cells", "mamba"),
     "corpora": ("corpora", "--data-dir", "data"),
     "eval --dyn-search": ("eval", FULL, "--data-dir", "data", "--dynamic", "sgd", *SEARCH),
     "score --dynamic": ("score", FULL, "text.txt", "--dynamic", "sgd"),

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from charlm.cells import CELLS
-from charlm.model import LanguageModel, ModelConfig, count_parameters, size_for_budget
+from charlm.model import LanguageModel, ModelConfig, count_parameters
+from charlm.sizing import size_for_budget
 from helpers import cli, prepare_tiny_corpus
 
 

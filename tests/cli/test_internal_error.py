@@ -2,6 +2,8 @@
 
 import errno
 
+import typer.main
+
 import charlm.cli.app as app
 
 
@@ -14,7 +16,7 @@ def _raise(error):
 
 def test_an_unexpected_exception_is_one_line_with_exit_code_70(monkeypatch, capsys):
     monkeypatch.delenv("CHARLM_DEBUG", raising=False)
-    monkeypatch.setattr(app, "_refuse_empty_paths", _raise(RuntimeError("it broke\nbadly")))
+    monkeypatch.setattr(typer.main, "get_command", _raise(RuntimeError("it broke\nbadly")))
     assert app.run(["cells"]) == app.INTERNAL_ERROR == 70
     err = capsys.readouterr().err
     assert err == ("charlm: internal error: RuntimeError: it broke badly (a bug; CHARLM_DEBUG=1 shows the traceback)\n")
@@ -22,7 +24,7 @@ def test_an_unexpected_exception_is_one_line_with_exit_code_70(monkeypatch, caps
 
 def test_charlm_debug_shows_the_traceback(monkeypatch, capsys):
     monkeypatch.setenv("CHARLM_DEBUG", "1")
-    monkeypatch.setattr(app, "_refuse_empty_paths", _raise(KeyError("x")))
+    monkeypatch.setattr(typer.main, "get_command", _raise(KeyError("x")))
     assert app.run(["cells"]) == 70
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):")
@@ -30,9 +32,9 @@ def test_charlm_debug_shows_the_traceback(monkeypatch, capsys):
 
 
 def test_an_oserror_is_one_line_naming_the_file(monkeypatch, capsys):
-    monkeypatch.setattr(app, "_refuse_empty_paths", _raise(OSError(errno.EIO, "Input/output error", "some/file")))
+    monkeypatch.setattr(typer.main, "get_command", _raise(OSError(errno.EIO, "Input/output error", "some/file")))
     assert app.run(["cells"]) == 1
     assert capsys.readouterr().err == "charlm: error: cannot access some/file: Input/output error\n"
-    monkeypatch.setattr(app, "_refuse_empty_paths", _raise(FileNotFoundError(errno.ENOENT, "No such file", "gone")))
+    monkeypatch.setattr(typer.main, "get_command", _raise(FileNotFoundError(errno.ENOENT, "No such file", "gone")))
     assert app.run(["cells"]) == 2
     assert capsys.readouterr().err == "charlm: error: cannot access gone: No such file\n"

@@ -12,7 +12,7 @@ import charlm
 from charlm.corpora.download import DownloadPolicy, RemoteFile, fetch
 from charlm.errors import CharlmError, NoCheckpoint, closest
 from charlm.runs.directory import Run
-from helpers import assert_one_line_error, cli
+from helpers import assert_one_line_error, cli, tiny_train
 
 # --- did you mean -------------------------------------------------------------------------------------
 
@@ -24,12 +24,12 @@ def test_the_closest_name_is_suggested_whatever_its_case_and_none_that_is_far():
 
 
 def test_a_misspelt_cell_or_corpus_gets_a_suggestion(tiny_corpus, tmp_path):
-    result = cli("train", "--cell", "GRU", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r")
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "r", cell="GRU"))
     assert result.stderr == (
         "charlm: error: unknown cell 'GRU': did you mean 'gru'? (`charlm cells` lists every cell; module:Class "
         "names your own)\n"
     )
-    result = cli("train", "--corpus", "tiyn", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r")
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "r", corpus="tiyn"))
     assert result.stderr.splitlines()[-1] == (  # a corpus prepared in the data directory is a name too
         f"charlm: error: corpus 'tiyn' is not prepared in {tiny_corpus}/: did you mean 'tiny'? (or prepare your "
         "own text under this name with `charlm prepare text PATH... --name tiyn`)"

@@ -13,7 +13,7 @@ import charlm.api
 import charlm.api_scoring
 from charlm.errors import OutOfMemory, out_of_memory
 from charlm.model import LanguageModel
-from helpers import assert_one_line_error, cli, tiny_config
+from helpers import assert_one_line_error, cli, tiny_config, tiny_train
 
 CPU = (
     "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
@@ -71,9 +71,7 @@ def test_the_advice_names_options_of_the_command_that_ran(trained_run, monkeypat
 
 def test_training_that_runs_out_of_memory_is_one_line_with_exit_code_1(tiny_corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(LanguageModel, "forward", _raising(RuntimeError(CPU)))
-    config = tiny_config(tiny_corpus, tmp_path / "run", epochs=1)
-    flags = ["--corpus", "tiny", "--cell", "lstm", "--hidden", "24", "--batch-size", "8", "--bptt", "16"]
-    result = cli("train", *flags, "--epochs", "1", "--data-dir", tiny_corpus, "--run-dir", config.run_dir)
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "run", epochs=1))
     assert_one_line_error(result, "out of memory on cpu (an allocation of 1,000.0 GiB failed)", ADVICE, code=1)
 
 

@@ -142,14 +142,14 @@ BAD_PLANS = [  # (what, the plan's text, the message after "plan FILE: ")
     (
         "cell option of the last point",
         '[axes]\ncell = ["lstm"]\n"cell_options.peephole" = ["full", "sideways"]\n',
-        "axes.\"cell_options.peephole\"[1]: bad option for cell 'lstm': peephole must be none, diagonal or full, not "
-        "'sideways' (run cell-lstm_peephole-sideways)",
+        "axes.\"cell_options.peephole\"[1]: bad option for cell 'lstm': peephole must be one of none, diagonal, full, "
+        "not 'sideways' (run cell-lstm_peephole-sideways)",
     ),
     (
         "cell option a paired axis gives",
         '[axes]\nmodel = [{ cell = "lstm", cell_options = { peephole = "x" } }]\n',
-        "axes.model[0].cell_options.peephole: bad option for cell 'lstm': peephole must be none, diagonal or full, "
-        "not 'x' (run model-lstm--peephole-x-)",
+        "axes.model[0].cell_options.peephole: bad option for cell 'lstm': peephole must be one of none, diagonal, "
+        "full, not 'x' (run model-lstm--peephole-x-)",
     ),
     (
         "budget not a number",

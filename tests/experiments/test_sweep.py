@@ -16,7 +16,8 @@ from charlm.checkpoint import Checkpoint
 from charlm.cells import CELLS
 from charlm.errors import CharlmError
 from charlm.experiments.plan import load_plan, shipped_plans
-from charlm.model import LanguageModel, ModelConfig, budget_of, count_parameters
+from charlm.model import LanguageModel, ModelConfig, count_parameters
+from charlm.sizing import budget_of
 from charlm.runs.directory import Run
 from charlm.experiments.selection import select
 from charlm.experiments.sweep import Sweep

@@ -99,6 +99,28 @@ def test_onnx_step_equals_charlms_step(case, tmp_path):
     assert_matches_charlm(model, run)
 
 
+@pytest.mark.parametrize("cell", ["lstm", "mingru"])
+def test_cells_in_blocks_export_to_onnx(cell, tmp_path):
+    """--wiring block: its RMSNorms and convolution state go through opset 17 as the bare cells do."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(cell, vocab_size=VOCAB, hidden_size=8, layers=2, wiring="block"))
+    randomise(model)
+    model.eval()
+    path = tmp_path / "step.onnx"
+    assert write_step(model, path, "onnx") <= 1e-5
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    layout = StateLayout.of(model)
+
+    def run(tokens, state):
+        feeds = {"tokens": tokens.numpy(), **{name: s.numpy() for name, s in zip(layout.names, state)}}
+        logits, *new_state = session.run(None, feeds)
+        return torch.from_numpy(logits), [torch.from_numpy(s) for s in new_state]
+
+    assert_matches_charlm(model, run)
+
+
 def test_state_layout_names_every_layers_tensors():
     lstm = tiny(next(case for case in CASES if case.cell == "lstm"))
     layout = StateLayout.of(lstm)

@@ -18,7 +18,16 @@ import charlm
 from charlm.checkpoint import Checkpoint
 from charlm.runs.directory import Run
 from charlm.training.trainer import Trainer, TrainingDiverged, TrainingInterrupted
-from helpers import assert_fits, assert_one_line_error, cli, prepare_tiny_corpus, records, run_cli, table_header
+from helpers import (
+    assert_fits,
+    assert_one_line_error,
+    cli,
+    prepare_tiny_corpus,
+    records,
+    run_cli,
+    table_header,
+    tiny_train,
+)
 
 PROVENANCE_KEYS = {
     "command",
@@ -290,19 +299,7 @@ def test_second_train_into_a_run_directory_is_refused(runs_root, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(runs_root / "runs" / "finished", run)
     before = {path.name: path.read_bytes() for path in run.iterdir()}
-    result = cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--data-dir",
-        runs_root / "data",
-        "--run-dir",
-        run,
-        "--hidden",
-        "8",
-        "--epochs",
-        "1",
-    )
+    result = cli(*tiny_train(runs_root / "data", run, hidden_size=8, epochs=1))
     assert_one_line_error(result, "already holds a run", f"--resume {run}")
     assert {path.name: path.read_bytes() for path in run.iterdir()} == before
     assert_one_line_error(cli("train", "--resume", tmp_path / "absent"), "no run directory")

@@ -6,61 +6,29 @@ import sys
 
 import pytest
 
-from helpers import assert_one_line_error, cli, prepare_tiny_corpus, records
+from helpers import assert_one_line_error, cli, records
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    data = tmp_path_factory.mktemp("tensorboard-data") / "data"
-    prepare_tiny_corpus(data, characters=8_000)
-    return data
-
-
-def train_args(data_dir, run, *extra):
-    return (
-        "train",
-        "--corpus",
-        "tiny",
-        "--data-dir",
-        data_dir,
-        "--run-dir",
-        run,
-        "--cell",
-        "lru",
-        "--hidden",
-        "16",
-        "--batch-size",
-        "8",
-        "--bptt",
-        "16",
-        "--eval-batch-size",
-        "4",
-        "--log-every",
-        "10",
-        *extra,
-    )
-
-
-def test_without_tensorboard_the_run_is_refused_before_it_starts(data_dir, tmp_path, monkeypatch):
+def test_without_tensorboard_the_run_is_refused_before_it_starts(sink_train, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # `import tensorboard` now raises ImportError
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     run = tmp_path / "run"
-    result = cli(*train_args(data_dir, run, "--epochs", "1", "--tensorboard"))
+    result = cli(*sink_train(run, epochs=1, tensorboard=True))
     assert_one_line_error(result, "--tensorboard", "-e '.[tensorboard]'")
     assert not run.exists()
 
-    cli(*train_args(data_dir, run, "--epochs", "1"), check_code=0)  # the same run without it trains
+    cli(*sink_train(run, epochs=1), check_code=0)  # the same run without it trains
     before = (run / "metrics.jsonl").read_text(encoding="utf-8")
     assert_one_line_error(cli("train", "--resume", run, "--epochs", "2", "--tensorboard"), "-e '.[tensorboard]'")
     assert (run / "metrics.jsonl").read_text(encoding="utf-8") == before and not (run / "tensorboard").exists()
 
 
-def test_tensorboard_scalars_match_the_metrics(data_dir, tmp_path):
+def test_tensorboard_scalars_match_the_metrics(sink_train, tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = tmp_path / "run"
-    cli(*train_args(data_dir, run, "--epochs", "2", "--tensorboard", "--test-every-epoch"), check_code=0)
+    cli(*sink_train(run, epochs=2, tensorboard=True, test_every_epoch=True), check_code=0)
     event_files = list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert event_files, list(run.iterdir())
 

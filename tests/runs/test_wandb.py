@@ -10,39 +10,7 @@ import sys
 import pytest
 
 from charlm.runs.wandb_sink import project_name
-from helpers import assert_one_line_error, cli, prepare_tiny_corpus, records
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    data = tmp_path_factory.mktemp("wandb-data") / "data"
-    prepare_tiny_corpus(data, characters=8_000)
-    return data
-
-
-def train_args(data_dir, run, *extra):
-    return (
-        "train",
-        "--corpus",
-        "tiny",
-        "--data-dir",
-        data_dir,
-        "--run-dir",
-        run,
-        "--cell",
-        "lru",
-        "--hidden",
-        "16",
-        "--batch-size",
-        "8",
-        "--bptt",
-        "16",
-        "--eval-batch-size",
-        "4",
-        "--log-every",
-        "10",
-        *extra,
-    )
+from helpers import assert_one_line_error, cli, records
 
 
 def wandb_records(path) -> list:
@@ -78,10 +46,10 @@ def logged_rows(wandb_file) -> list[dict]:
     ]
 
 
-def test_without_wandb_the_run_is_refused_before_it_starts(data_dir, tmp_path, monkeypatch):
+def test_without_wandb_the_run_is_refused_before_it_starts(sink_train, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now raises ImportError
     run = tmp_path / "run"
-    assert_one_line_error(cli(*train_args(data_dir, run, "--epochs", "1", "--wandb")), "--wandb", "-e '.[wandb]'")
+    assert_one_line_error(cli(*sink_train(run, epochs=1, wandb=True)), "--wandb", "-e '.[wandb]'")
     assert not run.exists()
 
 
@@ -93,14 +61,14 @@ def test_project_is_the_option_then_the_environment_then_charlm(monkeypatch):
 
 
 @pytest.mark.slow  # W&B starts its service process for each session: about 15 s here
-def test_offline_wandb_run_holds_every_record_and_resumes_the_same_run(data_dir, tmp_path, monkeypatch):
+def test_offline_wandb_run_holds_every_record_and_resumes_the_same_run(sink_train, tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
     run = tmp_path / "my-run"
-    cli(*train_args(data_dir, run, "--epochs", "1", "--wandb", "--wandb-project", "tests"), check_code=0)
+    cli(*sink_train(run, epochs=1, wandb=True, wandb_project="tests"), check_code=0)
     run_id = json.loads((run / "wandb.json").read_text(encoding="utf-8"))["id"]
     assert json.loads((run / "wandb.json").read_text(encoding="utf-8"))["project"] == "tests"
     first = list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
@@ -137,7 +105,7 @@ def test_offline_wandb_run_holds_every_record_and_resumes_the_same_run(data_dir,
     )
 
 
-def test_a_wandb_run_that_cannot_start_is_one_line_before_any_training(data_dir, tmp_path, monkeypatch):
+def test_a_wandb_run_that_cannot_start_is_one_line_before_any_training(sink_train, tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
 
     def refuse(**settings):
@@ -147,6 +115,6 @@ def test_a_wandb_run_that_cannot_start_is_one_line_before_any_training(data_dir,
     monkeypatch.setattr(wandb, "init", refuse)
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
     run = tmp_path / "run"
-    result = cli(*train_args(data_dir, run, "--epochs", "1", "--wandb"))
+    result = cli(*sink_train(run, epochs=1, wandb=True))
     assert_one_line_error(result, "--wandb: cannot start the W&B run (api_key not configured", "WANDB_MODE=offline")
     assert records(run, "step") == [] and not (run / "last.pt").exists()

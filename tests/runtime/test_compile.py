@@ -15,7 +15,7 @@ from charlm.checkpoint import Checkpoint
 from charlm.runtime.compiling import CompiledForward
 from charlm.model import LanguageModel, ModelConfig
 from charlm.training.trainer import Trainer
-from helpers import assert_same_weights, cli, records, tiny_config, weights
+from helpers import assert_same_weights, cli, records, tiny_config, tiny_train, weights
 
 
 def test_compiled_training_gives_the_eager_weights(tiny_corpus, tmp_path, monkeypatch):
@@ -38,32 +38,7 @@ def test_no_compiler_falls_back_in_one_line_and_trains_the_same(tiny_corpus, tmp
 
     monkeypatch.setattr(charlm.runtime.compiling, "BACKEND", missing_toolchain)
     Trainer(tiny_config(tiny_corpus, tmp_path / "eager", epochs=1)).fit()
-    result = cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--data-dir",
-        str(tiny_corpus),
-        "--cell",
-        "lstm",
-        "--hidden",
-        "24",
-        "--batch-size",
-        "8",
-        "--bptt",
-        "16",
-        "--epochs",
-        "1",
-        "--log-every",
-        "5",
-        "--eval-batch-size",
-        "4",
-        "--lr",
-        "1e-3",
-        "--run-dir",
-        str(tmp_path / "compiled"),
-        "--compile",
-    )
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "compiled", "--compile", epochs=1))
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "--compile" in line]
     assert len(warnings) == 1

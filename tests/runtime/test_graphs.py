@@ -22,7 +22,7 @@ import charlm.training.setup
 from charlm.runtime.training_graphs import GraphedWindow, graphed_window
 from charlm.model import LanguageModel, ModelConfig
 from charlm.training.trainer import Trainer
-from helpers import assert_one_line_error, assert_same_weights, cli, records, tiny_config, weights
+from helpers import assert_one_line_error, assert_same_weights, cli, records, tiny_config, tiny_train, weights
 
 
 def replayed_by_calling(module, sample_args, allow_unused_input=False):
@@ -105,32 +105,7 @@ def test_a_failed_capture_falls_back_in_one_line_and_trains_the_same(tiny_corpus
 
     Trainer(tiny_config(tiny_corpus, tmp_path / "eager", epochs=1, cell="gru")).fit()
     graph_on_the_cpu(monkeypatch, capture_fails)
-    result = cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--data-dir",
-        str(tiny_corpus),
-        "--cell",
-        "gru",
-        "--hidden",
-        "24",
-        "--batch-size",
-        "8",
-        "--bptt",
-        "16",
-        "--epochs",
-        "1",
-        "--log-every",
-        "5",
-        "--eval-batch-size",
-        "4",
-        "--lr",
-        "1e-3",
-        "--run-dir",
-        str(tmp_path / "graphed"),
-        "--cuda-graph",
-    )
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "graphed", "--cuda-graph", epochs=1, cell="gru"))
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "--cuda-graph" in line]
     assert warnings == [
@@ -227,12 +202,12 @@ def test_torchrun_trains_eagerly_with_a_warning(warnings):
 
 
 def test_cuda_graph_errors(tiny_corpus):
-    common = ("--corpus", "tiny", "--data-dir", str(tiny_corpus), "--cell", "gru", "--hidden", "8", "--epochs", "1")
+    small = dict(cell="gru", hidden_size=8, epochs=1, cuda_graph=True)
     assert_one_line_error(
-        cli("train", *common, "--device", "cpu", "--cuda-graph"), "--cuda-graph needs a CUDA device, not cpu"
+        cli(*tiny_train(tiny_corpus, device="cpu", **small)), "--cuda-graph needs a CUDA device, not cpu"
     )
     assert_one_line_error(
-        cli("train", *common, "--cuda-graph", "--compile"), "--cuda-graph and --compile are exclusive"
+        cli(*tiny_train(tiny_corpus, compile=True, **small)), "--cuda-graph and --compile are exclusive"
     )
     assert_one_line_error(
         cli("bench", "--cells", "gru", "--device", "cpu", "--cuda-graph"), "--cuda-graph needs a CUDA device, not cpu"

@@ -3,10 +3,13 @@ saying so), a step that runs out of time named, and the verdicts on given figure
 
 import json
 
+import pytest
+
 from charlm.tools.full_check_report import bench_problems, performance_notes, training_verdicts
 from helpers import assert_one_line_error, cli
 
 
+@pytest.mark.slow  # every step of --full in turn: each has tests of its own, and the next test runs --full's machinery
 def test_full_check_runs_every_step_on_the_cpu_and_writes_both_reports(tmp_path):
     out = tmp_path / "report"
     result = cli("check", "--full", "--device", "cpu", "--cells", "gru", "--out", out, "--budget", "4")

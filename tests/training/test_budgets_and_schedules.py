@@ -9,7 +9,7 @@ import torch
 
 from charlm.training.schedules import Schedule, warmup_cosine_factor
 from charlm.training.trainer import Trainer
-from helpers import assert_one_line_error, cli, records, tiny_config
+from helpers import assert_one_line_error, cli, records, tiny_config, tiny_train
 
 
 def optimizer(lr=1e-3):
@@ -184,46 +184,13 @@ def test_a_token_budget_that_ends_with_an_epoch_ends_it_as_any_other(tiny_corpus
 
 def test_a_batch_too_large_for_the_corpus_is_said(tiny_corpus, tmp_path):
     """Issue 24: 4,000 streams of a 36,000-token split are 9 tokens each, under one 50-token window."""
-    result = cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--data-dir",
-        tiny_corpus,
-        "--hidden",
-        "8",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "4000",
-        "--eval-batch-size",
-        "16",
-        "--run-dir",
-        tmp_path / "run",
-        check_code=0,
-    )
+    small = dict(hidden_size=8, epochs=1, eval_batch_size=16, bptt=None)  # the default window, 50 tokens
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "run", batch_size=4000, **small), check_code=0)
     assert (
         "warning: --batch-size 4000 cuts the" in result.stderr
         and "shorter than one --bptt window (50)" in result.stderr
     )
-    quiet = cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--data-dir",
-        tiny_corpus,
-        "--hidden",
-        "8",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "16",
-        "--eval-batch-size",
-        "16",
-        "--run-dir",
-        tmp_path / "quiet",
-        check_code=0,
-    )
+    quiet = cli(*tiny_train(tiny_corpus, tmp_path / "quiet", batch_size=16, **small), check_code=0)
     assert "--batch-size" not in quiet.stderr
 
 
@@ -241,7 +208,7 @@ def test_validation_on_a_fraction_of_the_split_and_test_on_all_of_it(tiny_corpus
     assert abs(epochs[0]["valid_tokens"] - full_epoch["valid_tokens"] / 4) <= 16  # the eval streams' rounding
     assert records(part, "test")[0]["test_tokens"] == records(whole, "test")[0]["test_tokens"]
     assert_one_line_error(
-        cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--eval-fraction", "0"),
+        cli(*tiny_train(tiny_corpus, eval_fraction=0)),
         "--eval-fraction must be in (0, 1]",
     )
 
@@ -273,34 +240,8 @@ def test_the_status_line_shows_the_running_train_bpc_and_the_last_validation(
 def test_print_every_writes_a_loss_line_per_k_steps_to_the_terminal_and_the_log(tiny_corpus, tmp_path):
     """char-rnn's habit: a training-loss line every K steps; the figures are the step records'."""
     run = tmp_path / "printed"
-    cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--data-dir",
-        tiny_corpus,
-        "--cell",
-        "gru",
-        "--hidden",
-        "8",
-        "--batch-size",
-        "8",
-        "--bptt",
-        "16",
-        "--epochs",
-        "1",
-        "--train-fraction",
-        "0.2",
-        "--eval-batch-size",
-        "4",
-        "--log-every",
-        "5",
-        "--print-every",
-        "5",
-        "--run-dir",
-        run,
-        check_code=0,
-    )
+    small = dict(cell="gru", hidden_size=8, epochs=1, train_fraction=0.2)
+    cli(*tiny_train(tiny_corpus, run, print_every=5, **small), check_code=0)
     lines = [line for line in (run / "train.log").read_text().splitlines() if line.startswith("step ")]
     steps = records(run, "step")
     assert len(lines) == len(steps) > 3
@@ -308,28 +249,5 @@ def test_print_every_writes_a_loss_line_per_k_steps_to_the_terminal_and_the_log(
         assert line.startswith(f"step {step['step']:,}  epoch 1  window {step['step']:,}/")
         assert f"loss {step['loss']:.4f}  train {step['bpc']:.4f} bpc  lr {step['lr']:.2e}" in line
     quiet = tmp_path / "quiet"  # the default: no such lines
-    cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--data-dir",
-        tiny_corpus,
-        "--cell",
-        "gru",
-        "--hidden",
-        "8",
-        "--batch-size",
-        "8",
-        "--bptt",
-        "16",
-        "--epochs",
-        "1",
-        "--train-fraction",
-        "0.2",
-        "--eval-batch-size",
-        "4",
-        "--run-dir",
-        quiet,
-        check_code=0,
-    )
+    cli(*tiny_train(tiny_corpus, quiet, **small), check_code=0)
     assert not [line for line in (quiet / "train.log").read_text().splitlines() if line.startswith("step ")]

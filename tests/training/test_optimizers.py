@@ -23,7 +23,7 @@ from charlm.training.optimizers import build_optimizer
 from charlm.training.schedules import Schedule
 from charlm.training.step import PlainGradients, TrainingStep, update_groups
 from charlm.training.trainer import Trainer, TrainingInterrupted
-from helpers import assert_one_line_error, assert_same_run_end, cli, records, tiny_config
+from helpers import assert_one_line_error, assert_same_run_end, cli, records, tiny_config, tiny_train
 
 THETA = torch.tensor([0.5, -1.0, 2.0])
 GRADIENTS = (torch.tensor([0.1, -0.3, 0.2]), torch.tensor([-0.2, 0.4, 0.05]))
@@ -309,9 +309,7 @@ def test_a_stop_inside_an_update_waits_for_its_end_and_sgd_resumes_exactly(tiny_
     ],
 )
 def test_bad_optimizer_settings_are_one_line_errors(tiny_corpus, tmp_path, extra, fragments):
-    result = cli(
-        "train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", "--epochs", "1", *extra
-    )
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "r", *extra, epochs=1))
     assert_one_line_error(result, *fragments)
     assert not (tmp_path / "r").exists()
 

@@ -24,7 +24,7 @@ from charlm.runtime.distributed import World
 from charlm.training.control import StopRequest, TimeBudget
 from charlm.training.step import PlainGradients, TrainingStep, activation_penalty
 from charlm.training.trainer import Trainer, TrainingInterrupted
-from helpers import assert_one_line_error, assert_same_run_end, cli, tiny_config
+from helpers import assert_one_line_error, assert_same_run_end, cli, tiny_config, tiny_train
 
 VOCAB = 11
 
@@ -203,10 +203,10 @@ def test_the_compiled_step_is_not_compared_against_eager_where_masks_are_drawn()
 
 
 def test_weight_drop_is_refused_for_a_cell_without_recurrent_matrices(tiny_corpus, tmp_path):
-    common = ["--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "run", "--epochs", "1"]
-    result = cli("train", *common, "--cell", "transformer", "--hidden", "8", "--weight-drop", "0.5")
+    run = tmp_path / "run"
+    result = cli(*tiny_train(tiny_corpus, run, epochs=1, cell="transformer", hidden_size=8, weight_drop=0.5))
     assert_one_line_error(result, "cell 'transformer' has no recurrent matrices for --weight-drop to mask")
-    result = cli("train", *common, "--dropout", "0.2", "--dropout-hidden", "0.2")
+    result = cli(*tiny_train(tiny_corpus, run, epochs=1, dropout=0.2, dropout_hidden=0.2))
     assert_one_line_error(result, "--dropout-hidden and --dropout are exclusive")
     with pytest.raises(ConfigError, match="ar and --cuda-graph are exclusive"):
         TrainConfig(corpus="tiny", ar=2.0, cuda_graph=True).validate()

@@ -169,7 +169,7 @@ def test_a_damaged_prepared_copy_is_prepared_again_not_reused(tmp_path, shakespe
 
 
 def test_the_corpus_is_named_after_the_file():
-    from charlm.training.text_input import corpus_name_for
+    from charlm.training.run_inputs import corpus_name_for
 
     assert [corpus_name_for(name) for name in ("input.txt", "my notes (1).md", ".hidden.txt", "ü.txt")] == [
         "input",

@@ -17,7 +17,16 @@ from charlm.checkpoint import Checkpoint
 from charlm.model import LanguageModel, ModelConfig
 from charlm.training.step import TrainingStep
 from charlm.training.trainer import Trainer, TrainingInterrupted
-from helpers import assert_one_line_error, assert_same_run_end, assert_same_weights, cli, records, tiny_config, weights
+from helpers import (
+    assert_one_line_error,
+    assert_same_run_end,
+    assert_same_weights,
+    cli,
+    records,
+    tiny_config,
+    tiny_train,
+    weights,
+)
 
 
 @pytest.mark.parametrize("cell", ["lstm", pytest.param("lru", marks=pytest.mark.slow)])  # lru: the same path, slower
@@ -184,27 +193,7 @@ def test_interrupt_then_resume_equals_straight_run(tiny_corpus, tmp_path):
 
 def test_divergence_stops_and_keeps_last_good_checkpoint(tiny_corpus, tmp_path):
     run = tmp_path / "diverging"
-    result = cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--cell",
-        "lstm",
-        "--hidden",
-        "16",
-        "--batch-size",
-        "8",
-        "--epochs",
-        "3",
-        "--lr-decay",
-        "1e38",
-        "--clip",
-        "0",
-        "--data-dir",
-        tiny_corpus,
-        "--run-dir",
-        run,
-    )
+    result = cli(*tiny_train(tiny_corpus, run, hidden_size=16, epochs=3, lr_decay=1e38, clip=0))
     assert_one_line_error(result, "training stopped: loss became", "kept the last good checkpoint", code=3)
     kept = Checkpoint.load(run / "last.pt")
     assert kept.training.progress["epoch"] == 1
@@ -216,7 +205,7 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tiny_corpus, tmp_path):
 def test_existing_run_directory_is_not_overwritten(tiny_corpus, tmp_path):
     run = tmp_path / "run"
     Trainer(tiny_config(tiny_corpus, run, epochs=1)).fit()
-    result = cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", run)
+    result = cli(*tiny_train(tiny_corpus, run))
     assert_one_line_error(result, "already holds a run", "--resume")
 
 
@@ -240,9 +229,7 @@ def test_existing_run_directory_is_not_overwritten(tiny_corpus, tmp_path):
     ],
 )
 def test_bad_training_input_is_one_line_error(tiny_corpus, tmp_path, extra, fragments):
-    result = cli(
-        "train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", "--epochs", "1", *extra
-    )
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "r", *extra, epochs=1, hidden_size=None))
     assert_one_line_error(result, *fragments)
     assert result.stdout == ""
     assert not (tmp_path / "r" / "last.pt").exists()
@@ -252,9 +239,7 @@ def test_bad_training_input_is_one_line_error_in_a_real_process(tiny_corpus, tmp
     """The exit code and the single line, through `python -m charlm` (a usage error from typer)."""
     from helpers import run_cli
 
-    result = run_cli(
-        "train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", "--layers", "0"
-    )
+    result = run_cli(*tiny_train(tiny_corpus, tmp_path / "r", layers=0))
     assert_one_line_error(result, "--layers must be in [1, 1024], not 0")
     assert result.stdout == ""
 
@@ -298,19 +283,7 @@ def test_init_from_starts_from_checkpoint_weights(tiny_corpus, tmp_path):
     Trainer(tiny_config(tiny_corpus, source, epochs=1)).fit()
     tuned = Trainer(tiny_config(tiny_corpus, tmp_path / "tuned", epochs=1, init_from=str(source / "best.pt")))
     assert_same_weights(tuned.model.state_dict(), weights(source, "best.pt"))
-    result = cli(
-        "train",
-        "--corpus",
-        "tiny",
-        "--hidden",
-        "30",
-        "--init-from",
-        source / "best.pt",
-        "--data-dir",
-        tiny_corpus,
-        "--run-dir",
-        tmp_path / "mismatch",
-    )
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "mismatch", hidden_size=30, init_from=source / "best.pt"))
     assert_one_line_error(result, "--init-from", "holds another model (hidden_size 24 there, 30 here)")
 
 

@@ -15,7 +15,7 @@ from charlm.config import TrainConfig
 from charlm.training.step import TrainingStep
 from charlm.training.trainer import Trainer, TrainingInterrupted
 from charlm.training.windows import MIN_LENGTH, WindowLayout, awd_lengths, epoch_generator, scaled_learning_rate
-from helpers import assert_one_line_error, assert_same_run_end, cli, records, tiny_config
+from helpers import assert_one_line_error, assert_same_run_end, cli, records, tiny_config, tiny_train
 
 TOKENS = np.arange(25)  # token i is i: a window's tokens say where it reads
 
@@ -208,7 +208,7 @@ def test_random_windows_count_full_windows_of_tokens(tiny_corpus, tmp_path):
     ],
 )
 def test_bad_window_settings_are_one_line_errors(tiny_corpus, tmp_path, extra, fragment):
-    result = cli("train", "--corpus", "tiny", "--data-dir", tiny_corpus, "--run-dir", tmp_path / "r", *extra)
+    result = cli(*tiny_train(tiny_corpus, tmp_path / "r", *extra))
     assert_one_line_error(result, fragment)
     assert not (tmp_path / "r").exists()
 

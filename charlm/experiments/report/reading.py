@@ -16,7 +16,7 @@ from charlm.config import RESUMABLE_SETTINGS, TrainConfig
 from charlm.errors import CharlmError
 from charlm.files import read_own_file
 from charlm.logs import get_logger
-from charlm.model import parse_budget
+from charlm.sizing import parse_budget
 from charlm.runs.directory import Run, find_runs
 from charlm.runs.records import EpochRecord, EvalRecord, StepRecord
 

@@ -21,7 +21,7 @@ from charlm.experiments.report.reading import RunRecord, read_runs
 from charlm.experiments.report.publish import publish, report_directory, staged
 from charlm.experiments.report.tasks import is_task_run, read_task_runs, write_task_report
 from charlm.experiments.report.terminal import TerminalTable, runs_table, summary_table
-from charlm.files import atomic_write_text
+from charlm.files import atomic_write_text, path_value
 from charlm.runs.directory import find_runs
 
 DEFAULT_REFERENCE = "gru"
@@ -248,6 +248,7 @@ def build_report(directories: list[str | Path], out: str | Path | None = None, r
     ``DIR/report`` for a single directory); files of an earlier report that no longer apply are removed."""
     if not directories:
         raise CharlmError("give at least one run directory")
+    out = None if out is None else path_value(out, "the report directory")
     if out is None and len(directories) > 1:
         raise CharlmError("several directories: say where the report goes with --out REPORT_DIR")
     task_runs = read_task_runs(directories)
