@@ -449,6 +449,7 @@ def test_progress_of_runs_written_before_0_4_is_placed_between_epoch_ends(sweep,
 def test_the_device_labels_the_time_axis():
     assert device_label({"device": "cuda", "device_name": "NVIDIA H200", "threads": 16}) == "NVIDIA H200"
     assert device_label({"device": "cpu", "device_name": "x86_64", "threads": 2}) == "cpu (x86_64, 2 threads)"
+    assert device_label({"device": "cpu", "device_name": "x86_64", "threads": 1}) == "cpu (x86_64, 1 thread)"
     assert device_label({}) is None
 
 

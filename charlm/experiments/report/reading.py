@@ -222,7 +222,7 @@ def device_label(provenance: dict) -> str | None:
         return None
     if device.startswith("cuda") and isinstance(name, str):
         return name
-    details = [str(part) for part in (name, threads and f"{threads} threads") if part]
+    details = [str(part) for part in (name, threads and f"{threads} thread{'' if threads == 1 else 's'}") if part]
     return f"{device} ({', '.join(details)})" if details else device
 
 
