@@ -67,6 +67,18 @@ def save_epoch_checkpoint(directory: Path, checkpoint, epoch: int, name: str, ke
         path.unlink(missing_ok=True)
 
 
+def save_epoch_end(run, checkpoint, epoch_name: str | None, *, improved: bool, keep: int, is_main: bool) -> None:
+    """An epoch's checkpoints, in the order a kill can interrupt safely. One commit point, last.pt: the epoch
+    checkpoint (``epoch_name``; None for a partial epoch) comes before it (a resume trains the epoch again and
+    supersedes it), best.pt after it (a resume restores it from last.pt: ``training.resume.restore_best``).
+    best.pt and epoch checkpoints keep no optimizer state."""
+    if epoch_name is not None and is_main:
+        save_epoch_checkpoint(run.path, checkpoint, checkpoint.scores["epoch"], epoch_name, keep)
+    run.save_last(checkpoint)
+    if improved and is_main:
+        checkpoint.without_optimizer().save(run.best)
+
+
 def disk_usage(directory: str | Path) -> int:
     """Bytes of every file at or below ``directory`` (links not followed): what `charlm runs` shows."""
     total = 0

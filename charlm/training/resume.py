@@ -51,6 +51,25 @@ class Progress:
     def add_wall(self, part: str, seconds: float) -> None:
         self.wall_seconds[part] = self.wall_seconds.get(part, 0.0) + seconds
 
+    def add_validation(self, epoch_number: int, valid_bpc: float, test_bpc: float | None) -> bool:
+        """The end of epoch ``epoch_number`` scored ``valid_bpc`` (and ``test_bpc``, where the test split is
+        scored every epoch): the best so far or one more epoch without improvement. Returns whether it improved."""
+        improved = valid_bpc < self.best_valid_bpc
+        if improved:
+            self.best_valid_bpc, self.best_epoch, self.best_test_bpc = valid_bpc, epoch_number, test_bpc
+            self.epochs_without_improvement = 0
+        else:
+            self.epochs_without_improvement += 1
+        return improved
+
+    def next_epoch(self) -> None:
+        """Past a whole epoch: its sums cleared, its training time in the run's account."""
+        self.epoch += 1
+        self.window = 0
+        self.add_wall("train", self.train_seconds)
+        self.train_nats, self.train_tokens, self.train_seconds = 0.0, 0, 0.0
+        self.grad_norm_sums, self.overflowed_steps = {}, 0
+
     def add_update(self, window: int, result, train_seconds: float) -> None:
         """An update (``result``: its step's ``StepResult``) that ended before ``window``: its loss,
         tokens and gradient norms, and the epoch's training seconds so far."""

@@ -327,52 +327,35 @@ class Trainer:
             self._diverged_loss = valid.loss
             return StopReason.DIVERGED
         epoch_number = progress.epoch + 1
-        improved = valid.bpc < progress.best_valid_bpc
-        if improved:
-            progress.best_valid_bpc, progress.best_epoch = valid.bpc, epoch_number
-            progress.best_test_bpc = None if test is None else test.bpc
-            progress.epochs_without_improvement = 0
-        else:
-            progress.epochs_without_improvement += 1
+        improved = progress.add_validation(epoch_number, valid.bpc, None if test is None else test.bpc)
         self.reporter.end_epoch(valid, test, self.lr, partial, improved)
         if not partial:
-            self._next_epoch(valid.loss)
+            progress.next_epoch()
+            self.state = None
+            self.scheduler.after_epoch(valid.loss)
         stop_early = progress.epochs_without_improvement >= config.patience
         if stop_early:
             progress.finished = True
-        self._save_epoch(epoch_number, valid, test, improved, partial)
+        scores = {"valid_bpc": valid.bpc, "epoch": epoch_number}
+        if test is not None:
+            scores.update(test_bpc=test.bpc, test_loss=test.loss)
+        name = (
+            None
+            if partial
+            else retention.epoch_checkpoint_name(epoch_number, valid.bpc, valid.perplexity, self.corpus.unit)
+        )
+        retention.save_epoch_end(
+            self.run,
+            self.checkpoint(scores),
+            name,
+            improved=improved,
+            keep=config.keep_checkpoints,
+            is_main=self.world.is_main,
+        )
         if not stop_early:
             return None
         self.run.log(f"no improvement for {config.patience} epochs: stopping early")
         return StopReason.PATIENCE
-
-    def _next_epoch(self, valid_loss: float) -> None:
-        """Past a whole epoch: its sums cleared, its time in the run's account, the schedule's epoch step."""
-        progress = self.progress
-        progress.epoch += 1
-        progress.window = 0
-        progress.add_wall("train", progress.train_seconds)
-        progress.train_nats, progress.train_tokens, progress.train_seconds = 0.0, 0, 0.0
-        progress.grad_norm_sums, progress.overflowed_steps = {}, 0
-        self.state = None
-        self.scheduler.after_epoch(valid_loss)
-
-    def _save_epoch(self, epoch_number: int, valid, test, improved: bool, partial: bool) -> None:
-        """The epoch's checkpoints. One commit point, last.pt: the epoch record and the epoch
-        checkpoint come before it (a resume trains the epoch again and supersedes them), best.pt
-        after it (a resume restores it from last.pt: ``resume.restore_best``). best.pt and epoch
-        checkpoints keep no optimizer state."""
-        run = self.run
-        scores = {"valid_bpc": valid.bpc, "epoch": epoch_number}
-        if test is not None:
-            scores.update(test_bpc=test.bpc, test_loss=test.loss)
-        checkpoint = self.checkpoint(scores)
-        if not partial and self.world.is_main:
-            name = retention.epoch_checkpoint_name(epoch_number, valid.bpc, valid.perplexity, self.corpus.unit)
-            retention.save_epoch_checkpoint(run.path, checkpoint, epoch_number, name, self.config.keep_checkpoints)
-        run.save_last(checkpoint)
-        if improved and self.world.is_main:
-            checkpoint.without_optimizer().save(run.best)
 
     # --- how a training ends ---------------------------------------------------------------------------
     def _finish(self, stop: Stop) -> dict:
