@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import ClassVar
 
 import torch
@@ -115,6 +116,10 @@ class RecurrentCell(nn.Module):
     # RMSNorm (ε = 1e-5) there instead (Mamba's norm_f); block wiring has its own RMSNorm there.
     final_layer_norm: ClassVar[bool | str] = False
     scaled_by_depth: ClassVar[bool] = False  # its initialisation reads self.depth, the stack's (make_stack sets it)
+    # A residual block that applies the model's --dropout itself, where GPT-2 does (on its branches and its
+    # attention weights), as ``self.dropout``; a stack of them has the model drop the embedding once and nothing
+    # between layers or before the softmax, since a mask on the residual stream cuts its skip path too.
+    drops_inside: ClassVar[bool] = False
     # The parameters that multiply the carried state (the hidden-to-hidden matrices): what --weight-drop
     # masks (charlm.regularisers). Of a matrix that also multiplies the input, only recurrent_columns.
     recurrent_weights: ClassVar[tuple[str, ...]] = ()
@@ -305,7 +310,10 @@ def library_rnn(kernel, inputs: Tensor, hidden, weights: list[Tensor], training:
         return kernel(inputs, hidden, weights, True, 1, 0.0, training, False, False)
     low = torch.bfloat16
     hidden = tuple(h.to(low) for h in hidden) if isinstance(hidden, (tuple, list)) else hidden.to(low)
-    with torch.autocast(device_type, enabled=False):
+    with torch.autocast(device_type, enabled=False), warnings.catch_warnings():
+        # The bf16 weights are separate tensors, so cuDNN packs them into one buffer at every call and warns
+        # at every call (5,000 lines in a run of 5,000 steps): a copy of the size of the cast just made.
+        warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous")
         return kernel(
             inputs.to(low), hidden, [weight.to(low) for weight in weights], True, 1, 0.0, training, False, False
         )
