@@ -23,7 +23,7 @@ class ModelConfig:
     hidden_size: int
     layers: int = 1
     embed_size: int | None = None  # None: what the cell needs, else the hidden size; 0: one-hot input
-    dropout: float = 0.0  # between layers and on the softmax input
+    dropout: float = 0.0  # between layers and on the softmax input (a transformer: where GPT-2 has it)
     cell_options: dict = dataclasses.field(default_factory=dict)
     tie_layers: bool = False  # every layer the same block (a tied stack); grid-lstm ties by its own option
     wiring: str = "stacked"  # "block": each cell in a residual block (charlm.cells.block)
@@ -104,6 +104,10 @@ class LanguageModel(nn.Module):
             raise CharlmError(f"cannot build cell {config.cell!r}: {error}") from None
         self.layers = nn.ModuleList(layers)
         self.dropout = nn.Dropout(config.dropout)
+        self.drops_inside = all(type(layer).drops_inside for layer in layers)  # see RecurrentCell.drops_inside
+        if self.drops_inside:
+            for layer in layers:
+                layer.dropout = config.dropout
         if blocks:
             self.final_norm = RMSNorm(self.layers[-1].output_size, eps=None)
         elif cell_class.final_layer_norm == "rms":  # an RMSNorm (ε = 1e-5), as Mamba's norm_f
@@ -142,6 +146,8 @@ class LanguageModel(nn.Module):
         masks = self.regularisers.window(self.layers, self.training)  # none in eval mode
         output, table = masks.embed(self.embedding, tokens, self._embedding_table())
         output = masks.inputs(output)
+        if self.drops_inside:
+            output = self.dropout(output)
         bottom = {}  # what the bottom layer is told about its inputs
         folds = self.fold_embedding and masks.folds_embedding and self.layers[0].folds_embedding
         if folds and tokens.numel() > self.config.vocab_size:
@@ -150,13 +156,13 @@ class LanguageModel(nn.Module):
         evaluating = not torch.is_grad_enabled()
         for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
             if index > 0:
-                output = masks.hidden(self.dropout(output))
+                output = masks.hidden(output if self.drops_inside else self.dropout(output))
             run = layer.inference_forward if evaluating and layer.evaluates_through_step else layer
             run = masks.layer(index, layer, run)
             output, layer_state = run(output, layer_state, **(bottom if index == 0 else {}))
             new_state.append(layer_state)
         top = self.final_norm(output)
-        dropped = masks.output(self.dropout(top))
+        dropped = masks.output(top if self.drops_inside else self.dropout(top))
         if self.training and self.keeps_top_output and torch.is_grad_enabled():
             self.top_output = (top, dropped)
         logits = self.head(self.head_projection(dropped))
@@ -170,13 +176,16 @@ class LanguageModel(nn.Module):
         the two are held to the same function by the reference check.
         """
         output = self.embedding(tokens)
+        between = nn.Identity() if self.drops_inside else self.dropout
+        if self.drops_inside:
+            output = self.dropout(output)
         new_state = []
         for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
             if index > 0:
-                output = self.dropout(output)
+                output = between(output)
             output, layer_state = layer.step(output, layer_state)
             new_state.append(layer_state)
-        return self.head(self.head_projection(self.dropout(self.final_norm(output)))), new_state
+        return self.head(self.head_projection(between(self.final_norm(output)))), new_state
 
     @torch.no_grad()
     def for_sampling(self) -> "InferenceModel | LanguageModel":

@@ -22,13 +22,17 @@ class TransformerBlock(RecurrentCell):
 
     Each layer is one block; the block's input is n wide (the model's embedding, or the block below)::
 
-        a_t = x_t + W_o Attn_t(LN_1(x)) + b_o
-        y_t = a_t + W_2 GELU(W_1 LN_2(a_t) + b_1) + b_2          W_1: n → r·n, W_2: r·n → n (mlp_ratio r)
+        a_t = x_t + D(W_o Attn_t(LN_1(x)) + b_o)
+        y_t = a_t + D(W_2 GELU(W_1 LN_2(a_t) + b_1) + b_2)       W_1: n → r·n, W_2: r·n → n (mlp_ratio r)
 
     with ``heads`` heads of width h = n / heads. Head by head, ``q_t, k_t, v_t = W_qkv LN_1(x_t) + b_qkv``
     and position t attends to the M previous positions and itself (those that exist, M = ``memory``)::
 
         Attn_t = Σ_{s=t−M..t} softmax_s( (R_t q_t) · (R_s k_s) / √h ) v_s
+
+    D is dropout at the model's ``--dropout`` p, which also drops the attention weights (the softmax_s), as
+    GPT-2 and nanoGPT place it; the model drops its embedding with p once and nothing between blocks (in
+    evaluation, D is the identity).
 
     R_p is the rotary position embedding (RoPE, Su et al. 2021): the pairs (i, i + h/2) of each head
     rotated by the angle p·10000^(−2i/h). A dot product of rotated vectors depends on t − s alone, so
@@ -79,6 +83,7 @@ class TransformerBlock(RecurrentCell):
     activation_factor = 40
     final_layer_norm = True  # GPT-2's ln_f before the softmax
     scaled_by_depth = True
+    drops_inside = True
 
     @dataclasses.dataclass
     class Config:
@@ -101,6 +106,7 @@ class TransformerBlock(RecurrentCell):
             )
         self.heads, self.head_size, self.memory = heads, n // heads, memory
         self.depth = 1  # the stack's, for the residual projections' initialisation (make_stack sets it)
+        self.dropout = 0.0  # the model's --dropout, p of the formulas above (the model sets it)
         bias = self.config.bias
         self.norm_attention = nn.LayerNorm(n, bias=bias)
         self.qkv = nn.Linear(n, 3 * n, bias=bias)  # rows: q, k, v
@@ -156,6 +162,7 @@ class TransformerBlock(RecurrentCell):
     def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
         steps, batch, n = inputs.shape
         heads, size, memory = self.heads, self.head_size, self.memory
+        p = self.dropout if self.training else 0.0
         q, k, v = self.qkv(self.norm_attention(inputs)).split(n, dim=-1)  # [T, B, n] each
         q, k, v = (z.reshape(steps, -1, heads, size).permute(1, 2, 0, 3) for z in (q, k, v))  # [B, H, T, h]
         if memory:
@@ -171,7 +178,7 @@ class TransformerBlock(RecurrentCell):
             mask = (span[None] & filled[:, None, :])[:, None]  # [B, 1, T, M + T]
             cos, sin = rotary(memory + steps, size, q.dtype, inputs.device)
             attended = F.scaled_dot_product_attention(
-                rotate(q, cos[memory:], sin[memory:]), rotate(keys, cos, sin), values, attn_mask=mask
+                rotate(q, cos[memory:], sin[memory:]), rotate(keys, cos, sin), values, attn_mask=mask, dropout_p=p
             )
             new_flags = torch.cat([flags, torch.ones_like(flags[:, :1]).expand(-1, steps)], 1)[:, -memory:]
             state = (
@@ -181,10 +188,12 @@ class TransformerBlock(RecurrentCell):
             )
         else:
             cos, sin = rotary(steps, size, q.dtype, inputs.device)
-            attended = F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True)
+            attended = F.scaled_dot_product_attention(
+                rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True, dropout_p=p
+            )
         attended = attended.permute(2, 0, 1, 3).reshape(steps, -1, n)  # [T, B, n]
-        hidden = inputs + self.out(attended)
-        output = hidden + self.down(F.gelu(self.up(self.norm_mlp(hidden))))
+        hidden = inputs + F.dropout(self.out(attended), p, self.training)
+        output = hidden + F.dropout(self.down(F.gelu(self.up(self.norm_mlp(hidden)))), p, self.training)
         return output, state
 
 

@@ -158,6 +158,38 @@ def test_memory_zero_is_causal_attention_within_each_window(double_precision):
         cell.step(inputs[0], state)
 
 
+def test_dropout_is_gpt2s_on_the_embedding_branches_and_attention_weights_never_the_stream():
+    """--dropout p drops the embedding once and, in each block, both branches and the attention weights
+    (GPT-2, nanoGPT). With both branches zero the blocks are the identity, so in training mode the model
+    is softmax(LN_f(D(embedding))): no mask between the blocks or before the softmax."""
+    config = ModelConfig("transformer", vocab_size=11, hidden_size=16, layers=3, dropout=0.5, cell_options={"memory": 0})
+    model = LanguageModel(config).train()
+    assert [layer.dropout for layer in model.layers] == [0.5, 0.5, 0.5]
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.out.weight.zero_()
+            layer.down.weight.zero_()
+    tokens = torch.randint(11, (2, 7), generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(4)
+    logits, _ = model(tokens, model.initial_state(2))
+    torch.manual_seed(4)
+    dropped = F.dropout(model.embedding(tokens.t()), 0.5)  # time-major, as the model draws it
+    torch.testing.assert_close(logits, model.head(model.final_norm(dropped)).transpose(0, 1))
+
+
+def test_a_blocks_dropout_draws_in_training_and_never_in_evaluation():
+    torch.manual_seed(0)
+    cell = block(8, heads=2, memory=4)
+    inputs, state = torch.randn(5, 2, 8), cell.initial_state(2)
+    evaluated, _ = cell.eval()(inputs, state)
+    cell.train().dropout = 0.3
+    first, _ = cell(inputs, state)
+    second, _ = cell(inputs, state)
+    assert not torch.allclose(first, evaluated) and not torch.allclose(first, second)
+    cell.dropout = 0.0
+    torch.testing.assert_close(cell(inputs, state)[0], evaluated)
+
+
 def test_parameters_and_initialisation_are_gpt2s():
     torch.manual_seed(0)
     for n, ratio in [(16, 4), (24, 2)]:
