@@ -162,7 +162,9 @@ def test_dropout_is_gpt2s_on_the_embedding_branches_and_attention_weights_never_
     """--dropout p drops the embedding once and, in each block, both branches and the attention weights
     (GPT-2, nanoGPT). With both branches zero the blocks are the identity, so in training mode the model
     is softmax(LN_f(D(embedding))): no mask between the blocks or before the softmax."""
-    config = ModelConfig("transformer", vocab_size=11, hidden_size=16, layers=3, dropout=0.5, cell_options={"memory": 0})
+    config = ModelConfig(
+        "transformer", vocab_size=11, hidden_size=16, layers=3, dropout=0.5, cell_options={"memory": 0}
+    )
     model = LanguageModel(config).train()
     assert [layer.dropout for layer in model.layers] == [0.5, 0.5, 0.5]
     with torch.no_grad():
