@@ -74,7 +74,12 @@ class TrainConfig:
         show_default="what the cell needs, else n",
     )
     dropout: float = setting(
-        0.0, "Dropout between layers and on the softmax input (a fresh mask each step).", min=0, max=1, max_open=True
+        0.0,
+        "Dropout between layers and on the softmax input (a fresh mask each step); in a stack of residual blocks "
+        "(transformer, mamba, --wiring block) on the embedding and each block's branches instead, as GPT-2.",
+        min=0,
+        max=1,
+        max_open=True,
     )
     dropout_embed: float = setting(
         0.0,

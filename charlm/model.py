@@ -104,7 +104,7 @@ class LanguageModel(nn.Module):
             raise CharlmError(f"cannot build cell {config.cell!r}: {error}") from None
         self.layers = nn.ModuleList(layers)
         self.dropout = nn.Dropout(config.dropout)
-        self.drops_inside = all(type(layer).drops_inside for layer in layers)  # see RecurrentCell.drops_inside
+        self.drops_inside = all(layer.drops_inside for layer in layers)  # see RecurrentCell.drops_inside
         if self.drops_inside:
             for layer in layers:
                 layer.dropout = config.dropout

@@ -116,10 +116,11 @@ class RecurrentCell(nn.Module):
     # RMSNorm (ε = 1e-5) there instead (Mamba's norm_f); block wiring has its own RMSNorm there.
     final_layer_norm: ClassVar[bool | str] = False
     scaled_by_depth: ClassVar[bool] = False  # its initialisation reads self.depth, the stack's (make_stack sets it)
-    # A residual block that applies the model's --dropout itself, where GPT-2 does (on its branches and its
-    # attention weights), as ``self.dropout``; a stack of them has the model drop the embedding once and nothing
-    # between layers or before the softmax, since a mask on the residual stream cuts its skip path too.
-    drops_inside: ClassVar[bool] = False
+    # A residual block that applies the model's --dropout itself, where GPT-2 does (on each branch before it
+    # joins the stream, and a transformer on its attention weights), as ``self.dropout``; a stack of them has
+    # the model drop the embedding once and nothing between layers or before the softmax, since a mask on the
+    # residual stream cuts its skip path too.
+    drops_inside: bool = False
     # The parameters that multiply the carried state (the hidden-to-hidden matrices): what --weight-drop
     # masks (charlm.regularisers). Of a matrix that also multiplies the input, only recurrent_columns.
     recurrent_weights: ClassVar[tuple[str, ...]] = ()

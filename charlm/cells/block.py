@@ -7,9 +7,13 @@ n, around a cell whose input and output are n wide::
     u_t = RMSNorm(x_t)
     v_t = b + Σ_{j<k} w_j ⊙ u_{t−j}                 a depthwise causal convolution of width k (k = 0: v_t = u_t)
     y_t, s_t = cell(v_t, s_{t−1})
-    r_t = x_t + y_t                                 the residual connection around the cell
-    o_t = r_t + W_down (SiLU(W_gate z_t) ⊙ W_up z_t),  z_t = RMSNorm(r_t)
+    r_t = x_t + drop(y_t)                           the residual connection around the cell
+    o_t = r_t + drop(W_down (SiLU(W_gate z_t) ⊙ W_up z_t)),  z_t = RMSNorm(r_t)
                                                     the gated MLP, of width m = expansion · n (0: none)
+
+drop is dropout at the model's ``--dropout`` (the identity in evaluation): the branches are dropped before
+they join the residual stream, as GPT-2 drops its block's, and the model drops its embedding once and
+nothing between blocks.
 
 The block's time state is the cell's, followed by the convolution's last k − 1 inputs (one tensor,
 ``[B, (k−1)·n]``, oldest first), so that carrying state across windows equals one long window.
@@ -30,6 +34,7 @@ class Block(RecurrentCell):
     """``cell`` wired as above; ``conv_width`` k and ``expansion`` as the model's settings say."""
 
     name = "block"  # a wiring, not a registered cell
+    drops_inside = True
 
     def __init__(self, cell: RecurrentCell, conv_width: int, expansion: float):
         super().__init__(cell.input_size, cell.hidden_size)
@@ -40,6 +45,7 @@ class Block(RecurrentCell):
             )
         n = cell.input_size
         self.cell, self.conv_width = cell, conv_width
+        self.dropout = 0.0  # the model's --dropout, drop above (the model sets it)
         self.norm = RMSNorm(n, eps=None)
         if conv_width:
             self.conv_weight = nn.Parameter(torch.empty(n, conv_width))  # column j multiplies u_{t−j}
@@ -86,8 +92,8 @@ class Block(RecurrentCell):
         else:
             v = u
         y, cell_state = self.cell.step(v, cell_state)  # y_t, s_t = cell(v_t, s_{t−1})
-        r = x + y  # r_t = x_t + y_t
-        output = r if self.mlp is None else r + self.mlp(r)  # o_t = r_t + MLP(RMSNorm(r_t))
+        r = x + self._dropped(y)  # r_t = x_t + drop(y_t)
+        output = r if self.mlp is None else r + self._dropped(self.mlp(r))  # o_t = r_t + drop(MLP(RMSNorm(r_t)))
         return output, cell_state if past is None else (*cell_state, past)
 
     def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
@@ -104,9 +110,12 @@ class Block(RecurrentCell):
         else:
             v = u
         y, cell_state = self.cell(v, cell_state)
-        r = inputs + y
-        output = r if self.mlp is None else r + self.mlp(r)
+        r = inputs + self._dropped(y)
+        output = r if self.mlp is None else r + self._dropped(self.mlp(r))
         return output, cell_state if past is None else (*cell_state, past)
+
+    def _dropped(self, branch: Tensor) -> Tensor:
+        return F.dropout(branch, self.dropout, self.training) if self.dropout else branch
 
 
 class GatedMLP(nn.Module):

@@ -53,10 +53,12 @@ class Mamba(RecurrentCell):
         Δ_t = softplus(W_Δ (W_R x̃_t) + b_Δ),  B_t = W_B x̃_t,  C_t = W_C x̃_t        (x_proj: W_R, W_B, W_C)
         h_t = exp(Δ_t A) ⊙ h_{t−1} + (Δ_t ⊙ x̃_t) B_t            each channel d: h_t,d ∈ R^N, Ā = exp(ΔA)
         y_t = (C_t · h_t + D ⊙ x̃_t) ⊙ SiLU(z_t)
-        o_t = x_t + W_out y_t                                    W_out: e → n, no bias
+        o_t = x_t + drop(W_out y_t)                              W_out: e → n, no bias
 
-    with A = −exp(A_log) ∈ R^{e×N} (diagonal per channel). Ā = exp(ΔA) is the zero-order hold; B̄ ≈ ΔB
-    is the simplification of the paper's code (its eq. 4 gives B̄ = (ΔA)⁻¹(exp(ΔA) − I)·ΔB).
+    with A = −exp(A_log) ∈ R^{e×N} (diagonal per channel), and drop dropout at the model's ``--dropout`` (the
+    identity in evaluation; the model then drops its embedding once and nothing between blocks). Ā = exp(ΔA)
+    is the zero-order hold; B̄ ≈ ΔB is the simplification of the paper's code (its eq. 4 gives
+    B̄ = (ΔA)⁻¹(exp(ΔA) − I)·ΔB).
 
     **Initialisation as published** (mamba_ssm's Mamba and its language model's ``_init_weights``): A
     by S4D-real, A_{d,n} = −n (n = 1..N); D = 1; Δ's bias b_Δ = softplus⁻¹(Δ₀) with Δ₀ log-uniform in
@@ -122,6 +124,7 @@ class Mamba(RecurrentCell):
         self.history = c.conv_width - 1
         self.depth = 1  # the stack's, for W_out's initialisation (make_stack sets it)
         self.norm = RMSNorm(input_size, eps=NORM_EPS) if c.residual else None
+        self.dropout = 0.0  # the model's --dropout, drop above (the model sets it)
         self.in_proj = nn.Linear(input_size, 2 * inner, bias=False)  # rows: x', z
         self.conv_weight = nn.Parameter(torch.empty(inner, c.conv_width))  # column j multiplies x'_{t−k+1+j}
         self.conv_bias = nn.Parameter(torch.empty(inner))
@@ -191,7 +194,7 @@ class Mamba(RecurrentCell):
         y = ((h * C[:, None, :]).sum(-1) + self.D * x_conv) * F.silu(z)  # y_t = (C_t h_t + D x̃_t) ⊙ SiLU(z_t)
         output = self.out_proj(y)
         past = None if past is None else window[:, 1:].flatten(1).to(past.dtype)
-        return (x + output if self.norm is not None else output), self._joined(h.flatten(1), past)
+        return (x + self._dropped(output) if self.norm is not None else output), self._joined(h.flatten(1), past)
 
     def inference_step(self) -> "MambaInference":
         return MambaInference(self)
@@ -230,8 +233,15 @@ class Mamba(RecurrentCell):
         y = (y + self.D * x_conv) * F.silu(z)
         output = self.out_proj(y)
         if self.norm is not None:
-            output = inputs + output
+            output = inputs + self._dropped(output)
         return output, self._joined(h.flatten(1), past)
+
+    @property
+    def drops_inside(self) -> bool:
+        return self.norm is not None  # the whole block; the mixer alone (residual=false) is a block's cell
+
+    def _dropped(self, branch: Tensor) -> Tensor:
+        return F.dropout(branch, self.dropout, self.training) if self.dropout else branch
 
 
 class MambaInference(InferenceStep):

@@ -22,17 +22,17 @@ class TransformerBlock(RecurrentCell):
 
     Each layer is one block; the block's input is n wide (the model's embedding, or the block below)::
 
-        a_t = x_t + D(W_o Attn_t(LN_1(x)) + b_o)
-        y_t = a_t + D(W_2 GELU(W_1 LN_2(a_t) + b_1) + b_2)       W_1: n → r·n, W_2: r·n → n (mlp_ratio r)
+        a_t = x_t + drop(W_o Attn_t(LN_1(x)) + b_o)
+        y_t = a_t + drop(W_2 GELU(W_1 LN_2(a_t) + b_1) + b_2)    W_1: n → r·n, W_2: r·n → n (mlp_ratio r)
 
     with ``heads`` heads of width h = n / heads. Head by head, ``q_t, k_t, v_t = W_qkv LN_1(x_t) + b_qkv``
     and position t attends to the M previous positions and itself (those that exist, M = ``memory``)::
 
         Attn_t = Σ_{s=t−M..t} softmax_s( (R_t q_t) · (R_s k_s) / √h ) v_s
 
-    D is dropout at the model's ``--dropout`` p, which also drops the attention weights (the softmax_s), as
+    drop is dropout at the model's ``--dropout`` p, which also drops the attention weights (the softmax_s), as
     GPT-2 and nanoGPT place it; the model drops its embedding with p once and nothing between blocks (in
-    evaluation, D is the identity).
+    evaluation, drop is the identity).
 
     R_p is the rotary position embedding (RoPE, Su et al. 2021): the pairs (i, i + h/2) of each head
     rotated by the angle p·10000^(−2i/h). A dot product of rotated vectors depends on t − s alone, so

@@ -156,3 +156,25 @@ def test_a_block_model_trains_evaluates_samples_and_exports_from_the_command_lin
     exported = cli("export", run, tmp_path / "step.ts", "--format", "torchscript", check_code=0).stdout
     assert "max difference from charlm's step" in exported
     assert torch.load(run / "best.pt", weights_only=True)["model_config"]["block_conv"] == 3
+
+
+@pytest.mark.parametrize("settings", [{"cell": "gru", "wiring": "block"}, {"cell": "mamba"}], ids=["block", "mamba"])
+def test_a_residual_blocks_dropout_drops_its_branches_never_the_stream(settings):
+    """--dropout in a stack of residual blocks: the model drops the embedding once, each block its branches
+    before they join the stream. Each branch dropped whole (p = 1), every block passes its stream on as it
+    came, so in training mode the model is softmax(norm(D(embedding))): no mask between blocks or at the top."""
+    model = LanguageModel(ModelConfig(vocab_size=11, hidden_size=16, layers=2, dropout=0.5, **settings)).train()
+    assert [layer.dropout for layer in model.layers] == [0.5, 0.5]
+    for layer in model.layers:
+        layer.dropout = 1.0
+    tokens = torch.randint(11, (2, 7), generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(4)
+    logits, _ = model(tokens, model.initial_state(2))
+    torch.manual_seed(4)
+    dropped = F.dropout(model.embedding(tokens.t()), 0.5)  # time-major, as the model draws it
+    torch.testing.assert_close(logits, model.head(model.final_norm(dropped)).transpose(0, 1))
+    model.eval()
+    evaluated, _ = model(tokens, model.initial_state(2))
+    for layer in model.layers:
+        layer.dropout = 0.0
+    torch.testing.assert_close(model(tokens, model.initial_state(2))[0], evaluated)
