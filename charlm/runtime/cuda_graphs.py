@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from typing import Callable
 
 import torch
@@ -189,7 +190,11 @@ class CudaGraph:
 
     def capture(self, function: Callable[[], list[Tensor]]) -> list[Tensor]:
         cuda = self.cuda
-        with on_device(self.device):
+        with on_device(self.device), warnings.catch_warnings():
+            # A backward on the side stream meets gradients kept on the main one: autograd warns once a run
+            # that this "may incur unnecessary synchronization" (seen on an H200); the joins here are the
+            # synchronisation, once, before the graph is replayed on the main stream.
+            warnings.filterwarnings("ignore", message="The AccumulateGrad node's stream does not match")
             side = cuda.side_stream()
             with cuda.on(side), synchronisation_errors(self.device):  # kernel choice, workspaces: outside the graph
                 for _ in range(self.warmup):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings as python_warnings
 
 import numpy as np
 import pytest
@@ -442,3 +443,20 @@ def test_a_mismatch_names_the_difference_and_the_tolerance():
     assert str(check.mismatch()) == "it differs from eager by 0.25 (tolerance 0.0001)"
     assert isinstance(check.mismatch(), FastPathMismatch)
     assert check.fields()["max_difference"] == 0.25
+
+
+def test_a_capture_keeps_autograds_warning_about_its_side_stream_to_itself():
+    """Autograd warns once a run that a backward on the side stream meets gradients of the main one
+    (seen on an H200, torch 2.11); a capture expects that and keeps it out of the run's output."""
+
+    def function():
+        python_warnings.warn("The AccumulateGrad node's stream does not match the stream of the node that produced it")
+        return [torch.ones(1)]
+
+    with python_warnings.catch_warnings():
+        python_warnings.simplefilter("error")
+        CudaGraph(torch.device("cpu"), warmup=1, cuda=RecordedCuda()).capture(function)
+        with pytest.raises(UserWarning, match="something else"):
+            CudaGraph(torch.device("cpu"), warmup=1, cuda=RecordedCuda()).capture(
+                lambda: python_warnings.warn("something else")
+            )
