@@ -229,8 +229,8 @@ class Sweep:
             except (WriteError, StorageError):  # a full disk or a file-size limit stops every point: stop here
                 raise
             except CharlmError as error:  # this point cannot run (in use, too large, corpus missing): go on
-                log(f"{prefix}: not run: {error}")
-                in_use = "in use by another training" in str(error)
+                in_use = "in use by another training" in str(error)  # another process took it since state()
+                log(f"{prefix}: another process is training it; skipped" if in_use else f"{prefix}: not run: {error}")
                 outcomes.append(
                     Outcome(point.name, "in use" if in_use else "failed", detail="" if in_use else "not run")
                 )

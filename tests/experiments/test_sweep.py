@@ -102,6 +102,22 @@ def test_sweep_survives_kill_9_and_a_rerun_skips_finished_and_resumes_interrupte
     assert again.stderr.count("finished earlier; skipped") == 4
 
 
+def test_three_processes_on_one_sweep_directory_train_every_point_once(plan_file, tiny_corpus, tmp_path):
+    """Several `charlm sweep` processes without --shard share a directory (as three did on one GPU): each
+    takes the next point nobody trains. One that loses the race for a point says it skipped it, as for a
+    point it found in use, never that the point could not run."""
+    directory = tmp_path / "shared"
+    command = [sys.executable, "-m", "charlm", *map(str, sweep_args(plan_file, directory, tiny_corpus))]
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outputs = [process.communicate(timeout=300) for process in processes]
+    assert [process.returncode for process in processes] == [0, 0, 0]
+    logs = "".join(stderr for _, stderr in outputs)
+    assert "not run" not in logs
+    points = [point.name for point in load_plan(plan_file).points()]
+    assert sorted(line.split()[1].rstrip(":") for line in logs.splitlines() if ": done in " in line) == sorted(points)
+    assert all(Run(directory / name).status() == "finished" for name in points)
+
+
 def test_shards_cover_every_point_exactly_once(plan_file):
     points = load_plan(plan_file).points()
     for count in (1, 2, 3, 5):
