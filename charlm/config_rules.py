@@ -71,8 +71,8 @@ def _check_regularisers(config) -> None:
             raise ConfigError(
                 TrainConfig,
                 name,
-                "and --dropout are exclusive (both drop the same outputs: --dropout a fresh mask every step, "
-                "the locked one a mask per window): give one, not both",
+                "and --dropout are exclusive (AWD-LSTM's locked dropout is in place of --dropout, a mask per window "
+                "where --dropout draws one every step): give one, not both",
             )
     for name in ("ar", "tar"):
         if getattr(config, name) > 0 and config.cuda_graph:

@@ -150,6 +150,8 @@ class LanguageModel(nn.Module):
             output = self.dropout(output)
         bottom = {}  # what the bottom layer is told about its inputs
         folds = self.fold_embedding and masks.folds_embedding and self.layers[0].folds_embedding
+        if self.drops_inside and self.training and self.dropout.p > 0:
+            folds = False  # the bottom block reads the dropped embedding, not the table's rows
         if folds and tokens.numel() > self.config.vocab_size:
             bottom = {"lookup": EmbeddingLookup(tokens, table)}
         new_state = []

@@ -206,3 +206,19 @@ def test_trains_evaluates_samples_and_exports_from_the_command_line(tiny_corpus,
     assert (tmp_path / "step.pt").exists()
     refused = cli(*tiny_train(tiny_corpus, tmp_path / "narrow", embed_size=5, **small))
     assert_one_line_error(refused, "mamba", "--embed-size 16")
+
+
+def test_the_bottom_block_reads_the_dropped_embedding_when_dropout_is_on():
+    """Mamba takes its bottom input product over the table's V rows (folds the embedding); with --dropout
+    the embedding is dropped first, so the folded form would skip the mask: training with dropout reads
+    the dropped vectors, the same with folding allowed or not."""
+    model = LanguageModel(ModelConfig("mamba", vocab_size=11, hidden_size=16, layers=2, dropout=0.5)).train()
+    for layer in model.layers:
+        layer.dropout = 0.0  # the branches kept whole: only the embedding is dropped
+    tokens = torch.randint(11, (2, 7), generator=torch.Generator().manual_seed(3))  # 14 positions > 11 symbols
+    logits = []
+    for folds in (True, False):
+        model.fold_embedding = folds
+        torch.manual_seed(4)
+        logits.append(model(tokens, model.initial_state(2))[0])
+    torch.testing.assert_close(logits[0], logits[1])
