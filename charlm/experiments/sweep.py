@@ -229,11 +229,12 @@ class Sweep:
             except (WriteError, StorageError):  # a full disk or a file-size limit stops every point: stop here
                 raise
             except CharlmError as error:  # this point cannot run (in use, too large, corpus missing): go on
-                in_use = "in use by another training" in str(error)  # another process took it since state()
-                log(f"{prefix}: another process is training it; skipped" if in_use else f"{prefix}: not run: {error}")
-                outcomes.append(
-                    Outcome(point.name, "in use" if in_use else "failed", detail="" if in_use else "not run")
-                )
+                if _in_use(error) or self.state(point) in ("running", "finished"):  # another process took it since
+                    log(f"{prefix}: another process is training it; skipped")
+                    outcomes.append(Outcome(point.name, "in use"))
+                else:
+                    log(f"{prefix}: not run: {error}")
+                    outcomes.append(Outcome(point.name, "failed", detail="not run"))
                 continue
             try:
                 try:
@@ -243,6 +244,10 @@ class Sweep:
             except WriteError:
                 raise
             except CharlmError as error:  # the trained run is kept; the next command evaluates it again
+                if _in_use(error):
+                    log(f"{prefix}: another process is evaluating it; skipped")
+                    outcomes.append(Outcome(point.name, "in use"))
+                    continue
                 log(
                     f"{prefix}: trained, but its evaluation failed: {error}; the run is kept: run the same command "
                     "again to evaluate it"
@@ -299,23 +304,36 @@ class Sweep:
         if not self.plan.evals:
             return
         run = Run(self.directory / point.name)
-        done = {_eval_label(record) for record in run.history().evaluations}
-        missing = [step for step in self.plan.evals if step.label not in done]
-        if not missing:
+        if not self._missing_evals(run):
             return
-        if not run.best.exists():
-            raise CharlmError(f"{run.best} does not exist: there are no best weights to evaluate")
-        model = load(run.path, trust_code=self.trust_code)
-        for step in missing:
-            log(f"{prefix}: evaluating ({step.label})")
-            model.evaluate(
-                step.split,
-                dynamic=step.dynamic,
-                adapt_on=step.adapt_on,
-                batch_size=step.batch_size,
-                data_dir=self.data_dir,
-            )
-            model.restore()
+        run.acquire()  # one process evaluates a run: another sweep process may have found it finished too
+        try:
+            missing = self._missing_evals(run)  # less what that process evaluated before this one took the lock
+            if missing and not run.best.exists():
+                raise CharlmError(f"{run.best} does not exist: there are no best weights to evaluate")
+            model = load(run.path, trust_code=self.trust_code) if missing else None
+            for step in missing:
+                log(f"{prefix}: evaluating ({step.label})")
+                model.evaluate(
+                    step.split,
+                    dynamic=step.dynamic,
+                    adapt_on=step.adapt_on,
+                    batch_size=step.batch_size,
+                    data_dir=self.data_dir,
+                )
+                model.restore()
+        finally:
+            run.release()
+
+    def _missing_evals(self, run: Run) -> list:
+        """The plan's evaluation steps ``run`` has no record of."""
+        done = {_eval_label(record) for record in run.history().evaluations}
+        return [step for step in self.plan.evals if step.label not in done]
+
+
+def _in_use(error: CharlmError) -> bool:
+    """Whether ``error`` is a run directory's lock held by another process."""
+    return "in use by another training" in str(error)
 
 
 def _eval_label(record) -> str:

@@ -103,9 +103,9 @@ def test_sweep_survives_kill_9_and_a_rerun_skips_finished_and_resumes_interrupte
 
 
 def test_three_processes_on_one_sweep_directory_train_every_point_once(plan_file, tiny_corpus, tmp_path):
-    """Several `charlm sweep` processes without --shard share a directory (as three did on one GPU): each
-    takes the next point nobody trains. One that loses the race for a point says it skipped it, as for a
-    point it found in use, never that the point could not run."""
+    """Several `charlm sweep` processes without --shard share a directory: each takes the next point nobody
+    trains, and one process evaluates each. One that loses the race for a point (to train it, to evaluate
+    it, or finding it trained since it looked) says it skipped it, never that the point could not run."""
     directory = tmp_path / "shared"
     command = [sys.executable, "-m", "charlm", *map(str, sweep_args(plan_file, directory, tiny_corpus))]
     processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
@@ -116,6 +116,7 @@ def test_three_processes_on_one_sweep_directory_train_every_point_once(plan_file
     points = [point.name for point in load_plan(plan_file).points()]
     assert sorted(line.split()[1].rstrip(":") for line in logs.splitlines() if ": done in " in line) == sorted(points)
     assert all(Run(directory / name).status() == "finished" for name in points)
+    assert [len(records(directory / name, "eval")) for name in points] == [1] * len(points)  # evaluated once
 
 
 def test_shards_cover_every_point_exactly_once(plan_file):
