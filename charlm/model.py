@@ -23,7 +23,7 @@ class ModelConfig:
     hidden_size: int
     layers: int = 1
     embed_size: int | None = None  # None: what the cell needs, else the hidden size; 0: one-hot input
-    dropout: float = 0.0  # between layers and on the softmax input (a transformer: where GPT-2 has it)
+    dropout: float = 0.0  # between layers and on the softmax input (residual blocks: where GPT-2 has it)
     cell_options: dict = dataclasses.field(default_factory=dict)
     tie_layers: bool = False  # every layer the same block (a tied stack); grid-lstm ties by its own option
     wiring: str = "stacked"  # "block": each cell in a residual block (charlm.cells.block)
