@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from charlm.cli.options import directory_option, settings_options
+from charlm.cli.options import directory_flag, settings_options
 from charlm.cli.output import print_summary
 from charlm.config_tools import DemoConfig
 from charlm.settings import validate
@@ -15,20 +15,10 @@ from charlm.settings import validate
 
 @settings_options(DemoConfig)
 def demo(
-    data_dir: Optional[str] = typer.Option(
-        None,
-        "--data-dir",
-        callback=directory_option,
-        help="Root of prepared corpora (default: $CHARLM_DATA or ./data).",
-        metavar="<path>",
+    data_dir: Optional[str] = directory_flag(
+        "--data-dir", "Root of prepared corpora (default: $CHARLM_DATA or ./data)."
     ),
-    run_dir: Optional[str] = typer.Option(
-        None,
-        "--run-dir",
-        callback=directory_option,
-        help="Where to write the run (default: runs/pydoc-lru-demo-TIME).",
-        metavar="<path>",
-    ),
+    run_dir: Optional[str] = directory_flag("--run-dir", "Where to write the run (default: runs/pydoc-lru-demo-TIME)."),
     given: dict = None,
 ):
     """Prepare the embedded `pydoc` corpus, size a small LRU to this machine and train it for the budget, report bits per character, sample."""  # noqa: E501  the help shows the docstring's line breaks

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from charlm.cli.options import directory_option, help_text
+from charlm.cli.options import directory_flag, help_text
 from charlm.config import TrainConfig
 from charlm.logs import get_logger
 
@@ -19,13 +19,7 @@ CELL = typer.Option(
     "name it).",
 )
 TRUST_CODE = typer.Option(False, "--trust-code", help="Import whatever module:Class cell the checkpoint names.")
-DATA_DIR = typer.Option(
-    None,
-    "--data-dir",
-    callback=directory_option,
-    help="Root of prepared corpora (default: the one used in training).",
-    metavar="<path>",
-)
+DATA_DIR = directory_flag("--data-dir", "Root of prepared corpora (default: the one used in training).")
 NO_CUDA_GRAPH = typer.Option(
     False,
     "--no-cuda-graph",

@@ -193,6 +193,12 @@ def dynamic_option(value: str | None):
     return value
 
 
+def directory_flag(flag: str, help: str):
+    """A directory option (``--data-dir``, ``--run-dir``, ``--dir``): None unless given, checked as it is read
+    (:func:`directory_option`), shown as ``<path>``."""
+    return typer.Option(None, flag, callback=directory_option, help=help, metavar="<path>")
+
+
 def directory_option(param: typer.CallbackParam, value):
     """The callback of a directory option (``--data-dir``): an empty path or a file where the directory
     belongs is bad input, said with the option's name as it is read (``charlm.files``)."""

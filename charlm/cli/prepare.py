@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from charlm.cli.completion import complete_recipes
-from charlm.cli.options import directory_option, help_text
+from charlm.cli.options import directory_flag, help_text
 from charlm.cli.output import print_table
 from charlm.config_tools import PrepareConfig
 from charlm.settings import validate
@@ -40,12 +40,8 @@ def prepare(
     url: Optional[str] = typer.Option(
         None, "--url", help="Download from this address (a mirror) instead of the canonical one."
     ),
-    data_dir: Optional[str] = typer.Option(
-        None,
-        "--data-dir",
-        callback=directory_option,
-        help="Data root for prepared corpora and the download cache (default: $CHARLM_DATA, else ./data).",
-        metavar="<path>",
+    data_dir: Optional[str] = directory_flag(
+        "--data-dir", "Data root for prepared corpora and the download cache (default: $CHARLM_DATA, else ./data)."
     ),
     subword: Optional[str] = typer.Option(
         None,
@@ -114,12 +110,8 @@ def summary(corpus: PreparedCorpus) -> str:
 
 
 def corpora(
-    data_dir: Optional[str] = typer.Option(
-        None,
-        "--data-dir",
-        callback=directory_option,
-        help="Data root to look in (default: $CHARLM_DATA, else ./data).",
-        metavar="<path>",
+    data_dir: Optional[str] = directory_flag(
+        "--data-dir", "Data root to look in (default: $CHARLM_DATA, else ./data)."
     ),
 ):
     """List the known corpora, and which are prepared with their split sizes and vocabulary.

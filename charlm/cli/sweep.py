@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from charlm.cli.options import directory_option
+from charlm.cli.options import directory_flag
 from charlm.cli.output import print_table, stdout
 from charlm.errors import CharlmError
 from charlm.logs import get_logger
@@ -24,12 +24,9 @@ def sweep(
         help="A profile of the plan, such as small (default: the plan as written: a shipped plan's paper settings, in "
         "sweeps/PLAN-paper; a plan of your own in sweeps/PLAN).",
     ),
-    directory: Optional[str] = typer.Option(
-        None,
+    directory: Optional[str] = directory_flag(
         "--dir",
-        callback=directory_option,
-        help="The sweep directory (default: sweeps/PLAN-PROFILE; sweeps/PLAN for a plan of your own run as written).",
-        metavar="<path>",
+        "The sweep directory (default: sweeps/PLAN-PROFILE; sweeps/PLAN for a plan of your own run as written).",
     ),
     dry_run: bool = typer.Option(
         False,
@@ -49,12 +46,8 @@ def sweep(
         "of 4 tasks: $SLURM_ARRAY_TASK_ID/4).",
     ),
     list_plans: bool = typer.Option(False, "--list", help="List the plans shipped with charlm and exit."),
-    data_dir: Optional[str] = typer.Option(
-        None,
-        "--data-dir",
-        callback=directory_option,
-        help="Root of prepared corpora (default: $CHARLM_DATA, else ./data).",
-        metavar="<path>",
+    data_dir: Optional[str] = directory_flag(
+        "--data-dir", "Root of prepared corpora (default: $CHARLM_DATA, else ./data)."
     ),
     trust_code: bool = typer.Option(False, "--trust-code", help="Allow the plan's module:Class cells to be imported."),
 ):
