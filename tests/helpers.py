@@ -158,6 +158,17 @@ TINY = dict(  # a small model of the tiny corpus, trained in seconds
 )
 
 
+def assert_drops_its_embedding_alone(model, p: float) -> None:
+    """``model``, a stack of residual blocks in training mode whose blocks pass the stream on unchanged, is
+    softmax(norm(drop(embedding))): dropout on the embedding once, none between blocks or at the top."""
+    tokens = torch.randint(model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(4)
+    logits, _ = model(tokens, model.initial_state(2))
+    torch.manual_seed(4)
+    dropped = torch.nn.functional.dropout(model.embedding(tokens.t()), p)  # time-major, as the model draws it
+    torch.testing.assert_close(logits, model.head(model.final_norm(dropped)).transpose(0, 1))
+
+
 def tiny_config(corpus_dir, run_dir, **overrides) -> TrainConfig:
     return TrainConfig(**{**TINY, "data_dir": str(corpus_dir), "run_dir": str(run_dir), **overrides})
 

@@ -13,7 +13,7 @@ from charlm.cells import CELLS, parse_cell_options
 from charlm.errors import CharlmError
 from charlm.model import LanguageModel, ModelConfig, count_parameters
 from charlm.sizing import size_for_budget
-from helpers import assert_one_line_error, cli, tiny_train
+from helpers import assert_drops_its_embedding_alone, assert_one_line_error, cli, tiny_train
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 
@@ -171,12 +171,7 @@ def test_dropout_is_gpt2s_on_the_embedding_branches_and_attention_weights_never_
         for layer in model.layers:
             layer.out.weight.zero_()
             layer.down.weight.zero_()
-    tokens = torch.randint(11, (2, 7), generator=torch.Generator().manual_seed(3))
-    torch.manual_seed(4)
-    logits, _ = model(tokens, model.initial_state(2))
-    torch.manual_seed(4)
-    dropped = F.dropout(model.embedding(tokens.t()), 0.5)  # time-major, as the model draws it
-    torch.testing.assert_close(logits, model.head(model.final_norm(dropped)).transpose(0, 1))
+    assert_drops_its_embedding_alone(model, 0.5)
 
 
 def test_a_blocks_dropout_draws_in_training_and_never_in_evaluation():
