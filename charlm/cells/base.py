@@ -121,6 +121,7 @@ class RecurrentCell(nn.Module):
     # the model drop the embedding once and nothing between layers or before the softmax, since a mask on the
     # residual stream cuts its skip path too.
     drops_inside: bool = False
+    dropout: float = 0.0  # the model's --dropout, for a cell that drops_inside (the model sets it)
     # The parameters that multiply the carried state (the hidden-to-hidden matrices): what --weight-drop
     # masks (charlm.regularisers). Of a matrix that also multiplies the input, only recurrent_columns.
     recurrent_weights: ClassVar[tuple[str, ...]] = ()
@@ -138,6 +139,10 @@ class RecurrentCell(nn.Module):
         self.hidden_size = hidden_size
         self.config = config if config is not None else self.Config()
         check_options(type(self), self.config)  # also a config built in Python, not read by parse_cell_options
+
+    def dropped(self, branch: Tensor) -> Tensor:
+        """``branch`` under the model's --dropout in training, before it joins the residual stream."""
+        return F.dropout(branch, self.dropout, training=True) if self.dropout and self.training else branch
 
     @property
     def output_size(self) -> int:

@@ -45,7 +45,6 @@ class Block(RecurrentCell):
             )
         n = cell.input_size
         self.cell, self.conv_width = cell, conv_width
-        self.dropout = 0.0  # the model's --dropout, drop above (the model sets it)
         self.norm = RMSNorm(n, eps=None)
         if conv_width:
             self.conv_weight = nn.Parameter(torch.empty(n, conv_width))  # column j multiplies u_{t−j}
@@ -92,8 +91,8 @@ class Block(RecurrentCell):
         else:
             v = u
         y, cell_state = self.cell.step(v, cell_state)  # y_t, s_t = cell(v_t, s_{t−1})
-        r = x + self._dropped(y)  # r_t = x_t + drop(y_t)
-        output = r if self.mlp is None else r + self._dropped(self.mlp(r))  # o_t = r_t + drop(MLP(RMSNorm(r_t)))
+        r = x + self.dropped(y)  # r_t = x_t + drop(y_t)
+        output = r if self.mlp is None else r + self.dropped(self.mlp(r))  # o_t = r_t + drop(MLP(RMSNorm(r_t)))
         return output, cell_state if past is None else (*cell_state, past)
 
     def forward(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
@@ -110,12 +109,9 @@ class Block(RecurrentCell):
         else:
             v = u
         y, cell_state = self.cell(v, cell_state)
-        r = inputs + self._dropped(y)
-        output = r if self.mlp is None else r + self._dropped(self.mlp(r))
+        r = inputs + self.dropped(y)
+        output = r if self.mlp is None else r + self.dropped(self.mlp(r))
         return output, cell_state if past is None else (*cell_state, past)
-
-    def _dropped(self, branch: Tensor) -> Tensor:
-        return F.dropout(branch, self.dropout, self.training) if self.dropout else branch
 
 
 class GatedMLP(nn.Module):

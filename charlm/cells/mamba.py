@@ -124,7 +124,6 @@ class Mamba(RecurrentCell):
         self.history = c.conv_width - 1
         self.depth = 1  # the stack's, for W_out's initialisation (make_stack sets it)
         self.norm = RMSNorm(input_size, eps=NORM_EPS) if c.residual else None
-        self.dropout = 0.0  # the model's --dropout, drop above (the model sets it)
         self.in_proj = nn.Linear(input_size, 2 * inner, bias=False)  # rows: x', z
         self.conv_weight = nn.Parameter(torch.empty(inner, c.conv_width))  # column j multiplies x'_{t−k+1+j}
         self.conv_bias = nn.Parameter(torch.empty(inner))
@@ -194,7 +193,7 @@ class Mamba(RecurrentCell):
         y = ((h * C[:, None, :]).sum(-1) + self.D * x_conv) * F.silu(z)  # y_t = (C_t h_t + D x̃_t) ⊙ SiLU(z_t)
         output = self.out_proj(y)
         past = None if past is None else window[:, 1:].flatten(1).to(past.dtype)
-        return (x + self._dropped(output) if self.norm is not None else output), self._joined(h.flatten(1), past)
+        return (x + self.dropped(output) if self.norm is not None else output), self._joined(h.flatten(1), past)
 
     def inference_step(self) -> "MambaInference":
         return MambaInference(self)
@@ -233,15 +232,12 @@ class Mamba(RecurrentCell):
         y = (y + self.D * x_conv) * F.silu(z)
         output = self.out_proj(y)
         if self.norm is not None:
-            output = inputs + self._dropped(output)
+            output = inputs + self.dropped(output)
         return output, self._joined(h.flatten(1), past)
 
     @property
     def drops_inside(self) -> bool:
         return self.norm is not None  # the whole block; the mixer alone (residual=false) is a block's cell
-
-    def _dropped(self, branch: Tensor) -> Tensor:
-        return F.dropout(branch, self.dropout, self.training) if self.dropout else branch
 
 
 class MambaInference(InferenceStep):

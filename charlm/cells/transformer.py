@@ -106,7 +106,6 @@ class TransformerBlock(RecurrentCell):
             )
         self.heads, self.head_size, self.memory = heads, n // heads, memory
         self.depth = 1  # the stack's, for the residual projections' initialisation (make_stack sets it)
-        self.dropout = 0.0  # the model's --dropout, p of the formulas above (the model sets it)
         bias = self.config.bias
         self.norm_attention = nn.LayerNorm(n, bias=bias)
         self.qkv = nn.Linear(n, 3 * n, bias=bias)  # rows: q, k, v
@@ -192,8 +191,8 @@ class TransformerBlock(RecurrentCell):
                 rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True, dropout_p=p
             )
         attended = attended.permute(2, 0, 1, 3).reshape(steps, -1, n)  # [T, B, n]
-        hidden = inputs + F.dropout(self.out(attended), p, self.training)
-        output = hidden + F.dropout(self.down(F.gelu(self.up(self.norm_mlp(hidden)))), p, self.training)
+        hidden = inputs + self.dropped(self.out(attended))
+        output = hidden + self.dropped(self.down(F.gelu(self.up(self.norm_mlp(hidden)))))
         return output, state
 
 
