@@ -158,13 +158,13 @@ class LanguageModel(nn.Module):
         evaluating = not torch.is_grad_enabled()
         for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
             if index > 0:
-                output = masks.hidden(output if self.drops_inside else self.dropout(output))
+                output = masks.hidden(self._between_layers(output))
             run = layer.inference_forward if evaluating and layer.evaluates_through_step else layer
             run = masks.layer(index, layer, run)
             output, layer_state = run(output, layer_state, **(bottom if index == 0 else {}))
             new_state.append(layer_state)
         top = self.final_norm(output)
-        dropped = masks.output(top if self.drops_inside else self.dropout(top))
+        dropped = masks.output(self._between_layers(top))
         if self.training and self.keeps_top_output and torch.is_grad_enabled():
             self.top_output = (top, dropped)
         logits = self.head(self.head_projection(dropped))
@@ -178,16 +178,20 @@ class LanguageModel(nn.Module):
         the two are held to the same function by the reference check.
         """
         output = self.embedding(tokens)
-        between = nn.Identity() if self.drops_inside else self.dropout
         if self.drops_inside:
             output = self.dropout(output)
         new_state = []
         for index, (layer, layer_state) in enumerate(zip(self.layers, state)):
             if index > 0:
-                output = between(output)
+                output = self._between_layers(output)
             output, layer_state = layer.step(output, layer_state)
             new_state.append(layer_state)
-        return self.head(self.head_projection(between(self.final_norm(output)))), new_state
+        return self.head(self.head_projection(self._between_layers(self.final_norm(output)))), new_state
+
+    def _between_layers(self, x: Tensor) -> Tensor:
+        """--dropout between layers and on the softmax input; none in a stack of residual blocks, which drop
+        their own branches (``RecurrentCell.drops_inside``)."""
+        return x if self.drops_inside else self.dropout(x)
 
     @torch.no_grad()
     def for_sampling(self) -> "InferenceModel | LanguageModel":
