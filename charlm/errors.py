@@ -69,6 +69,11 @@ class NoCheckpoint(CharlmError):
         super().__init__(message or f"run directory {path} holds no checkpoint (best.pt or last.pt)")
 
 
+class RunInUse(CharlmError):
+    """A run directory whose lock another live process holds (``charlm.runs.directory``): a sweep process
+    skips the point; everywhere else it is bad input like any other."""
+
+
 class OutOfVocabulary(CharlmError):
     """Text holds symbols that the vocabulary lacks."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from charlm.config import TrainConfig, RESUMABLE_SETTINGS
 from charlm.settings import from_dict
-from charlm.errors import CharlmError, out_of_memory
+from charlm.errors import CharlmError, RunInUse, out_of_memory
 from charlm.files import WriteError, append_text, atomic_write_text, make_directory, read_own_file
 from charlm.logs import get_logger
 from charlm.experiments.plan import EvalStep, Plan, Point, task_config
@@ -229,7 +229,8 @@ class Sweep:
             except (WriteError, StorageError):  # a full disk or a file-size limit stops every point: stop here
                 raise
             except CharlmError as error:  # this point cannot run (in use, too large, corpus missing): go on
-                if _in_use(error) or self.state(point) in ("running", "finished"):  # another process took it since
+                # another process took it since state() looked: it holds the run, or has trained it already
+                if isinstance(error, RunInUse) or self.state(point) in ("running", "finished"):
                     log(f"{prefix}: another process is training it; skipped")
                     outcomes.append(Outcome(point.name, "in use"))
                 else:
@@ -244,7 +245,7 @@ class Sweep:
             except WriteError:
                 raise
             except CharlmError as error:  # the trained run is kept; the next command evaluates it again
-                if _in_use(error):
+                if isinstance(error, RunInUse):
                     log(f"{prefix}: another process is evaluating it; skipped")
                     outcomes.append(Outcome(point.name, "in use"))
                     continue
@@ -329,11 +330,6 @@ class Sweep:
         """The plan's evaluation steps ``run`` has no record of."""
         done = {_eval_label(record) for record in run.history().evaluations}
         return [step for step in self.plan.evals if step.label not in done]
-
-
-def _in_use(error: CharlmError) -> bool:
-    """Whether ``error`` is a run directory's lock held by another process."""
-    return "in use by another training" in str(error)
 
 
 def _eval_label(record) -> str:

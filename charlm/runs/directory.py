@@ -28,7 +28,7 @@ try:
 except ImportError:  # Windows: no advisory locks, one training per directory is up to the user
     fcntl = None
 
-from charlm.errors import CharlmError, kind_of, shown
+from charlm.errors import CharlmError, RunInUse, kind_of, shown
 from charlm.files import (
     WriteError,
     append_text,
@@ -295,8 +295,8 @@ class Run:
         return summary_of(self)
 
 
-def _in_use(path: Path, holder: str) -> CharlmError:
-    return CharlmError(
+def _in_use(path: Path, holder: str) -> RunInUse:
+    return RunInUse(
         f"run directory {path} is in use by another training ({holder}): wait for it to end, "
         "or choose another --run-dir"
     )
